@@ -1,0 +1,89 @@
+// The daemon's configuration: one struct, loaded with the precedence
+// defaults < TOML file < SHARDMIX_* environment < --set section.key=value.
+// Every key is declared once in config.cc's key table, which drives parsing, env names,
+// --print-config and the checks that unknown keys and wrong types are errors naming the key.
+// Thread-safety: plain value type.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace shardmix {
+
+enum class DatasetFormat { kFolder, kFileList };
+enum class PlacementPolicy { kBalanced, kSorted };
+
+struct DatasetConfig {
+  std::string path;                              // dataset.path (folder root, or the list file)
+  DatasetFormat format = DatasetFormat::kFolder; // dataset.format = "folder" | "filelist"
+  PlacementPolicy placement = PlacementPolicy::kBalanced;  // dataset.placement
+  std::uint64_t max_sample_bytes = 64ull << 20;  // dataset.max_sample_bytes
+};
+
+struct BatchConfig {
+  std::uint32_t size = 32;   // batch.size, samples per trainer micro-batch
+  bool drop_last = false;    // batch.drop_last
+};
+
+struct ShuffleConfig {
+  std::uint64_t seed = 0;              // shuffle.seed
+  double exchange_fraction = 1.0;      // shuffle.exchange_fraction (Q)
+  std::uint32_t window = 0;            // shuffle.window (W)
+};
+
+struct CacheConfig {
+  // cache.capacity: bytes per node for the cache arena; 0 = no limit beyond RAM.
+  // Accepts an integer, "8GiB", or a fraction of physical RAM such as 0.5.
+  std::uint64_t capacity_bytes = 0;
+  std::string capacity_text = "0.8";   // as the user wrote it (printed back by --print-config)
+};
+
+struct FabricConfig {
+  std::string provider = "auto";       // fabric.provider = auto | tcp | shm | verbs | <any>
+  std::string interface;               // fabric.interface: domain/interface name filter, "" = any
+  std::uint32_t max_outstanding_reads = 8;  // fabric.max_outstanding_reads
+};
+
+struct ServiceConfig {
+  std::string run_dir;                 // service.run_dir ("" = $SHARDMIX_RUN_DIR or /tmp/shardmix-<uid>)
+  std::uint32_t trainers_per_node = 1; // service.trainers_per_node
+  std::uint32_t prefetch = 4;          // service.prefetch: batches in flight per trainer
+  std::uint64_t staging_bytes_per_trainer = 256ull << 20;  // service.staging_bytes_per_trainer
+  std::uint32_t loader_threads = 4;    // service.loader_threads
+};
+
+struct LogConfig {
+  std::string level = "info";          // log.level = trace|debug|info|warn|error
+};
+
+struct Config {
+  DatasetConfig dataset;
+  BatchConfig batch;
+  ShuffleConfig shuffle;
+  CacheConfig cache;
+  FabricConfig fabric;
+  ServiceConfig service;
+  LogConfig log;
+};
+
+// Loads the effective config. `file` may be empty (defaults only). `env` is the process
+// environment as name -> value (only SHARDMIX_<SECTION>_<KEY> names are read, e.g.
+// SHARDMIX_BATCH_SIZE for batch.size). `sets` are "section.key=value" strings.
+Result<Config> load_config(const std::string& file, const std::map<std::string, std::string>& env,
+                           const std::vector<std::string>& sets);
+
+// The process environment as a map, for load_config.
+std::map<std::string, std::string> environment_map();
+
+// The effective config as TOML that load_config reads back to the same Config.
+std::string config_to_toml(const Config& config);
+
+// Parses "4096", "8KiB", "1.5GiB", "2MB" into bytes. Error names `key`.
+Result<std::uint64_t> parse_size(std::string_view text, std::string_view key);
+
+}  // namespace shardmix

@@ -1,0 +1,88 @@
+// libfabric RMA adapter: one RDM endpoint per daemon, one exposed region (the cache
+// arena) that peers read with one-sided fi_read, local target regions (staging slots),
+// and a progress thread that owns every post and CQ poll for the endpoint's whole life
+// (tcp/shm/net need manual progress on the *target* too; see docs/decisions).
+//
+// Lifecycle (main thread): create -> expose -> register_local* -> endpoint_blob ->
+//   (MPI allgather of blobs) -> connect_peers -> start_progress -> read()* -> stop_progress.
+// Thread-safety: read() and stats() are safe from any thread; everything else is
+// main-thread only. Completion callbacks run on the progress thread: keep them short.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace shardmix::fabric {
+
+struct FabricOptions {
+  // "auto": verbs when an RDMA device is present (rdma-core's ibv_get_device_list),
+  // else tcp. Otherwise a libfabric provider name: "tcp" (used as tcp;ofi_rxm), "shm",
+  // "verbs" (as verbs;ofi_rxm), or any name fi_info lists.
+  std::string provider = "auto";
+  std::string interface;                 // domain name filter, e.g. "lo"; "" = first match
+  std::uint32_t max_outstanding_reads = 8;
+};
+
+// A locally registered region that can be the target of reads.
+struct LocalRegion {
+  void* base = nullptr;
+  std::size_t length = 0;
+  void* desc = nullptr;       // fi_mr_desc, passed to fi_read
+  int index = -1;             // internal handle
+};
+
+struct FabricStats {
+  std::uint64_t reads_posted = 0;
+  std::uint64_t reads_completed = 0;
+  std::uint64_t reads_failed = 0;
+  std::uint64_t bytes_read = 0;      // bytes this rank pulled from peers
+};
+
+using ReadCallback = std::function<void(const Status&)>;
+
+class Fabric {
+ public:
+  static Result<std::unique_ptr<Fabric>> create(const FabricOptions& options, int rank, int nranks);
+  ~Fabric();  // stops progress, closes libfabric objects in reverse creation order
+
+  // e.g. "tcp;ofi_rxm", "shm"
+  const std::string& provider_name() const;
+  const std::string& domain_name() const;
+
+  // Registers [base, base+length) once for remote reads by peers. length may be 0
+  // (a node that owns nothing); the blob then says so and reads of it fail cleanly.
+  Status expose(void* base, std::size_t length);
+  // Registers a local region as read target (needed when the provider wants FI_MR_LOCAL).
+  Result<LocalRegion> register_local(void* base, std::size_t length);
+
+  // This rank's endpoint name + exposed region (address per mr_mode, key, length).
+  std::vector<std::uint8_t> endpoint_blob() const;
+  // Inserts every rank's blob (indexed by rank, including our own) into the AV.
+  Status connect_peers(const std::vector<std::vector<std::uint8_t>>& blobs);
+
+  void start_progress();
+  void stop_progress();  // idempotent; pending reads complete with kCancelled
+
+  // Reads `length` bytes at `remote_offset` of `peer`'s exposed region into
+  // `local.base + local_offset`. `done` runs once on the progress thread. Errors
+  // (bad peer, out of range, provider failure) are reported through `done`, naming the peer rank.
+  void read(int peer, std::uint64_t remote_offset, std::size_t length, const LocalRegion& local,
+            std::size_t local_offset, ReadCallback done);
+
+  FabricStats stats() const;
+
+ private:
+  Fabric();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shardmix::fabric

@@ -1,0 +1,43 @@
+// MPI bootstrap: init/finalize and the few collectives ShardMix uses (catalog allgather,
+// endpoint names and memory keys, barriers, stats). MPI is never on the per-sample path.
+// Thread-safety: call from the main thread only (MPI_THREAD_FUNNELED).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace shardmix {
+
+class MpiSession {
+ public:
+  // MPI_Init_thread(FUNNELED). Aborts the process with a message if MPI cannot start.
+  MpiSession(int* argc, char*** argv);
+  ~MpiSession();  // MPI_Finalize
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  std::string hostname() const;
+
+  // Every rank contributes `mine`; returns all ranks' bytes, indexed by rank.
+  Result<std::vector<std::vector<std::uint8_t>>> allgather(std::span<const std::uint8_t> mine) const;
+  // Rank `root`'s bytes on every rank.
+  Result<std::vector<std::uint8_t>> broadcast(std::span<const std::uint8_t> bytes, int root) const;
+  // Sum of `value` across ranks.
+  Result<std::uint64_t> allreduce_sum(std::uint64_t value) const;
+  // A barrier that keeps calling `progress` while it waits (MPI_Ibarrier + MPI_Test), so
+  // libfabric providers with manual progress keep serving peers during shutdown.
+  Status barrier(const std::function<void()>& progress = {}) const;
+
+ private:
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace shardmix

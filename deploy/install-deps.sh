@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs every Debian package that building, testing and demoing ShardMix needs.
+# Idempotent: packages already present are skipped by apt-get. Run as root (or via sudo).
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  # transport and launch
+  libfabric-dev libfabric-bin libopenmpi-dev openmpi-bin
+  rdma-core libibverbs-dev ibverbs-providers
+  # libraries we build on (one well-kept library per job; see docs/decisions/)
+  libboost-dev libboost-system-dev    # Boost.Asio: client service, sockets, signals
+  libtomlplusplus-dev                 # TOML config
+  libspdlog-dev libfmt-dev            # logging facade
+  libcli11-dev                        # command lines
+  libxxhash-dev                       # XXH64 of sample bytes (traces, verification)
+  libgtest-dev libgmock-dev           # unit tests
+  librapidcheck-dev                   # property tests (shrinking counterexamples)
+  python3                             # e2e trace checker
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+SUDO=""
+[[ $(id -u) -eq 0 ]] || SUDO="sudo"
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
