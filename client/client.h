@@ -1,0 +1,166 @@
+// libshardmix: the trainer side of ShardMix.
+//
+//   shardmix::Client client = shardmix::Client::connect();      // finds the local daemon
+//   for (int epoch = 0; epoch < 90; ++epoch)
+//     for (const shardmix::Batch& batch : client.epoch(epoch))   // prefetched, zero-copy
+//       for (const shardmix::Sample& s : batch)                  // s.bytes(), s.label(), s.id()
+//         consume(s);
+//
+// Prefetching happens in the daemon: it assembles up to service.prefetch batches ahead
+// and the socket carries only small descriptors. Sample bytes are views into shared
+// memory mapped once at connect (the node's cache arena and this trainer's staging area);
+// a batch's views stay valid until the iterator moves past it (then the batch is released
+// and its staging bytes are reused). Starting another epoch releases the previous one.
+//
+// Errors: exceptions at this edge only (shardmix::Error, with the daemon's message),
+// thrown by connect() and by the iterator. The library is quiet unless
+// SHARDMIX_LOG_LEVEL says otherwise.
+// Thread-safety: one Client per trainer thread; not safe to share without a lock.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/catalog.h"
+#include "common/status.h"
+#include "proto/wire.h"
+
+namespace shardmix {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const Status& status) : std::runtime_error(status.to_string()), code_(status.code()) {}
+  StatusCode code() const { return code_; }
+
+ private:
+  StatusCode code_;
+};
+
+struct ClientOptions {
+  std::string run_dir;      // "" = $SHARDMIX_RUN_DIR, else /tmp/shardmix-<uid>
+  int daemon = -1;          // node index of the daemon to use; -1 = $SHARDMIX_DAEMON, else by rank
+  int rank = -1;            // trainer rank; -1 = from the launcher's environment
+  int world_size = -1;      // trainer count; -1 = from the launcher's environment
+  double ready_timeout_s = 300;    // how long to wait for the daemons' readiness file
+  double receive_timeout_s = 600;  // a daemon silent this long is treated as hung
+};
+
+// The trainer's rank and world size as the launcher sets them: SHARDMIX_RANK/_WORLD_SIZE,
+// Open MPI (OMPI_COMM_WORLD_*), PMI, Slurm (SLURM_PROCID/NTASKS), torchrun (RANK/WORLD_SIZE);
+// 0 and 1 when none is set.
+struct LauncherRank {
+  int rank = 0;
+  int world_size = 1;
+  std::string source = "default";
+};
+LauncherRank detect_launcher_rank();
+
+class Sample {
+ public:
+  std::span<const std::byte> bytes() const { return {data_, static_cast<std::size_t>(desc_.length)}; }
+  std::int32_t label() const { return desc_.label; }
+  SampleId id() const { return desc_.sample_id; }
+  proto::Tier tier() const { return static_cast<proto::Tier>(desc_.tier); }
+  std::uint32_t owner() const { return desc_.owner; }
+
+ private:
+  friend class EpochIterator;
+  const std::byte* data_ = nullptr;
+  proto::SampleDescriptor desc_{};
+};
+
+class Batch {
+ public:
+  std::uint64_t epoch() const { return epoch_; }
+  std::uint64_t index() const { return index_; }
+  std::size_t size() const { return samples_.size(); }
+  bool empty() const { return samples_.empty(); }
+  const Sample& operator[](std::size_t i) const { return samples_[i]; }
+  std::vector<Sample>::const_iterator begin() const { return samples_.begin(); }
+  std::vector<Sample>::const_iterator end() const { return samples_.end(); }
+
+ private:
+  friend class EpochIterator;
+  std::uint64_t epoch_ = 0;
+  std::uint64_t index_ = 0;
+  std::vector<Sample> samples_;
+};
+
+class Connection;
+
+// Input iterator over one epoch's batches. Advancing releases the current batch.
+class EpochIterator {
+ public:
+  using iterator_category = std::input_iterator_tag;
+  using value_type = Batch;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const Batch*;
+  using reference = const Batch&;
+
+  EpochIterator() = default;
+  const Batch& operator*() const { return batch_; }
+  const Batch* operator->() const { return &batch_; }
+  EpochIterator& operator++();
+  bool operator==(std::default_sentinel_t) const { return done_; }
+
+ private:
+  friend class Epoch;
+  EpochIterator(Connection* connection, std::uint64_t epoch);
+  void fetch_next();
+
+  Connection* connection_ = nullptr;
+  std::uint64_t epoch_ = 0;
+  Batch batch_;
+  bool holding_ = false;
+  bool done_ = true;
+};
+
+class Epoch {
+ public:
+  EpochIterator begin();
+  std::default_sentinel_t end() const { return {}; }
+  // The daemon's figures for this epoch; available once iteration reached the end.
+  const std::optional<proto::EpochStats>& stats() const;
+
+ private:
+  friend class Client;
+  Epoch(Connection* connection, std::uint64_t epoch) : connection_(connection), epoch_(epoch) {}
+  Connection* connection_;
+  std::uint64_t epoch_;
+};
+
+class Client {
+ public:
+  // Finds and connects to this trainer's daemon. Throws shardmix::Error.
+  static Client connect(const ClientOptions& options = {});
+  static Result<Client> try_connect(const ClientOptions& options = {});
+  Client(Client&&) noexcept;
+  Client& operator=(Client&&) noexcept;
+  ~Client();
+
+  // The batches of `epoch` for this trainer. Only one epoch is iterated at a time.
+  Epoch epoch(std::uint64_t epoch);
+
+  int rank() const;
+  int world_size() const;
+  std::uint32_t node() const;
+  std::uint64_t batches_per_epoch() const;
+  std::uint64_t samples_per_epoch() const;
+  std::uint64_t dataset_samples() const;
+  // The dataset's catalog (paths, sizes, labels), fetched from the daemon on first use.
+  const Catalog& catalog();
+  // The last completed epoch's statistics as reported by the daemon.
+  const std::optional<proto::EpochStats>& last_epoch_stats() const;
+
+ private:
+  explicit Client(std::unique_ptr<Connection> connection);
+  std::unique_ptr<Connection> connection_;
+};
+
+}  // namespace shardmix

@@ -1,0 +1,143 @@
+// Every byte layout that crosses the trainer <-> daemon boundary (Unix socket).
+//
+// A frame is a fixed 16-byte header followed by `payload_bytes` of payload:
+//   magic u32 "SMX1" | version u16 | type u16 | payload_bytes u32 | reserved u32
+// Integers are little-endian (both ends run on the same host, but the layout is pinned
+// anyway so a fuzzer and a reader of a capture agree). Payloads are decoded only through
+// Reader, which bounds-checks every field: a malformed frame is a Status, never UB.
+// Version policy: any change to a layout bumps kProtocolVersion; the daemon refuses other
+// versions in the Hello with an Error frame naming both versions.
+//
+// Batch payloads carry offsets into shared regions, never pointers: region 0 is the
+// node's cache arena (memfd, mapped read-only by the client), region 1 the trainer's
+// staging area (memfd). Both fds are passed once with SCM_RIGHTS alongside the Welcome.
+// Thread-safety: pure functions and value types.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace shardmix::proto {
+
+inline constexpr std::uint32_t kMagic = 0x31584d53;  // "SMX1" little-endian
+inline constexpr std::uint16_t kProtocolVersion = 1;
+// Upper bound on any payload we accept; the catalog frame is the largest.
+inline constexpr std::uint32_t kMaxPayloadBytes = 1u << 30;
+inline constexpr std::uint32_t kMaxBatchSamples = 1u << 20;
+
+enum class FrameType : std::uint16_t {
+  kHello = 1,        // client -> daemon: who I am
+  kWelcome = 2,      // daemon -> client: job shape, region sizes (+ 2 fds)
+  kError = 3,        // daemon -> client: a Status; the daemon then closes the connection
+  kStartEpoch = 4,   // client -> daemon: begin streaming batches of an epoch
+  kBatch = 5,        // daemon -> client: one ready batch
+  kRelease = 6,      // client -> daemon: a batch's slots may be reused
+  kEpochEnd = 7,     // daemon -> client: no more batches this epoch, with statistics
+  kGetCatalog = 8,   // client -> daemon
+  kCatalog = 9,      // daemon -> client: serialised catalog
+};
+
+struct FrameHeader {
+  std::uint32_t magic;
+  std::uint16_t version;
+  std::uint16_t type;
+  std::uint32_t payload_bytes;
+  std::uint32_t reserved;
+};
+static_assert(sizeof(FrameHeader) == 16 && std::is_trivially_copyable_v<FrameHeader>);
+
+enum class Region : std::uint8_t { kArena = 0, kStaging = 1 };
+enum class Tier : std::uint8_t { kLocal = 0, kPeer = 1, kStorage = 2 };
+std::string_view tier_name(Tier tier);
+
+// One sample of a batch: where its bytes are in the shared regions.
+struct SampleDescriptor {
+  std::uint32_t sample_id;
+  std::int32_t label;
+  std::uint32_t owner;      // node whose cache served it
+  std::uint8_t region;      // Region
+  std::uint8_t tier;        // Tier
+  std::uint16_t reserved;
+  std::uint64_t offset;     // into the region
+  std::uint64_t length;
+};
+static_assert(sizeof(SampleDescriptor) == 32 && std::is_trivially_copyable_v<SampleDescriptor>);
+
+struct Hello {
+  std::uint32_t trainer_rank = 0;
+  std::uint32_t world_size = 0;
+  std::uint32_t pid = 0;
+};
+
+struct Welcome {
+  std::uint32_t node = 0;
+  std::uint32_t nodes = 0;
+  std::uint32_t trainers_per_node = 0;
+  std::uint32_t prefetch = 0;
+  std::uint64_t num_samples = 0;
+  std::uint64_t batches_per_epoch = 0;   // per trainer, every epoch
+  std::uint64_t samples_this_trainer = 0;  // per epoch
+  std::uint64_t arena_bytes = 0;
+  std::uint64_t staging_bytes = 0;
+};
+
+struct ErrorFrame {
+  std::uint16_t code = 0;  // StatusCode
+  std::string message;
+};
+
+struct StartEpoch {
+  std::uint64_t epoch = 0;
+};
+
+struct BatchFrame {
+  std::uint64_t epoch = 0;
+  std::uint64_t batch = 0;   // index within the epoch
+  std::vector<SampleDescriptor> samples;
+};
+
+struct Release {
+  std::uint64_t epoch = 0;
+  std::uint64_t batch = 0;
+};
+
+struct EpochStats {
+  std::uint64_t epoch = 0;
+  std::uint64_t batches = 0;
+  std::uint64_t samples = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t local_samples = 0;
+  std::uint64_t peer_samples = 0;
+  std::uint64_t storage_samples = 0;
+  std::uint64_t peer_bytes = 0;
+  std::uint64_t fetch_wait_us = 0;   // time batches waited on fabric reads in the daemon
+};
+
+// Encoding: appends a whole frame (header + payload) to `out`.
+void encode(std::vector<std::uint8_t>& out, const Hello& m);
+void encode(std::vector<std::uint8_t>& out, const Welcome& m);
+void encode(std::vector<std::uint8_t>& out, const ErrorFrame& m);
+void encode(std::vector<std::uint8_t>& out, const StartEpoch& m);
+void encode(std::vector<std::uint8_t>& out, const BatchFrame& m);
+void encode(std::vector<std::uint8_t>& out, const Release& m);
+void encode(std::vector<std::uint8_t>& out, const EpochStats& m);
+void encode_get_catalog(std::vector<std::uint8_t>& out);
+void encode_catalog(std::vector<std::uint8_t>& out, std::span<const std::uint8_t> catalog);
+
+// Decoding. Each returns an empty string on success, else what was wrong, with the byte
+// offset ("batch frame: sample count 9 needs 288 bytes, payload has 100 at offset 16").
+std::string decode_header(std::span<const std::uint8_t> bytes, FrameHeader& out);
+std::string decode(std::span<const std::uint8_t> payload, Hello& out);
+std::string decode(std::span<const std::uint8_t> payload, Welcome& out);
+std::string decode(std::span<const std::uint8_t> payload, ErrorFrame& out);
+std::string decode(std::span<const std::uint8_t> payload, StartEpoch& out);
+std::string decode(std::span<const std::uint8_t> payload, BatchFrame& out);
+std::string decode(std::span<const std::uint8_t> payload, Release& out);
+std::string decode(std::span<const std::uint8_t> payload, EpochStats& out);
+
+}  // namespace shardmix::proto

@@ -1,0 +1,111 @@
+#include "server/cache_loader.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/log.h"
+
+namespace shardmix {
+
+Status read_whole_file(const std::string& path, std::uint64_t length, std::uint8_t* out) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return make_error(errno == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError,
+                      "{}: cannot open for loading: {} (it was present when the dataset was scanned)", path,
+                      std::strerror(errno));
+  }
+  std::uint64_t done = 0;
+  Status status;
+  while (done < length) {
+    const ssize_t n = ::pread(fd, out + done, length - done, static_cast<off_t>(done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      status = make_error(StatusCode::kIoError, "{}: read failed at offset {}: {}", path, done, std::strerror(errno));
+      break;
+    }
+    if (n == 0) {
+      status = make_error(StatusCode::kCorrupt, "{}: file shrank since the scan: expected {} bytes, got {} (EOF at offset {})",
+                          path, length, done, done);
+      break;
+    }
+    done += static_cast<std::uint64_t>(n);
+  }
+  if (status.ok()) {
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) != length) {
+      status = make_error(StatusCode::kCorrupt, "{}: file changed size since the scan: expected {} bytes, now {}", path,
+                          length, st.st_size);
+    }
+  }
+  ::close(fd);
+  return status;
+}
+
+Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& placement, std::uint32_t node,
+                                     const DatasetConfig& dataset, std::uint32_t threads, std::uint8_t* arena) {
+  const auto& owned = placement.owned[node];
+  const std::uint64_t total_bytes = placement.sample_bytes[node];
+  auto log = log::get("loader");
+  const auto start = std::chrono::steady_clock::now();
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::uint64_t> loaded_samples{0};
+  std::atomic<std::uint64_t> loaded_bytes{0};
+  std::atomic<bool> failed{false};
+  std::mutex error_mutex;  // guards first_error
+  Status first_error;
+
+  auto worker = [&] {
+    while (!failed.load(std::memory_order_relaxed)) {
+      const std::size_t i = next.fetch_add(1);
+      if (i >= owned.size()) return;
+      const SampleId id = owned[i];
+      const std::uint64_t size = catalog.sample_bytes(id);
+      Status s = read_whole_file(sample_file_path(dataset, catalog.path(id)), size,
+                                 arena + placement.arena_offset[id]);
+      if (!s.ok()) {
+        std::lock_guard lock(error_mutex);
+        if (first_error.ok()) first_error = s;
+        failed = true;
+        return;
+      }
+      loaded_samples.fetch_add(1, std::memory_order_relaxed);
+      loaded_bytes.fetch_add(size, std::memory_order_relaxed);
+    }
+  };
+  std::vector<std::thread> pool;
+  const std::uint32_t n_threads = std::max<std::uint32_t>(1, std::min<std::uint64_t>(threads, owned.size()));
+  for (std::uint32_t t = 0; t < n_threads; ++t) pool.emplace_back(worker);
+
+  // Progress: a line every 2 s while loading (the daemon's stderr is usually a log file).
+  auto last_log = start;
+  while (loaded_samples.load() + 0 < owned.size() && !failed.load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_log >= std::chrono::seconds(2)) {
+      last_log = now;
+      const double secs = std::chrono::duration<double>(now - start).count();
+      const double mbps = static_cast<double>(loaded_bytes.load()) / secs / 1e6;
+      const double left = mbps > 0 ? static_cast<double>(total_bytes - loaded_bytes.load()) / 1e6 / mbps : 0.0;
+      log->info("loading: {}/{} samples, {:.0f}/{:.0f} MB, {:.0f} MB/s, ETA {:.0f} s", loaded_samples.load(),
+                owned.size(), loaded_bytes.load() / 1e6, total_bytes / 1e6, mbps, left);
+    }
+  }
+  for (auto& t : pool) t.join();
+  if (!first_error.ok()) return first_error;
+  LoadStats stats;
+  stats.samples = loaded_samples.load();
+  stats.bytes = loaded_bytes.load();
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return stats;
+}
+
+}  // namespace shardmix

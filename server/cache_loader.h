@@ -1,0 +1,28 @@
+// Loads a node's owned samples from storage into its cache arena with a bounded pool of
+// reader threads, logging progress. A file that vanished, shrank or grew since the scan
+// is an error naming the file and the offset (the catalog would otherwise lie).
+// Thread-safety: load() is a blocking call for the main thread; it owns its workers.
+#pragma once
+
+#include <cstdint>
+
+#include "common/catalog.h"
+#include "common/config.h"
+#include "common/placement.h"
+#include "common/status.h"
+
+namespace shardmix {
+
+struct LoadStats {
+  std::uint64_t samples = 0;
+  std::uint64_t bytes = 0;
+  double seconds = 0;
+};
+
+Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& placement, std::uint32_t node,
+                                     const DatasetConfig& dataset, std::uint32_t threads, std::uint8_t* arena);
+
+// Reads exactly `length` bytes of `path` into `out`, failing if the file is shorter or longer.
+Status read_whole_file(const std::string& path, std::uint64_t length, std::uint8_t* out);
+
+}  // namespace shardmix

@@ -1,0 +1,337 @@
+#include "server/client_service.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+
+#include "common/log.h"
+#include "proto/wire.h"
+
+namespace shardmix {
+namespace asio = boost::asio;
+using stream = asio::local::stream_protocol;
+
+void FabricFetcher::fetch(std::uint32_t peer, std::uint64_t remote_offset, std::uint64_t length,
+                          std::uint64_t staging_offset, std::function<void(const Status&)> done) {
+  fabric_.read(static_cast<int>(peer), remote_offset, length, staging_, staging_offset,
+               [this, done = std::move(done)](const Status& status) {
+                 asio::post(io_, [done, status] { done(status); });
+               });
+}
+
+// One trainer's connection. Owns the trainer's scheduler once the Hello is accepted.
+class Connection : public std::enable_shared_from_this<Connection>, public FrameSink {
+ public:
+  Connection(ClientService& service, stream::socket socket)
+      : service_(service), socket_(std::move(socket)), log_(log::get("service")) {}
+
+  void start() {
+    if (!check_credentials()) return;
+    read_header();
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    if (scheduler_) {
+      scheduler_->close();
+      service_.trainer_connected_[scheduler_->local_trainer()] = false;
+    }
+    boost::system::error_code ignored;
+    socket_.shutdown(stream::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+    service_.forget(shared_from_this());
+  }
+
+  // FrameSink
+  void send_batch(const proto::BatchFrame& batch) override {
+    std::vector<std::uint8_t> out;
+    proto::encode(out, batch);
+    write(std::move(out));
+  }
+  void send_epoch_end(const proto::EpochStats& stats) override {
+    std::vector<std::uint8_t> out;
+    proto::encode(out, stats);
+    write(std::move(out));
+  }
+  void send_error(const Status& status) override {
+    log_->warn("trainer {}: {}", trainer_rank_, status.to_string());
+    std::vector<std::uint8_t> out;
+    proto::encode(out, proto::ErrorFrame{static_cast<std::uint16_t>(status.code()), status.message()});
+    closing_after_write_ = true;
+    write(std::move(out));
+  }
+
+ private:
+  bool check_credentials() {
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(socket_.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      log_->warn("refusing a connection: SO_PEERCRED failed: {}", std::strerror(errno));
+      close();
+      return false;
+    }
+    peer_pid_ = static_cast<std::uint32_t>(cred.pid);
+    if (cred.uid != geteuid()) {
+      log_->warn("refusing a connection from uid {} (pid {}): only uid {} may use this daemon", cred.uid, cred.pid,
+                 geteuid());
+      send_error(make_error(StatusCode::kPermissionDenied, "uid {} may not use the daemon of uid {}", cred.uid,
+                            geteuid()));
+      return false;
+    }
+    return true;
+  }
+
+  void read_header() {
+    auto self = shared_from_this();
+    asio::async_read(socket_, asio::buffer(header_bytes_), [self](boost::system::error_code ec, std::size_t) {
+      if (ec) return self->on_disconnect(ec);
+      proto::FrameHeader header{};
+      std::string err = proto::decode_header(self->header_bytes_, header);
+      if (!err.empty()) {
+        self->protocol_error(err);
+        return;
+      }
+      self->header_ = header;
+      self->payload_.resize(header.payload_bytes);
+      self->read_payload();
+    });
+  }
+
+  void read_payload() {
+    auto self = shared_from_this();
+    asio::async_read(socket_, asio::buffer(payload_), [self](boost::system::error_code ec, std::size_t) {
+      if (ec) return self->on_disconnect(ec);
+      if (self->dispatch()) self->read_header();
+    });
+  }
+
+  // Returns whether to keep reading.
+  bool dispatch() {
+    const auto type = static_cast<proto::FrameType>(header_.type);
+    if (!scheduler_ && type != proto::FrameType::kHello) {
+      protocol_error("the first frame must be a Hello");
+      return false;
+    }
+    switch (type) {
+      case proto::FrameType::kHello: {
+        proto::Hello hello;
+        if (auto err = proto::decode(payload_, hello); !err.empty()) return protocol_error(err), false;
+        return on_hello(hello);
+      }
+      case proto::FrameType::kStartEpoch: {
+        proto::StartEpoch m;
+        if (auto err = proto::decode(payload_, m); !err.empty()) return protocol_error(err), false;
+        scheduler_->start_epoch(m.epoch);
+        return !closed_;
+      }
+      case proto::FrameType::kRelease: {
+        proto::Release m;
+        if (auto err = proto::decode(payload_, m); !err.empty()) return protocol_error(err), false;
+        Status s = scheduler_->release(m.epoch, m.batch);
+        if (!s.ok()) return protocol_error(s.message()), false;
+        return !closed_;
+      }
+      case proto::FrameType::kGetCatalog: {
+        if (!payload_.empty()) return protocol_error("get-catalog frame has a payload"), false;
+        std::vector<std::uint8_t> out;
+        proto::encode_catalog(out, service_.job_.catalog_bytes);
+        write(std::move(out));
+        return true;
+      }
+      default:
+        protocol_error("frame type " + std::to_string(header_.type) + " is not a request");
+        return false;
+    }
+  }
+
+  bool on_hello(const proto::Hello& hello) {
+    if (scheduler_) return protocol_error("a second Hello on one connection"), false;
+    const ServedJob& job = service_.job_;
+    const std::uint32_t trainers = job.nodes * job.trainers_per_node;
+    trainer_rank_ = hello.trainer_rank;
+    if (hello.world_size != trainers) {
+      send_error(make_error(StatusCode::kInvalidArgument,
+                            "trainer world size {} does not match the daemons' layout: {} daemons x "
+                            "service.trainers_per_node {} = {} trainers",
+                            hello.world_size, job.nodes, job.trainers_per_node, trainers));
+      return false;
+    }
+    const std::uint32_t node = hello.trainer_rank / job.trainers_per_node;
+    if (node != job.context.node) {
+      send_error(make_error(StatusCode::kInvalidArgument,
+                            "trainer rank {} belongs to the daemon of node {}, but connected to node {}",
+                            hello.trainer_rank, node, job.context.node));
+      return false;
+    }
+    const std::uint32_t local = hello.trainer_rank % job.trainers_per_node;
+    if (service_.trainer_connected_[local]) {
+      send_error(make_error(StatusCode::kInvalidArgument, "trainer rank {} is already connected to this daemon",
+                            hello.trainer_rank));
+      return false;
+    }
+    service_.trainer_connected_[local] = true;
+    scheduler_ = std::make_shared<TrainerScheduler>(job.context, local, service_.rings_[local], *job.fetcher, *this);
+    log_->info("trainer rank {} (pid {}) connected", hello.trainer_rank, peer_pid_);
+
+    proto::Welcome w;
+    w.node = job.context.node;
+    w.nodes = job.nodes;
+    w.trainers_per_node = job.trainers_per_node;
+    w.prefetch = job.context.prefetch;
+    w.num_samples = job.shape->num_samples;
+    w.batches_per_epoch = job.shape->batches_per_trainer;
+    w.samples_this_trainer = job.shape->trainer_quota[hello.trainer_rank];
+    w.arena_bytes = job.arena->length();
+    w.staging_bytes = job.staging->length();
+    std::vector<std::uint8_t> out;
+    proto::encode(out, w);
+    // The Welcome is the first thing written on this socket, so a blocking sendmsg cannot
+    // interleave with queued async writes.
+    int fds[2] = {job.arena->fd(), job.staging->fd()};
+    iovec iov{out.data(), out.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(fds))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(fds));
+    std::memcpy(CMSG_DATA(cmsg), fds, sizeof(fds));
+    std::size_t sent = 0;
+    while (sent < out.size()) {
+      const ssize_t n = ::sendmsg(socket_.native_handle(), &msg, MSG_NOSIGNAL);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n <= 0) {
+        log_->warn("trainer rank {}: sending the welcome failed: {}", trainer_rank_, std::strerror(errno));
+        close();
+        return false;
+      }
+      sent += static_cast<std::size_t>(n);
+      iov.iov_base = out.data() + sent;
+      iov.iov_len = out.size() - sent;
+      msg.msg_control = nullptr;  // the fds go with the first byte only
+      msg.msg_controllen = 0;
+    }
+    return true;
+  }
+
+  bool protocol_error(const std::string& what) {
+    send_error(Status(StatusCode::kProtocol, what));
+    return false;
+  }
+
+  void on_disconnect(const boost::system::error_code& ec) {
+    if (!closed_ && ec != asio::error::eof && ec != asio::error::operation_aborted) {
+      log_->info("trainer rank {}: connection lost: {}", trainer_rank_, ec.message());
+    } else if (!closed_ && scheduler_) {
+      log_->info("trainer rank {} disconnected", trainer_rank_);
+    }
+    close();
+  }
+
+  void write(std::vector<std::uint8_t> bytes) {
+    if (closed_) return;
+    writes_.push_back(std::move(bytes));
+    if (writes_.size() == 1) write_next();
+  }
+
+  void write_next() {
+    auto self = shared_from_this();
+    asio::async_write(socket_, asio::buffer(writes_.front()), [self](boost::system::error_code ec, std::size_t) {
+      if (ec) return self->on_disconnect(ec);
+      self->writes_.pop_front();
+      if (!self->writes_.empty()) return self->write_next();
+      if (self->closing_after_write_) self->close();
+    });
+  }
+
+  ClientService& service_;
+  stream::socket socket_;
+  std::shared_ptr<spdlog::logger> log_;
+  std::array<std::uint8_t, sizeof(proto::FrameHeader)> header_bytes_{};
+  proto::FrameHeader header_{};
+  std::vector<std::uint8_t> payload_;
+  std::deque<std::vector<std::uint8_t>> writes_;
+  std::shared_ptr<TrainerScheduler> scheduler_;
+  std::uint32_t trainer_rank_ = 0;
+  std::uint32_t peer_pid_ = 0;
+  bool closed_ = false;
+  bool closing_after_write_ = false;
+};
+
+ClientService::ClientService(asio::io_context& io, ServedJob job, std::string socket_path)
+    : io_(io), job_(std::move(job)), socket_path_(std::move(socket_path)), acceptor_(io) {
+  for (std::uint32_t t = 0; t < job_.trainers_per_node; ++t) {
+    rings_.emplace_back(t * job_.staging_per_trainer, job_.staging_per_trainer);
+  }
+  trainer_connected_.assign(job_.trainers_per_node, false);
+}
+
+ClientService::~ClientService() {
+  if (listening_) ::unlink(socket_path_.c_str());
+}
+
+Status ClientService::listen() {
+  if (socket_path_.size() >= sizeof(sockaddr_un::sun_path)) {
+    return make_error(StatusCode::kInvalidArgument, "socket path {} is longer than {} bytes; use a shorter service.run_dir",
+                      socket_path_, sizeof(sockaddr_un::sun_path) - 1);
+  }
+  struct stat st {};
+  if (::lstat(socket_path_.c_str(), &st) == 0) {
+    // A live daemon answers; a stale file from a crashed one refuses the connection.
+    stream::socket probe(io_);
+    boost::system::error_code ec;
+    probe.connect(stream::endpoint(socket_path_), ec);
+    if (!ec) {
+      return make_error(StatusCode::kUnavailable, "{}: another daemon is serving on this socket", socket_path_);
+    }
+    log::get("service")->warn("removing stale socket {} left by an earlier run", socket_path_);
+    ::unlink(socket_path_.c_str());
+  }
+  boost::system::error_code ec;
+  const mode_t old_mask = ::umask(0177);  // the socket file is created 0600
+  acceptor_.open(stream(), ec);
+  if (!ec) acceptor_.bind(stream::endpoint(socket_path_), ec);
+  ::umask(old_mask);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return make_error(StatusCode::kIoError, "{}: cannot listen: {}", socket_path_, ec.message());
+  listening_ = true;
+  accept_next();
+  return Status::ok_status();
+}
+
+void ClientService::accept_next() {
+  acceptor_.async_accept([this](boost::system::error_code ec, stream::socket socket) {
+    if (ec) {
+      if (ec != asio::error::operation_aborted) log::get("service")->warn("accept failed: {}", ec.message());
+      if (acceptor_.is_open() && ec != asio::error::operation_aborted) accept_next();
+      return;
+    }
+    auto connection = std::make_shared<Connection>(*this, std::move(socket));
+    connections_.insert(connection);
+    connection->start();
+    accept_next();
+  });
+}
+
+void ClientService::forget(const std::shared_ptr<Connection>& connection) { connections_.erase(connection); }
+
+void ClientService::stop() {
+  asio::post(io_, [this] {
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+    auto open = connections_;
+    for (const auto& c : open) c->close();
+  });
+}
+
+}  // namespace shardmix

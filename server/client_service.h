@@ -1,0 +1,86 @@
+// The daemon's trainer-facing service: a Unix socket served by Boost.Asio on one thread.
+// Each connection: Hello (validated: protocol version, credentials, trainer layout) ->
+// Welcome with the arena and staging memfds (SCM_RIGHTS) -> StartEpoch / Release /
+// GetCatalog requests, answered by Batch / EpochEnd / Catalog frames from the trainer's
+// scheduler. A malformed frame or a vanished trainer closes that connection only.
+// Thread-safety: all methods and callbacks run on the io_context's thread, except
+// stop(), which posts to it.
+#pragma once
+
+#include <utility>  // boost 1.74 asio/awaitable.hpp uses std::exchange without it
+
+#include <boost/asio.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/fabric/fabric.h"
+#include "common/status.h"
+#include "server/shared_region.h"
+#include "server/staging_ring.h"
+#include "server/trainer_scheduler.h"
+
+namespace shardmix {
+
+// What the service serves; owned by the daemon, outliving the service.
+struct ServedJob {
+  SchedulerContext context;
+  const PlanShape* shape = nullptr;
+  std::uint32_t nodes = 1;
+  std::uint32_t trainers_per_node = 1;
+  SharedRegion* arena = nullptr;
+  SharedRegion* staging = nullptr;
+  std::uint64_t staging_per_trainer = 0;
+  std::vector<std::uint8_t> catalog_bytes;
+  PeerFetcher* fetcher = nullptr;
+};
+
+// PeerFetcher over the libfabric adapter: completions hop from the fabric progress
+// thread to the io_context thread.
+class FabricFetcher : public PeerFetcher {
+ public:
+  FabricFetcher(boost::asio::io_context& io, fabric::Fabric& fabric, fabric::LocalRegion staging)
+      : io_(io), fabric_(fabric), staging_(staging) {}
+  void fetch(std::uint32_t peer, std::uint64_t remote_offset, std::uint64_t length, std::uint64_t staging_offset,
+             std::function<void(const Status&)> done) override;
+
+ private:
+  boost::asio::io_context& io_;
+  fabric::Fabric& fabric_;
+  fabric::LocalRegion staging_;
+};
+
+class Connection;
+
+class ClientService {
+ public:
+  ClientService(boost::asio::io_context& io, ServedJob job, std::string socket_path);
+  ~ClientService();  // unlinks the socket file
+
+  // Binds the socket (0600), replacing a stale file left by a crashed daemon, and starts
+  // accepting. Fails if another live daemon answers on the path.
+  Status listen();
+  // Closes the acceptor and every connection. Safe from any thread.
+  void stop();
+
+  std::size_t connections() const { return connections_.size(); }
+
+ private:
+  friend class Connection;
+  void accept_next();
+  void forget(const std::shared_ptr<Connection>& connection);
+
+  boost::asio::io_context& io_;
+  ServedJob job_;
+  std::string socket_path_;
+  boost::asio::local::stream_protocol::acceptor acceptor_;
+  std::vector<StagingRing> rings_;              // one per local trainer, outliving connections
+  std::vector<bool> trainer_connected_;         // by local trainer
+  std::set<std::shared_ptr<Connection>> connections_;
+  bool listening_ = false;
+};
+
+}  // namespace shardmix

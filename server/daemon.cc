@@ -1,0 +1,322 @@
+#include "server/daemon.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <utility>  // boost 1.74 asio/awaitable.hpp uses std::exchange without it
+
+#include <boost/asio.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "common/catalog.h"
+#include "common/epoch_plan.h"
+#include "common/fabric/fabric.h"
+#include "common/log.h"
+#include "common/placement.h"
+#include "server/cache_loader.h"
+#include "server/client_service.h"
+#include "server/shared_region.h"
+
+namespace shardmix {
+namespace {
+
+std::vector<std::uint8_t> to_bytes(std::string_view s) { return {s.begin(), s.end()}; }
+std::string to_string(const std::vector<std::uint8_t>& b) { return {b.begin(), b.end()}; }
+
+// Every rank learns every rank's outcome of a step; the first failure, named by rank,
+// becomes everyone's error. Keeps ranks from hanging in the next collective.
+Status agree(const MpiSession& mpi, const Status& mine, std::string_view step) {
+  const std::string encoded = mine.ok() ? std::string() : mine.to_string();
+  auto all = mpi.allgather(to_bytes(encoded));
+  if (!all.ok()) return all.status();
+  for (int r = 0; r < mpi.size(); ++r) {
+    if (!(*all)[r].empty()) {
+      return make_error(StatusCode::kUnavailable, "{} failed on daemon rank {}: {}", step, r, to_string((*all)[r]));
+    }
+  }
+  return Status::ok_status();
+}
+
+std::uint64_t align_up(std::uint64_t v) { return (v + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment; }
+
+// Upper bound on one batch's peer bytes: its batch.size largest samples.
+std::uint64_t largest_batch_bytes(const Catalog& catalog, std::uint32_t batch_size) {
+  std::vector<std::uint64_t> sizes = catalog.sizes();
+  const std::size_t k = std::min<std::size_t>(batch_size, sizes.size());
+  std::partial_sort(sizes.begin(), sizes.begin() + static_cast<std::ptrdiff_t>(k), sizes.end(), std::greater<>());
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < k; ++i) total += align_up(sizes[i]);
+  return total;
+}
+
+Status make_private_dir(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return make_error(StatusCode::kIoError, "cannot create run directory {}: {}", dir, std::strerror(errno));
+  }
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return make_error(StatusCode::kIoError, "run directory {} is not a directory", dir);
+  }
+  if (st.st_uid != geteuid()) {
+    return make_error(StatusCode::kPermissionDenied, "run directory {} belongs to uid {}, not to us (uid {})", dir,
+                      st.st_uid, geteuid());
+  }
+  if ((st.st_mode & 0077) != 0 && ::chmod(dir.c_str(), 0700) != 0) {
+    return make_error(StatusCode::kPermissionDenied, "run directory {} is mode {:o} and cannot be made 0700", dir,
+                      st.st_mode & 0777);
+  }
+  return Status::ok_status();
+}
+
+Status write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    if (!out) return make_error(StatusCode::kIoError, "cannot write {}", tmp);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    return make_error(StatusCode::kIoError, "cannot rename {} to {}: {}", tmp, path, std::strerror(errno));
+  }
+  return Status::ok_status();
+}
+
+// Stop requests arrive on the io thread (signals); the main thread waits for them.
+class StopLatch {
+ public:
+  void request() {
+    std::lock_guard lock(mutex_);
+    stopped_ = true;
+    cv_.notify_all();
+  }
+  void wait() {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [this] { return stopped_; });
+  }
+  bool requested() {
+    std::lock_guard lock(mutex_);
+    return stopped_;
+  }
+
+ private:
+  std::mutex mutex_;  // guards stopped_
+  std::condition_variable cv_;
+  bool stopped_ = false;
+};
+
+}  // namespace
+
+std::string resolve_run_dir(const Config& config) {
+  if (!config.service.run_dir.empty()) return config.service.run_dir;
+  if (const char* env = std::getenv("SHARDMIX_RUN_DIR"); env != nullptr && *env != '\0') return env;
+  return "/tmp/shardmix-" + std::to_string(geteuid());
+}
+
+int run_daemon(const Config& config, MpiSession& mpi) {
+  const int rank = mpi.rank();
+  const int nodes = mpi.size();
+  log::init(rank, config.log.level);
+  auto log = log::get("daemon");
+  auto fail = [&](const Status& s) {
+    log->error("{}", s.to_string());
+    return 1;
+  };
+
+  // Signals first, so SIGTERM during a long load still ends the process cleanly.
+  boost::asio::io_context io;
+  auto work = boost::asio::make_work_guard(io);
+  StopLatch stop;
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](const boost::system::error_code& ec, int signo) {
+    if (!ec) {
+      log->info("received signal {}, shutting down", signo);
+      stop.request();
+    }
+  });
+  std::thread io_thread([&io] { io.run(); });
+  struct IoJoiner {
+    boost::asio::io_context& io;
+    std::thread& thread;
+    ~IoJoiner() {
+      io.stop();
+      if (thread.joinable()) thread.join();
+    }
+  } io_joiner{io, io_thread};
+
+  const std::string run_dir = resolve_run_dir(config);
+  Status s = agree(mpi, make_private_dir(run_dir), "creating the run directory");
+  if (!s.ok()) return fail(s);
+
+  // 1. Catalog: each rank scans its share, everyone merges the same catalog.
+  auto scan = scan_partition(config.dataset, rank, nodes);
+  s = agree(mpi, scan.status(), "scanning the dataset");
+  if (!s.ok()) return fail(s);
+  auto gathered = mpi.allgather(serialize_scan(*scan));
+  if (!gathered.ok()) return fail(gathered.status());
+  std::vector<ScanResult> parts;
+  for (const auto& bytes : *gathered) {
+    auto part = deserialize_scan(bytes);
+    if (!part.ok()) return fail(part.status());
+    parts.push_back(std::move(*part));
+  }
+  auto merged = merge_scans(config.dataset, std::move(parts));
+  if (!merged.ok()) return fail(merged.status());
+  const Catalog catalog = std::move(*merged);
+  if (rank == 0) {
+    log->info("catalog: {} samples, {} classes, {:.1f} MB", catalog.size(), catalog.class_names().size(),
+              catalog.total_bytes() / 1e6);
+  }
+
+  // 2. Plan shape and placement: pure functions, identical on every rank.
+  const JobShape job{static_cast<std::uint32_t>(nodes), config.service.trainers_per_node, config.batch.size,
+                     config.batch.drop_last};
+  const PlanShape shape = make_plan_shape(catalog.size(), job);
+  const Placement placement = make_placement(catalog.sizes(), shape, config.dataset.placement, config.shuffle.seed);
+  const EpochPlanner planner(shape, placement, config.shuffle);
+
+  Status limits;
+  const std::uint64_t arena_bytes = placement.arena_bytes[rank];
+  if (config.cache.capacity_bytes > 0 && arena_bytes > config.cache.capacity_bytes) {
+    limits = make_error(StatusCode::kResourceExhausted,
+                        "node {} must cache {} bytes but cache.capacity is {} bytes ({}); raise cache.capacity or "
+                        "add nodes (serving a dataset larger than the nodes' caches is not supported yet)",
+                        rank, arena_bytes, config.cache.capacity_bytes, config.cache.capacity_text);
+  }
+  const std::uint64_t batch_bound = largest_batch_bytes(catalog, config.batch.size);
+  if (limits.ok() && batch_bound > config.service.staging_bytes_per_trainer) {
+    limits = make_error(StatusCode::kInvalidArgument,
+                        "service.staging_bytes_per_trainer ({}) is smaller than the largest possible batch ({} bytes: "
+                        "the {} largest samples); raise it or lower batch.size",
+                        config.service.staging_bytes_per_trainer, batch_bound, config.batch.size);
+  }
+  s = agree(mpi, limits, "checking memory limits");
+  if (!s.ok()) return fail(s);
+
+  // 3. Shared regions: the arena every local trainer maps, and per-trainer staging.
+  auto arena = SharedRegion::create("shardmix-arena", arena_bytes);
+  auto staging = arena.ok() ? SharedRegion::create("shardmix-staging", std::uint64_t{config.service.trainers_per_node} *
+                                                                           config.service.staging_bytes_per_trainer)
+                            : Result<std::unique_ptr<SharedRegion>>(arena.status());
+  s = agree(mpi, staging.status(), "allocating the cache arena");
+  if (!s.ok()) return fail(s);
+
+  // 4. Fabric: expose the arena once; exchange addresses and keys over MPI.
+  const std::string my_host = mpi.hostname();
+  auto hosts = mpi.allgather(to_bytes(my_host));
+  if (!hosts.ok()) return fail(hosts.status());
+  const bool single_host = std::all_of(hosts->begin(), hosts->end(),
+                                       [&](const auto& h) { return to_string(h) == my_host; });
+  if (single_host && config.fabric.interface.empty()) {
+    ::setenv("FI_TCP_IFACE", "lo", 0);  // all daemons on one host: keep tcp on loopback
+  }
+  fabric::FabricOptions fabric_options{config.fabric.provider, config.fabric.interface,
+                                       config.fabric.max_outstanding_reads};
+  auto fabric_or = fabric::Fabric::create(fabric_options, rank, nodes);
+  Status fabric_status = fabric_or.status();
+  fabric::LocalRegion staging_region;
+  if (fabric_status.ok()) fabric_status = (*fabric_or)->expose((*arena)->data(), arena_bytes);
+  if (fabric_status.ok()) {
+    auto local = (*fabric_or)->register_local((*staging)->data(), (*staging)->length());
+    fabric_status = local.status();
+    if (local.ok()) staging_region = *local;
+  }
+  s = agree(mpi, fabric_status, "opening the fabric");
+  if (!s.ok()) return fail(s);
+  fabric::Fabric& fabric = **fabric_or;
+  auto blobs = mpi.allgather(fabric.endpoint_blob());
+  if (!blobs.ok()) return fail(blobs.status());
+  s = agree(mpi, fabric.connect_peers(*blobs), "connecting fabric peers");
+  if (!s.ok()) return fail(s);
+  fabric.start_progress();
+  if (rank == 0) log->info("fabric: provider {}, domain {}", fabric.provider_name(), fabric.domain_name());
+
+  // 5. Load owned samples into the arena.
+  auto loaded = load_owned_samples(catalog, placement, static_cast<std::uint32_t>(rank), config.dataset,
+                                   config.service.loader_threads, (*arena)->data());
+  s = agree(mpi, loaded.status(), "loading samples");
+  if (!s.ok()) {
+    (void)mpi.barrier();
+    fabric.stop_progress();
+    return fail(s);
+  }
+  log->info("loaded {} samples, {:.1f} MB in {:.2f} s ({:.0f} MB/s)", loaded->samples, loaded->bytes / 1e6,
+            loaded->seconds, loaded->seconds > 0 ? loaded->bytes / 1e6 / loaded->seconds : 0.0);
+
+  // 6. Serve trainers.
+  FabricFetcher fetcher(io, fabric, staging_region);
+  ServedJob served;
+  served.context = SchedulerContext{&catalog, &placement, &planner, static_cast<std::uint32_t>(rank),
+                                    config.service.prefetch};
+  served.shape = &shape;
+  served.nodes = static_cast<std::uint32_t>(nodes);
+  served.trainers_per_node = config.service.trainers_per_node;
+  served.arena = arena->get();
+  served.staging = staging->get();
+  served.staging_per_trainer = config.service.staging_bytes_per_trainer;
+  served.catalog_bytes = catalog.serialize();
+  served.fetcher = &fetcher;
+  const std::string socket_path = run_dir + "/d" + std::to_string(rank) + ".sock";
+  auto service = std::make_unique<ClientService>(io, std::move(served), socket_path);
+  Status listen_status;
+  {
+    std::promise<Status> listened;
+    boost::asio::post(io, [&] { listened.set_value(service->listen()); });
+    listen_status = listened.get_future().get();
+  }
+  s = agree(mpi, listen_status, "opening the trainer socket");
+  if (!s.ok()) {
+    (void)mpi.barrier();
+    fabric.stop_progress();
+    return fail(s);
+  }
+
+  // 7. Ready: every daemon serves; rank 0 publishes the layout for trainers and launchers.
+  auto pids = mpi.allgather(to_bytes(std::to_string(::getpid())));
+  if (!pids.ok()) return fail(pids.status());
+  const std::string ready_path = run_dir + "/ready";
+  if (rank == 0) {
+    std::string text = "daemons=" + std::to_string(nodes) + "\ntrainers_per_node=" +
+                       std::to_string(config.service.trainers_per_node) + "\n";
+    for (int r = 0; r < nodes; ++r) text += "host." + std::to_string(r) + "=" + to_string((*hosts)[r]) + "\n";
+    for (int r = 0; r < nodes; ++r) text += "pid." + std::to_string(r) + "=" + to_string((*pids)[r]) + "\n";
+    s = write_file_atomically(ready_path, text);
+    if (!s.ok()) log->error("{}", s.to_string());
+    log->info("ready: {} daemons serving {} samples ({:.1f} MB), {} batches of {} per trainer per epoch; run dir {}",
+              nodes, catalog.size(), catalog.total_bytes() / 1e6, shape.batches_per_trainer, config.batch.size,
+              run_dir);
+  }
+
+  stop.wait();
+
+  // 8. Drain: stop serving, then wait for every peer while still progressing the fabric,
+  //    so no peer's read of our arena is left hanging.
+  service->stop();
+  if (rank == 0) ::unlink(ready_path.c_str());
+  Status drained = mpi.barrier();
+  const fabric::FabricStats fs = fabric.stats();
+  fabric.stop_progress();
+  {
+    std::promise<void> destroyed;
+    boost::asio::post(io, [&] {
+      service.reset();
+      destroyed.set_value();
+    });
+    destroyed.get_future().wait();
+  }
+  log->info("fabric {}: {} reads, {} bytes read from peers, {} failed; exiting", fabric.provider_name(),
+            fs.reads_completed, fs.bytes_read, fs.reads_failed);
+  if (!drained.ok()) return fail(drained);
+  return 0;
+}
+
+}  // namespace shardmix

@@ -1,0 +1,23 @@
+// shardmixd's life: MPI bootstrap -> catalog (scan split across ranks, allgather) ->
+// plan shape and placement -> cache arena and staging (memfd) -> fabric (expose the
+// arena once, exchange endpoint names and keys over MPI, progress thread) -> load owned
+// samples -> serve trainers on the Unix socket -> readiness file -> wait for SIGTERM/SIGINT
+// -> drain (barrier while the fabric keeps progressing) -> clean exit.
+// Any rank's startup failure is shared with all ranks (named by rank) so every daemon
+// exits with the same message instead of hanging in a collective.
+#pragma once
+
+#include <string>
+
+#include "common/config.h"
+#include "common/mpi_comm.h"
+
+namespace shardmix {
+
+// The run directory: service.run_dir, else $SHARDMIX_RUN_DIR, else /tmp/shardmix-<uid>.
+std::string resolve_run_dir(const Config& config);
+
+// Runs the daemon to completion; returns the process exit code.
+int run_daemon(const Config& config, MpiSession& mpi);
+
+}  // namespace shardmix

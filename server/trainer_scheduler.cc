@@ -1,0 +1,195 @@
+#include "server/trainer_scheduler.h"
+
+#include <fmt/format.h>
+
+namespace shardmix {
+namespace {
+
+std::uint64_t align_up(std::uint64_t value) {
+  return (value + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+}
+
+}  // namespace
+
+TrainerScheduler::TrainerScheduler(const SchedulerContext& context, std::uint32_t local_trainer,
+                                   StagingRing& ring, PeerFetcher& fetcher, FrameSink& sink)
+    : context_(context), local_trainer_(local_trainer), ring_(ring), fetcher_(fetcher), sink_(sink) {}
+
+void TrainerScheduler::start_epoch(std::uint64_t epoch) {
+  // Implicitly release what the trainer still held of the previous epoch; batches still
+  // being fetched free their staging when the fetches land (retire checks the generation).
+  for (auto& [index, assembly] : live_) {
+    assembly->released = true;
+    if (assembly->pending_fetches == 0) retire(assembly);
+  }
+  live_.clear();
+  ++generation_;
+  epoch_ = epoch;
+  auto plans = context_.planner->plan_node(epoch, context_.node);
+  plan_ = std::move(plans[local_trainer_]);
+  next_to_assemble_ = 0;
+  next_to_send_ = 0;
+  end_sent_ = false;
+  failed_ = false;
+  stats_ = proto::EpochStats{};
+  stats_.epoch = epoch;
+  pump();
+  flush();
+}
+
+Status TrainerScheduler::release(std::uint64_t epoch, std::uint64_t batch) {
+  if (epoch != epoch_) return Status::ok_status();  // a late release of an abandoned epoch
+  auto it = live_.find(batch);
+  if (it == live_.end() || !it->second->sent) {
+    return make_error(StatusCode::kProtocol, "release of epoch {} batch {} that is not outstanding", epoch, batch);
+  }
+  auto assembly = it->second;
+  live_.erase(it);
+  assembly->released = true;
+  retire(assembly);
+  pump();
+  flush();
+  return Status::ok_status();
+}
+
+void TrainerScheduler::close() {
+  closed_ = true;
+  for (auto& [index, assembly] : live_) {
+    assembly->released = true;
+    if (assembly->pending_fetches == 0) retire(assembly);
+  }
+  live_.clear();
+}
+
+void TrainerScheduler::retire(const std::shared_ptr<Assembly>& assembly) {
+  if (assembly->staging_offset) {
+    ring_.release(*assembly->staging_offset);
+    assembly->staging_offset.reset();
+  }
+}
+
+void TrainerScheduler::pump() {
+  const std::uint64_t batches = plan_.num_batches();
+  while (!closed_ && !failed_ && live_.size() < context_.prefetch && next_to_assemble_ < batches) {
+    const std::uint64_t b = next_to_assemble_;
+    const std::uint64_t begin = plan_.batch_begin[b];
+    const std::uint64_t end = plan_.batch_begin[b + 1];
+    const Catalog& catalog = *context_.catalog;
+    const Placement& placement = *context_.placement;
+
+    std::uint64_t staging_needed = 0;
+    for (std::uint64_t i = begin; i < end; ++i) {
+      const SampleId id = plan_.order[i];
+      if (placement.owner[id] != context_.node) staging_needed += align_up(catalog.sample_bytes(id));
+    }
+    auto assembly = std::make_shared<Assembly>();
+    if (staging_needed > 0) {
+      assembly->staging_offset = ring_.allocate(staging_needed);
+      if (!assembly->staging_offset) {
+        if (live_.empty() && ring_.empty()) {
+          failed_ = true;
+          sink_.send_error(make_error(StatusCode::kResourceExhausted,
+                                      "batch {} needs {} staging bytes but service.staging_bytes_per_trainer is {}",
+                                      b, staging_needed, ring_.capacity()));
+        }
+        return;  // wait for a release to free staging bytes
+      }
+    }
+    assembly->generation = generation_;
+    assembly->started = std::chrono::steady_clock::now();
+    assembly->frame.epoch = epoch_;
+    assembly->frame.batch = b;
+    assembly->frame.samples.reserve(end - begin);
+    live_.emplace(b, assembly);
+    ++next_to_assemble_;
+
+    std::uint64_t staging_cursor = assembly->staging_offset.value_or(0);
+    struct PendingRead {
+      std::uint32_t peer;
+      std::uint64_t remote_offset;
+      std::uint64_t length;
+      std::uint64_t staging_offset;
+    };
+    std::vector<PendingRead> reads;
+    for (std::uint64_t i = begin; i < end; ++i) {
+      const SampleId id = plan_.order[i];
+      const std::uint32_t owner = placement.owner[id];
+      const std::uint64_t length = catalog.sample_bytes(id);
+      proto::SampleDescriptor d{};
+      d.sample_id = id;
+      d.label = catalog.label(id);
+      d.owner = owner;
+      d.length = length;
+      if (owner == context_.node) {
+        d.region = static_cast<std::uint8_t>(proto::Region::kArena);
+        d.tier = static_cast<std::uint8_t>(proto::Tier::kLocal);
+        d.offset = placement.arena_offset[id];
+      } else {
+        d.region = static_cast<std::uint8_t>(proto::Region::kStaging);
+        d.tier = static_cast<std::uint8_t>(proto::Tier::kPeer);
+        d.offset = staging_cursor;
+        if (length > 0) reads.push_back({owner, placement.arena_offset[id], length, staging_cursor});
+        staging_cursor += align_up(length);
+      }
+      assembly->frame.samples.push_back(d);
+    }
+    // Count all reads before posting any: a fetcher may complete synchronously.
+    assembly->pending_fetches = static_cast<std::uint32_t>(reads.size());
+    auto self = shared_from_this();
+    for (const PendingRead& r : reads) {
+      fetcher_.fetch(r.peer, r.remote_offset, r.length, r.staging_offset,
+                     [self, assembly](const Status& status) { self->on_fetched(assembly, status); });
+    }
+  }
+}
+
+void TrainerScheduler::on_fetched(const std::shared_ptr<Assembly>& assembly, const Status& status) {
+  if (!status.ok() && assembly->error.ok()) assembly->error = status;
+  if (--assembly->pending_fetches > 0) return;
+  if (assembly->released || assembly->generation != generation_ || closed_) {
+    retire(assembly);  // abandoned epoch or gone trainer: only the staging bytes matter
+    pump();            // the freed bytes may unblock the current epoch
+    flush();
+    return;
+  }
+  stats_.fetch_wait_us += static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - assembly->started)
+          .count());
+  flush();
+  pump();
+  flush();
+}
+
+void TrainerScheduler::flush() {
+  if (closed_ || failed_) return;
+  while (true) {
+    auto it = live_.find(next_to_send_);
+    if (it == live_.end() || it->second->pending_fetches > 0) break;
+    Assembly& a = *it->second;
+    if (!a.error.ok()) {
+      failed_ = true;
+      sink_.send_error(a.error.with_context(fmt::format("epoch {} batch {}", epoch_, next_to_send_)));
+      return;
+    }
+    for (const auto& d : a.frame.samples) {
+      ++stats_.samples;
+      stats_.bytes += d.length;
+      if (d.tier == static_cast<std::uint8_t>(proto::Tier::kLocal)) {
+        ++stats_.local_samples;
+      } else {
+        ++stats_.peer_samples;
+        stats_.peer_bytes += d.length;
+      }
+    }
+    ++stats_.batches;
+    a.sent = true;
+    sink_.send_batch(a.frame);
+    ++next_to_send_;
+  }
+  if (!end_sent_ && next_to_send_ == plan_.num_batches()) {
+    end_sent_ = true;
+    sink_.send_epoch_end(stats_);
+  }
+}
+
+}  // namespace shardmix
