@@ -285,10 +285,9 @@ Result<std::unique_ptr<Connection>> Connection::open(const ClientOptions& option
                         "the same node mapping as the daemons (e.g. --map-by ppr:{}:node)",
                         c->who_.rank, daemon, host, this_host(), per_node);
     }
-  } else {
-    // An explicitly chosen daemon still has to be up.
-    (void)read_ready_file(run_dir + "/ready", options.ready_timeout_s);
   }
+  // An explicitly chosen daemon (tests, several "nodes" on one machine) is connected to
+  // directly: a missing socket is reported by connect() below.
   c->node_ = static_cast<std::uint32_t>(daemon);
   c->socket_path_ = run_dir + "/d" + std::to_string(daemon) + ".sock";
 

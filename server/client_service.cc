@@ -271,12 +271,18 @@ class Connection : public std::enable_shared_from_this<Connection>, public Frame
 ClientService::ClientService(asio::io_context& io, ServedJob job, std::string socket_path)
     : io_(io), job_(std::move(job)), socket_path_(std::move(socket_path)), acceptor_(io) {
   for (std::uint32_t t = 0; t < job_.trainers_per_node; ++t) {
-    rings_.emplace_back(t * job_.staging_per_trainer, job_.staging_per_trainer);
+    rings_.push_back(std::make_shared<StagingRing>(t * job_.staging_per_trainer, job_.staging_per_trainer));
   }
   trainer_connected_.assign(job_.trainers_per_node, false);
 }
 
 ClientService::~ClientService() {
+  // Runs on the io thread. Close everything now; handlers still queued see closed
+  // objects (Connection::close is idempotent, the accept handler checks for abort first).
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+  auto open = connections_;
+  for (const auto& c : open) c->close();
   if (listening_) ::unlink(socket_path_.c_str());
 }
 
@@ -311,9 +317,10 @@ Status ClientService::listen() {
 
 void ClientService::accept_next() {
   acceptor_.async_accept([this](boost::system::error_code ec, stream::socket socket) {
+    if (ec == asio::error::operation_aborted) return;  // the service is closing
     if (ec) {
-      if (ec != asio::error::operation_aborted) log::get("service")->warn("accept failed: {}", ec.message());
-      if (acceptor_.is_open() && ec != asio::error::operation_aborted) accept_next();
+      log::get("service")->warn("accept failed: {}", ec.message());
+      if (acceptor_.is_open()) accept_next();
       return;
     }
     auto connection = std::make_shared<Connection>(*this, std::move(socket));

@@ -77,7 +77,9 @@ class ClientService {
   ServedJob job_;
   std::string socket_path_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
-  std::vector<StagingRing> rings_;              // one per local trainer, outliving connections
+  // One per local trainer. Shared with schedulers: fetches still in flight when a
+  // connection (or the service) goes away must free their bytes into a live ring.
+  std::vector<std::shared_ptr<StagingRing>> rings_;
   std::vector<bool> trainer_connected_;         // by local trainer
   std::set<std::shared_ptr<Connection>> connections_;
   bool listening_ = false;

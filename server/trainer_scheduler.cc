@@ -12,8 +12,8 @@ std::uint64_t align_up(std::uint64_t value) {
 }  // namespace
 
 TrainerScheduler::TrainerScheduler(const SchedulerContext& context, std::uint32_t local_trainer,
-                                   StagingRing& ring, PeerFetcher& fetcher, FrameSink& sink)
-    : context_(context), local_trainer_(local_trainer), ring_(ring), fetcher_(fetcher), sink_(sink) {}
+                                   std::shared_ptr<StagingRing> ring, PeerFetcher& fetcher, FrameSink& sink)
+    : context_(context), local_trainer_(local_trainer), ring_(std::move(ring)), fetcher_(fetcher), sink_(sink) {}
 
 void TrainerScheduler::start_epoch(std::uint64_t epoch) {
   // Implicitly release what the trainer still held of the previous epoch; batches still
@@ -63,7 +63,7 @@ void TrainerScheduler::close() {
 
 void TrainerScheduler::retire(const std::shared_ptr<Assembly>& assembly) {
   if (assembly->staging_offset) {
-    ring_.release(*assembly->staging_offset);
+    ring_->release(*assembly->staging_offset);
     assembly->staging_offset.reset();
   }
 }
@@ -84,13 +84,13 @@ void TrainerScheduler::pump() {
     }
     auto assembly = std::make_shared<Assembly>();
     if (staging_needed > 0) {
-      assembly->staging_offset = ring_.allocate(staging_needed);
+      assembly->staging_offset = ring_->allocate(staging_needed);
       if (!assembly->staging_offset) {
-        if (live_.empty() && ring_.empty()) {
+        if (live_.empty() && ring_->empty()) {
           failed_ = true;
           sink_.send_error(make_error(StatusCode::kResourceExhausted,
                                       "batch {} needs {} staging bytes but service.staging_bytes_per_trainer is {}",
-                                      b, staging_needed, ring_.capacity()));
+                                      b, staging_needed, ring_->capacity()));
         }
         return;  // wait for a release to free staging bytes
       }

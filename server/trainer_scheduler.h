@@ -54,7 +54,7 @@ struct SchedulerContext {
 
 class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
  public:
-  TrainerScheduler(const SchedulerContext& context, std::uint32_t local_trainer, StagingRing& ring,
+  TrainerScheduler(const SchedulerContext& context, std::uint32_t local_trainer, std::shared_ptr<StagingRing> ring,
                    PeerFetcher& fetcher, FrameSink& sink);
 
   // Begins streaming `epoch`. Batches of an earlier epoch that were not released are
@@ -88,7 +88,7 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
 
   SchedulerContext context_;
   std::uint32_t local_trainer_;
-  StagingRing& ring_;
+  std::shared_ptr<StagingRing> ring_;
   PeerFetcher& fetcher_;
   FrameSink& sink_;
 

@@ -4,6 +4,8 @@
 // (path relative to dataset.path, CSV-quoted when needed; xxh64 seed 0, 16 hex digits).
 // Run it as the trainer ranks, e.g. under deploy/launch.sh.
 #include <cstdio>
+#include <cstring>
+#include <vector>
 #include <filesystem>
 #include <string>
 
@@ -33,10 +35,17 @@ int main(int argc, char** argv) {
   std::uint64_t first_epoch = 0;
   std::string trace_dir;
   int daemon = -1;
+  std::string touch = "hash";
+  bool json = false;
   app.add_option("--epochs", epochs, "Epochs to consume")->check(CLI::PositiveNumber);
   app.add_option("--first-epoch", first_epoch, "Number of the first epoch");
   app.add_option("--trace", trace_dir, "Write DIR/rank-<R>.csv with one row per delivered sample");
   app.add_option("--daemon", daemon, "Use this node's daemon instead of finding it by rank");
+  app.add_option("--touch", touch,
+                 "How every byte is touched: hash (XXH64, needed for --trace) or copy (memcpy into a "
+                 "private buffer, as a trainer staging data for a GPU would)")
+      ->check(CLI::IsMember({"hash", "copy"}));
+  app.add_flag("--json", json, "Also print one 'JSON {...}' line per epoch for scripts");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -57,6 +66,12 @@ int main(int argc, char** argv) {
       std::fputs("epoch,rank,batch,position,sample_id,path,label,bytes,xxh64,tier,owner\n", trace);
       catalog = &client.catalog();
     }
+    if (touch == "copy" && !trace_dir.empty()) {
+      std::fprintf(stderr, "shardmix-consume: --trace needs --touch hash\n");
+      return 2;
+    }
+    const bool copy = touch == "copy";
+    std::vector<std::byte> sink;
     std::string rows;
     for (std::uint64_t e = first_epoch; e < first_epoch + epochs; ++e) {
       std::uint64_t samples = 0, bytes = 0, batches = 0, checksum = 0;
@@ -66,7 +81,14 @@ int main(int argc, char** argv) {
         std::size_t position = 0;
         for (const shardmix::Sample& s : batch) {
           const auto view = s.bytes();
-          const std::uint64_t h = XXH64(view.data(), view.size(), 0);
+          std::uint64_t h = 0;
+          if (copy) {
+            if (sink.size() < view.size()) sink.resize(view.size());
+            std::memcpy(sink.data(), view.data(), view.size());
+            h = view.empty() ? 0 : static_cast<std::uint64_t>(sink[view.size() / 2]);
+          } else {
+            h = XXH64(view.data(), view.size(), 0);
+          }
           checksum ^= h;
           ++samples;
           bytes += view.size();
@@ -92,6 +114,18 @@ int main(int argc, char** argv) {
           secs > 0 ? bytes / secs / 1e9 : 0.0,
           static_cast<unsigned long long>(stats ? stats->local_samples : 0),
           static_cast<unsigned long long>(stats ? stats->peer_samples : 0), static_cast<unsigned long long>(checksum));
+      if (json) {
+        std::printf(
+            "JSON {\"rank\": %d, \"epoch\": %llu, \"samples\": %llu, \"bytes\": %llu, \"batches\": %llu, "
+            "\"seconds\": %.6f, \"local_samples\": %llu, \"peer_samples\": %llu, \"peer_bytes\": %llu, "
+            "\"daemon_fetch_wait_us\": %llu}\n",
+            rank, static_cast<unsigned long long>(e), static_cast<unsigned long long>(samples),
+            static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(batches), secs,
+            static_cast<unsigned long long>(stats ? stats->local_samples : 0),
+            static_cast<unsigned long long>(stats ? stats->peer_samples : 0),
+            static_cast<unsigned long long>(stats ? stats->peer_bytes : 0),
+            static_cast<unsigned long long>(stats ? stats->fetch_wait_us : 0));
+      }
       std::fflush(stdout);
     }
     if (trace != nullptr) {

@@ -65,10 +65,11 @@ struct World {
 
 TEST(TrainerScheduler, DeliversThePlanInOrderWithCredits) {
   World w(200, 4, 8, 3);
-  StagingRing ring(0, 1 << 20);
+  auto ring_ptr = std::make_shared<StagingRing>(0, 1 << 20);
+  StagingRing& ring = *ring_ptr;
   FakeFetcher fetcher;
   RecordingSink sink;
-  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring, fetcher, sink);
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
   scheduler->start_epoch(0);
   const auto plan = w.planner->plan_node(0, 0)[0];
   EXPECT_LE(scheduler->live_batches(), 3u);
@@ -101,10 +102,11 @@ TEST(TrainerScheduler, DeliversThePlanInOrderWithCredits) {
 
 TEST(TrainerScheduler, WithoutReleasesStopsAtThePrefetchDepth) {
   World w(400, 2, 4, 2);
-  StagingRing ring(0, 1 << 20);
+  auto ring_ptr = std::make_shared<StagingRing>(0, 1 << 20);
+  StagingRing& ring = *ring_ptr;
   FakeFetcher fetcher;
   RecordingSink sink;
-  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring, fetcher, sink);
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
   scheduler->start_epoch(0);
   fetcher.complete_all();
   fetcher.complete_all();
@@ -117,10 +119,11 @@ TEST(TrainerScheduler, WithoutReleasesStopsAtThePrefetchDepth) {
 
 TEST(TrainerScheduler, SmallStagingRingStillDeliversEverything) {
   World w(300, 4, 6, 4);
-  StagingRing ring(4096, 6 * 5200);  // room for about one batch of peer samples
+  auto ring_ptr = std::make_shared<StagingRing>(4096, 6 * 5200);
+  StagingRing& ring = *ring_ptr;  // room for about one batch of peer samples
   FakeFetcher fetcher;
   RecordingSink sink;
-  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring, fetcher, sink);
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
   scheduler->start_epoch(1);
   std::size_t released = 0;
   for (int guard = 0; sink.ends.empty() && guard < 10000; ++guard) {
@@ -142,11 +145,12 @@ TEST(TrainerScheduler, SmallStagingRingStillDeliversEverything) {
 
 TEST(TrainerScheduler, FetchErrorReachesTheTrainer) {
   World w(100, 2, 10, 2);
-  StagingRing ring(0, 1 << 20);
+  auto ring_ptr = std::make_shared<StagingRing>(0, 1 << 20);
+  StagingRing& ring = *ring_ptr;
   FakeFetcher fetcher;
   fetcher.fail_with = make_error(StatusCode::kUnavailable, "peer rank 1 is gone");
   RecordingSink sink;
-  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring, fetcher, sink);
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
   scheduler->start_epoch(0);
   fetcher.complete_all();
   ASSERT_EQ(sink.errors.size(), 1u);
@@ -155,10 +159,11 @@ TEST(TrainerScheduler, FetchErrorReachesTheTrainer) {
 
 TEST(TrainerScheduler, ClosingMidEpochFreesStagingWhenFetchesLand) {
   World w(200, 4, 8, 4);
-  StagingRing ring(0, 1 << 20);
+  auto ring_ptr = std::make_shared<StagingRing>(0, 1 << 20);
+  StagingRing& ring = *ring_ptr;
   FakeFetcher fetcher;
   RecordingSink sink;
-  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring, fetcher, sink);
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
   scheduler->start_epoch(0);
   ASSERT_FALSE(fetcher.pending.empty());
   scheduler->close();
@@ -170,10 +175,11 @@ TEST(TrainerScheduler, ClosingMidEpochFreesStagingWhenFetchesLand) {
 
 TEST(TrainerScheduler, RestartingAnEpochMidwayStartsOver) {
   World w(200, 2, 8, 2);
-  StagingRing ring(0, 1 << 20);
+  auto ring_ptr = std::make_shared<StagingRing>(0, 1 << 20);
+  StagingRing& ring = *ring_ptr;
   FakeFetcher fetcher;
   RecordingSink sink;
-  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring, fetcher, sink);
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
   scheduler->start_epoch(0);
   fetcher.complete_all();
   scheduler->start_epoch(1);
@@ -192,7 +198,8 @@ TEST(TrainerScheduler, RestartingAnEpochMidwayStartsOver) {
 }
 
 TEST(StagingRing, WrapsAndRefusesWhatDoesNotFit) {
-  StagingRing ring(100, 1000);
+  auto ring_ptr = std::make_shared<StagingRing>(100, 1000);
+  StagingRing& ring = *ring_ptr;
   auto a = ring.allocate(400);
   auto b = ring.allocate(400);
   ASSERT_TRUE(a && b);

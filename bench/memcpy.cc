@@ -1,0 +1,88 @@
+// shardmix-bench-memcpy: the physical limit for local-cache delivery. Lays out the
+// dataset's samples (real sizes, scanned from --dataset) back to back and 64-byte aligned
+// as the cache arena does, then copies every sample once per pass, in a seeded random
+// order, into a private buffer: what a trainer that copies each sample out of RAM pays.
+// Prints a readable table and one 'JSON {...}' line (median of --passes, with min/max).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "common/catalog.h"
+#include "common/rng.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"shardmix-bench-memcpy: single- and multi-thread memcpy of a dataset's samples"};
+  std::string dataset;
+  int passes = 3;
+  int threads = 1;
+  app.add_option("--dataset", dataset, "Folder dataset whose sample sizes to use")->required();
+  app.add_option("--passes", passes, "Passes over all samples (median reported)");
+  app.add_option("--threads", threads, "Copying threads (each copies its share)");
+  CLI11_PARSE(app, argc, argv);
+
+  shardmix::DatasetConfig config;
+  config.path = dataset;
+  auto scan = shardmix::scan_partition(config, 0, 1);
+  if (!scan.ok()) {
+    std::fprintf(stderr, "%s\n", scan.status().to_string().c_str());
+    return 1;
+  }
+  std::vector<std::uint64_t> sizes, offsets;
+  std::uint64_t total = 0, bytes = 0;
+  for (const auto& e : scan->entries) {
+    offsets.push_back(total);
+    sizes.push_back(e.size);
+    bytes += e.size;
+    total = (total + e.size + 63) / 64 * 64;
+  }
+  std::vector<std::uint8_t> arena(total + 64);
+  shardmix::Rng fill(1);
+  fill.fill_bytes(arena);
+  std::vector<std::uint32_t> order(sizes.size());
+  std::iota(order.begin(), order.end(), 0u);
+  const std::uint64_t max_size = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
+
+  std::vector<double> rates;
+  volatile std::uint8_t sink_byte = 0;
+  for (int p = 0; p < passes; ++p) {
+    shardmix::Rng rng(100 + p);
+    shardmix::shuffle(std::span<std::uint32_t>(order), rng);
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        std::vector<std::uint8_t> out(max_size + 1);
+        for (std::size_t i = t; i < order.size(); i += threads) {
+          const auto id = order[i];
+          std::memcpy(out.data(), arena.data() + offsets[id], sizes[id]);
+        }
+        sink_byte = out[max_size / 2];
+      });
+    }
+    for (auto& th : pool) th.join();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    rates.push_back(static_cast<double>(bytes) / secs);
+  }
+  std::sort(rates.begin(), rates.end());
+  const double median = rates[rates.size() / 2];
+  const double mean_size = sizes.empty() ? 0 : static_cast<double>(bytes) / sizes.size();
+  std::printf("memcpy of %zu samples (%.1f MB, mean %.1f KiB), %d thread(s), %d passes\n", sizes.size(), bytes / 1e6,
+              mean_size / 1024, threads, passes);
+  std::printf("  %-10s %10s %12s\n", "", "GB/s", "samples/s");
+  std::printf("  %-10s %10.2f %12.0f\n", "median", median / 1e9, median / mean_size);
+  std::printf("  %-10s %10.2f %12.0f\n", "min", rates.front() / 1e9, rates.front() / mean_size);
+  std::printf("  %-10s %10.2f %12.0f\n", "max", rates.back() / 1e9, rates.back() / mean_size);
+  std::printf(
+      "JSON {\"bench\": \"memcpy\", \"threads\": %d, \"samples\": %zu, \"bytes\": %llu, \"gbps_median\": %.4f, "
+      "\"gbps_min\": %.4f, \"gbps_max\": %.4f, \"samples_per_s_median\": %.1f}\n",
+      threads, sizes.size(), static_cast<unsigned long long>(bytes), median / 1e9, rates.front() / 1e9,
+      rates.back() / 1e9, median / mean_size);
+  (void)sink_byte;
+  return 0;
+}

@@ -1,0 +1,261 @@
+// An in-process test cluster: the real ClientService on a real Unix socket, the real
+// client library, and a fake fabric that "reads" peer samples from a local buffer.
+// Node 0 of a 2-node job with 2 trainers per node is served; node 1's arena is faked.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <future>
+#include <optional>
+#include <sys/stat.h>
+#include <thread>
+
+#include "client/client.h"
+#include "common/rng.h"
+#include "server/client_service.h"
+#include "server/shared_region.h"
+
+namespace shardmix {
+namespace {
+namespace fs = std::filesystem;
+
+// Bytes of sample `id`: deterministic, so every view can be checked.
+void sample_bytes(SampleId id, std::uint8_t* out, std::uint64_t n) {
+  Rng rng(0x5a5a0000ull + id);
+  rng.fill_bytes(std::span<std::uint8_t>(out, n));
+}
+
+class LocalArenaFetcher : public PeerFetcher {
+ public:
+  LocalArenaFetcher(boost::asio::io_context& io, const std::vector<std::uint8_t>& peer_arena, SharedRegion& staging)
+      : io_(io), peer_arena_(peer_arena), staging_(staging) {}
+  void fetch(std::uint32_t peer, std::uint64_t remote_offset, std::uint64_t length, std::uint64_t staging_offset,
+             std::function<void(const Status&)> done) override {
+    std::memcpy(staging_.data() + staging_offset, peer_arena_.data() + remote_offset, length);
+    boost::asio::post(io_, [done] { done(Status::ok_status()); });
+  }
+
+ private:
+  boost::asio::io_context& io_;
+  const std::vector<std::uint8_t>& peer_arena_;
+  SharedRegion& staging_;
+};
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / ("svc-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    std::vector<CatalogEntry> entries;
+    Rng rng(9);
+    for (int i = 0; i < 203; ++i) {
+      entries.push_back({"c/" + std::to_string(i), i % 50 == 0 ? 0 : 1 + rng.below(9000), i % 5});
+    }
+    catalog_ = std::move(Catalog::from_entries(std::move(entries), {}).value());
+    shape_ = make_plan_shape(catalog_.size(), JobShape{2, 2, 7, false});
+    placement_ = make_placement(catalog_.sizes(), shape_, PlacementPolicy::kBalanced, 1);
+    ShuffleConfig shuffle;
+    shuffle.seed = 4;
+    planner_ = std::make_unique<EpochPlanner>(shape_, placement_, shuffle);
+
+    arena_ = std::move(SharedRegion::create("test-arena", placement_.arena_bytes[0]).value());
+    staging_ = std::move(SharedRegion::create("test-staging", 2 * kStagingPerTrainer).value());
+    peer_arena_.resize(placement_.arena_bytes[1] + 1);
+    for (SampleId id = 0; id < catalog_.size(); ++id) {
+      std::uint8_t* base = placement_.owner[id] == 0 ? arena_->data() : peer_arena_.data();
+      sample_bytes(id, base + placement_.arena_offset[id], catalog_.sample_bytes(id));
+    }
+    fetcher_ = std::make_unique<LocalArenaFetcher>(io_, peer_arena_, *staging_);
+    ServedJob job;
+    job.context = SchedulerContext{&catalog_, &placement_, planner_.get(), 0, 3};
+    job.shape = &shape_;
+    job.nodes = 2;
+    job.trainers_per_node = 2;
+    job.arena = arena_.get();
+    job.staging = staging_.get();
+    job.staging_per_trainer = kStagingPerTrainer;
+    job.catalog_bytes = catalog_.serialize();
+    job.fetcher = fetcher_.get();
+    service_ = std::make_unique<ClientService>(io_, std::move(job), (dir_ / "d0.sock").string());
+    ASSERT_TRUE(service_->listen().ok());
+    io_thread_ = std::thread([this] { io_.run(); });
+  }
+
+  void TearDown() override {
+    // Destroy the service on its own thread, then let the io thread run out of work.
+    std::promise<void> gone;
+    boost::asio::post(io_, [&] {
+      service_.reset();
+      gone.set_value();
+    });
+    gone.get_future().wait();
+    work_.reset();
+    io_thread_.join();
+    fs::remove_all(dir_);
+  }
+
+  ClientOptions options(int rank) {
+    ClientOptions o;
+    o.run_dir = dir_.string();
+    o.daemon = 0;
+    o.rank = rank;
+    o.world_size = 4;
+    o.receive_timeout_s = 30;
+    return o;
+  }
+
+  // Consumes a whole epoch, checking every byte; returns the ids in delivery order.
+  std::vector<SampleId> consume(Client& client, std::uint64_t epoch) {
+    std::vector<SampleId> ids;
+    std::vector<std::uint8_t> expected;
+    for (const Batch& batch : client.epoch(epoch)) {
+      for (const Sample& s : batch) {
+        expected.resize(s.bytes().size());
+        sample_bytes(s.id(), expected.data(), expected.size());
+        EXPECT_EQ(s.bytes().size(), catalog_.sample_bytes(s.id()));
+        EXPECT_EQ(0, std::memcmp(expected.data(), s.bytes().data(), expected.size())) << "sample " << s.id();
+        EXPECT_EQ(s.label(), catalog_.label(s.id()));
+        ids.push_back(s.id());
+      }
+    }
+    return ids;
+  }
+
+  static constexpr std::uint64_t kStagingPerTrainer = 7 * 9088;
+  fs::path dir_;
+  Catalog catalog_;
+  PlanShape shape_;
+  Placement placement_;
+  std::unique_ptr<EpochPlanner> planner_;
+  std::unique_ptr<SharedRegion> arena_;
+  std::unique_ptr<SharedRegion> staging_;
+  std::vector<std::uint8_t> peer_arena_;
+  boost::asio::io_context io_;
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_{
+      boost::asio::make_work_guard(io_)};
+  std::unique_ptr<LocalArenaFetcher> fetcher_;
+  std::unique_ptr<ClientService> service_;
+  std::thread io_thread_;
+};
+
+TEST_F(ServiceTest, DeliversThePlannedSamplesWithTheRightBytes) {
+  Client client = Client::connect(options(1));
+  EXPECT_EQ(client.batches_per_epoch(), shape_.batches_per_trainer);
+  for (std::uint64_t epoch : {0u, 1u}) {
+    const auto ids = consume(client, epoch);
+    EXPECT_EQ(ids, planner_->plan_node(epoch, 0)[1].order);
+    ASSERT_TRUE(client.last_epoch_stats().has_value());
+    EXPECT_EQ(client.last_epoch_stats()->samples, ids.size());
+  }
+  EXPECT_EQ(client.catalog().size(), catalog_.size());
+}
+
+TEST_F(ServiceTest, AKilledTrainerDoesNotDisturbTheOtherAndCanComeBack) {
+  Client steady = Client::connect(options(0));
+  {
+    Client doomed = Client::connect(options(1));
+    int batches = 0;
+    for (const Batch& batch : doomed.epoch(0)) {
+      (void)batch;
+      if (++batches == 2) break;  // then the process "dies": the connection closes mid-epoch
+    }
+  }
+  EXPECT_EQ(consume(steady, 0), planner_->plan_node(0, 0)[0].order);
+  // The same rank reconnects and gets its whole epoch, exactly once.
+  Client back = Client::connect(options(1));
+  EXPECT_EQ(consume(back, 0), planner_->plan_node(0, 0)[1].order);
+}
+
+TEST_F(ServiceTest, AbandoningAnEpochAndStartingAnotherWorks) {
+  Client client = Client::connect(options(0));
+  for (const Batch& batch : client.epoch(0)) {
+    (void)batch;
+    break;
+  }
+  EXPECT_EQ(consume(client, 1), planner_->plan_node(1, 0)[0].order);
+}
+
+TEST_F(ServiceTest, RefusesAWrongLayoutAndADuplicateRank) {
+  ClientOptions wrong = options(1);
+  wrong.world_size = 6;
+  auto refused = Client::try_connect(wrong);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("world size 6"), std::string::npos) << refused.status().message();
+
+  ClientOptions other_node = options(3);  // rank 3 belongs to node 1
+  auto misrouted = Client::try_connect(other_node);
+  ASSERT_FALSE(misrouted.ok());
+  EXPECT_NE(misrouted.status().message().find("node 1"), std::string::npos) << misrouted.status().message();
+
+  Client first = Client::connect(options(0));
+  auto twice = Client::try_connect(options(0));
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("already connected"), std::string::npos);
+}
+
+// Sends raw bytes as a client would and returns what the daemon answered before closing.
+std::vector<std::uint8_t> raw_exchange(const fs::path& socket_path, const std::vector<std::uint8_t>& bytes) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, socket_path.c_str(), sizeof(addr.sun_path) - 1);
+  EXPECT_EQ(0, ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)));
+  EXPECT_EQ(static_cast<ssize_t>(bytes.size()), ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL));
+  std::vector<std::uint8_t> answer;
+  std::uint8_t buf[4096];
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  while (true) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;  // closed by the daemon (or timed out: then the test fails below)
+    answer.insert(answer.end(), buf, buf + n);
+  }
+  ::close(fd);
+  return answer;
+}
+
+std::string error_message(const std::vector<std::uint8_t>& answer) {
+  proto::FrameHeader h{};
+  if (answer.size() < sizeof(h) || !proto::decode_header(std::span(answer).first(sizeof(h)), h).empty()) return "";
+  proto::ErrorFrame e;
+  if (h.type != static_cast<std::uint16_t>(proto::FrameType::kError)) return "";
+  if (!proto::decode(std::span(answer).subspan(sizeof(h)), e).empty()) return "";
+  return e.message;
+}
+
+TEST_F(ServiceTest, AClientWithAnotherProtocolVersionGetsANamedError) {
+  std::vector<std::uint8_t> hello;
+  proto::encode(hello, proto::Hello{0, 4, 1});
+  const std::uint16_t future_version = proto::kProtocolVersion + 1;
+  std::memcpy(hello.data() + offsetof(proto::FrameHeader, version), &future_version, sizeof(future_version));
+  const std::string message = error_message(raw_exchange(dir_ / "d0.sock", hello));
+  EXPECT_NE(message.find("protocol version 2"), std::string::npos) << message;
+  // The daemon keeps serving well-behaved trainers.
+  Client client = Client::connect(options(0));
+  EXPECT_EQ(consume(client, 0).size(), shape_.trainer_quota[0]);
+}
+
+TEST_F(ServiceTest, MalformedFramesCloseOnlyThatConnection) {
+  Client steady = Client::connect(options(1));
+  std::vector<std::uint8_t> garbage(64, 0xab);
+  EXPECT_FALSE(error_message(raw_exchange(dir_ / "d0.sock", garbage)).empty());
+  std::vector<std::uint8_t> truncated_hello;
+  proto::encode(truncated_hello, proto::Hello{0, 4, 1});
+  truncated_hello[offsetof(proto::FrameHeader, payload_bytes)] = 4;  // claims 4 bytes
+  truncated_hello.resize(sizeof(proto::FrameHeader) + 4);
+  EXPECT_NE(error_message(raw_exchange(dir_ / "d0.sock", truncated_hello)).find("hello frame"), std::string::npos);
+  EXPECT_EQ(consume(steady, 0), planner_->plan_node(0, 0)[1].order);
+}
+
+TEST_F(ServiceTest, SocketFileIsPrivate) {
+  struct stat st {};
+  ASSERT_EQ(0, ::stat((dir_ / "d0.sock").c_str(), &st));
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+}  // namespace
+}  // namespace shardmix
