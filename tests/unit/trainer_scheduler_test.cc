@@ -88,7 +88,9 @@ TEST(TrainerScheduler, DeliversThePlanInOrderWithCredits) {
         EXPECT_EQ(d.label, w.catalog.label(d.sample_id));
         const bool local = w.placement.owner[d.sample_id] == 0;
         EXPECT_EQ(d.tier, static_cast<std::uint8_t>(local ? proto::Tier::kLocal : proto::Tier::kPeer));
-        if (local) EXPECT_EQ(d.offset, w.placement.arena_offset[d.sample_id]);
+        if (local) {
+          EXPECT_EQ(d.offset, w.placement.arena_offset[d.sample_id]);
+        }
       }
       ASSERT_TRUE(scheduler->release(0, b.batch).ok());
     }
@@ -103,7 +105,6 @@ TEST(TrainerScheduler, DeliversThePlanInOrderWithCredits) {
 TEST(TrainerScheduler, WithoutReleasesStopsAtThePrefetchDepth) {
   World w(400, 2, 4, 2);
   auto ring_ptr = std::make_shared<StagingRing>(0, 1 << 20);
-  StagingRing& ring = *ring_ptr;
   FakeFetcher fetcher;
   RecordingSink sink;
   auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
@@ -146,7 +147,6 @@ TEST(TrainerScheduler, SmallStagingRingStillDeliversEverything) {
 TEST(TrainerScheduler, FetchErrorReachesTheTrainer) {
   World w(100, 2, 10, 2);
   auto ring_ptr = std::make_shared<StagingRing>(0, 1 << 20);
-  StagingRing& ring = *ring_ptr;
   FakeFetcher fetcher;
   fetcher.fail_with = make_error(StatusCode::kUnavailable, "peer rank 1 is gone");
   RecordingSink sink;
