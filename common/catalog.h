@@ -66,6 +66,11 @@ class Catalog {
 struct ScanResult {
   std::vector<CatalogEntry> entries;
   std::vector<std::string> class_names;
+  // What the scan skipped, for the log (sum over ranks; root-level counts come from rank 0).
+  std::uint64_t skipped_root_files = 0;      // folder: files directly under dataset.path
+  std::uint64_t skipped_hidden = 0;          // names starting with '.' (files and directories)
+  std::uint64_t skipped_symlinked_dirs = 0;  // symlinks to directories are not followed
+  std::uint64_t skipped_special = 0;         // fifos, sockets, devices
 };
 Result<ScanResult> scan_partition(const DatasetConfig& dataset, int rank, int nranks);
 

@@ -5,10 +5,12 @@
 // Thread-safety: plain value type.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -23,17 +25,23 @@ struct DatasetConfig {
   DatasetFormat format = DatasetFormat::kFolder; // dataset.format = "folder" | "filelist"
   PlacementPolicy placement = PlacementPolicy::kBalanced;  // dataset.placement
   std::uint64_t max_sample_bytes = 64ull << 20;  // dataset.max_sample_bytes
+
+  bool operator==(const DatasetConfig&) const = default;
 };
 
 struct BatchConfig {
   std::uint32_t size = 32;   // batch.size, samples per trainer micro-batch
   bool drop_last = false;    // batch.drop_last
+
+  bool operator==(const BatchConfig&) const = default;
 };
 
 struct ShuffleConfig {
   std::uint64_t seed = 0;              // shuffle.seed
   double exchange_fraction = 1.0;      // shuffle.exchange_fraction (Q)
   std::uint32_t window = 0;            // shuffle.window (W)
+
+  bool operator==(const ShuffleConfig&) const = default;
 };
 
 struct CacheConfig {
@@ -41,12 +49,16 @@ struct CacheConfig {
   // Accepts an integer, "8GiB", or a fraction of physical RAM such as 0.5.
   std::uint64_t capacity_bytes = 0;
   std::string capacity_text = "0.8";   // as the user wrote it (printed back by --print-config)
+
+  bool operator==(const CacheConfig&) const = default;
 };
 
 struct FabricConfig {
   std::string provider = "auto";       // fabric.provider = auto | tcp | shm | verbs | <any>
   std::string interface;               // fabric.interface: domain/interface name filter, "" = any
   std::uint32_t max_outstanding_reads = 8;  // fabric.max_outstanding_reads
+
+  bool operator==(const FabricConfig&) const = default;
 };
 
 struct ServiceConfig {
@@ -55,10 +67,14 @@ struct ServiceConfig {
   std::uint32_t prefetch = 4;          // service.prefetch: batches in flight per trainer
   std::uint64_t staging_bytes_per_trainer = 256ull << 20;  // service.staging_bytes_per_trainer
   std::uint32_t loader_threads = 4;    // service.loader_threads
+
+  bool operator==(const ServiceConfig&) const = default;
 };
 
 struct LogConfig {
   std::string level = "info";          // log.level = trace|debug|info|warn|error
+
+  bool operator==(const LogConfig&) const = default;
 };
 
 struct Config {
@@ -69,6 +85,8 @@ struct Config {
   FabricConfig fabric;
   ServiceConfig service;
   LogConfig log;
+
+  bool operator==(const Config&) const = default;
 };
 
 // Loads the effective config. `file` may be empty (defaults only). `env` is the process
@@ -85,5 +103,26 @@ std::string config_to_toml(const Config& config);
 
 // Parses "4096", "8KiB", "1.5GiB", "2MB" into bytes. Error names `key`.
 Result<std::uint64_t> parse_size(std::string_view text, std::string_view key);
+
+// SHARDMIX_* environment variables that are not config keys; load_config ignores them
+// (every other SHARDMIX_* name must be a key's env name). SHARDMIX_LOG_LEVEL is also the
+// env name of log.level, so it sets log.level for the daemon too.
+inline constexpr std::array<std::string_view, 6> kNonConfigEnvVars = {
+    "SHARDMIX_RUN_DIR", "SHARDMIX_LOG_LEVEL",  "SHARDMIX_DAEMON",
+    "SHARDMIX_RANK",    "SHARDMIX_WORLD_SIZE", "SHARDMIX_CONNECT_TIMEOUT"};
+
+// One row of config.cc's key table, for docs, tools and tests.
+struct ConfigKeyInfo {
+  std::string name;          // "batch.size"
+  std::string type;          // "uint", "size", "enum", ...
+  std::string default_text;  // as in the table, e.g. "64MiB"
+  std::string doc;           // one line: what it means
+  std::string tradeoff;      // what it trades against what
+  std::string env_name;      // "SHARDMIX_BATCH_SIZE"
+};
+std::vector<ConfigKeyInfo> config_keys();
+
+// The key table rendered as Markdown (the generated part of docs/configuration.md).
+std::string config_reference_markdown();
 
 }  // namespace shardmix

@@ -1,0 +1,621 @@
+// Catalog building: scanning (folder or file list), merging per-rank scans in a canonical
+// order, and the byte layouts used for the allgather. Decoding is bounds-checked and never
+// trusts a count before checking it against the bytes that remain (it will be fuzzed).
+#include "common/catalog.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+namespace shardmix {
+namespace {
+
+// ---------------------------------------------------------------- byte layouts
+
+constexpr char kCatalogMagic[8] = {'S', 'M', 'X', 'C', 'A', 'T', 0, 1};  // version 1
+constexpr char kScanMagic[8] = {'S', 'M', 'X', 'S', 'C', 'N', 0, 1};     // version 1
+
+class Writer {
+ public:
+  void bytes(const void* data, std::size_t n) {
+    const auto* p = static_cast<const std::uint8_t*>(data);
+    out_.insert(out_.end(), p, p + n);
+  }
+  void u32(std::uint32_t v) {
+    for (int i = 0; i < 4; ++i) out_.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
+  }
+  void u64(std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) out_.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
+  }
+  void i32(std::int32_t v) { u32(static_cast<std::uint32_t>(v)); }
+  void str(std::string_view s) {
+    u32(static_cast<std::uint32_t>(s.size()));
+    bytes(s.data(), s.size());
+  }
+  void reserve(std::size_t n) { out_.reserve(n); }
+  std::vector<std::uint8_t> take() { return std::move(out_); }
+
+ private:
+  std::vector<std::uint8_t> out_;
+};
+
+// Reads little-endian fields; every failure is kCorrupt naming the byte offset and field.
+class Reader {
+ public:
+  Reader(std::span<const std::uint8_t> in, std::string_view what) : in_(in), what_(what) {}
+
+  std::size_t offset() const { return offset_; }
+  std::size_t remaining() const { return in_.size() - offset_; }
+
+  Status need(std::size_t n, std::string_view field) const {
+    if (n > remaining()) {
+      return make_error(StatusCode::kCorrupt, "{}: truncated at byte offset {}: {} needs {} bytes, {} remain", what_,
+                        offset_, field, n, remaining());
+    }
+    return Status::ok_status();
+  }
+  Status corrupt(std::size_t at, std::string_view why) const {
+    return make_error(StatusCode::kCorrupt, "{}: at byte offset {}: {}", what_, at, why);
+  }
+
+  Result<std::uint64_t> u64(std::string_view field) {
+    SHARDMIX_RETURN_IF_ERROR(need(8, field));
+    std::uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(in_[offset_ + i]) << (8 * i);
+    offset_ += 8;
+    return v;
+  }
+  Result<std::uint32_t> u32(std::string_view field) {
+    SHARDMIX_RETURN_IF_ERROR(need(4, field));
+    std::uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(in_[offset_ + i]) << (8 * i);
+    offset_ += 4;
+    return v;
+  }
+  Result<std::string_view> bytes(std::size_t n, std::string_view field) {
+    SHARDMIX_RETURN_IF_ERROR(need(n, field));
+    std::string_view v(reinterpret_cast<const char*>(in_.data() + offset_), n);
+    offset_ += n;
+    return v;
+  }
+  Result<std::string_view> str(std::string_view field) {
+    SHARDMIX_ASSIGN_OR_RETURN(std::uint32_t n, u32(field));
+    return bytes(n, field);
+  }
+  // Checks that `count` items of at least `min_item_bytes` each can still follow.
+  Status check_count(std::uint64_t count, std::size_t min_item_bytes, std::string_view field) const {
+    if (min_item_bytes != 0 && count > remaining() / min_item_bytes) {
+      return make_error(StatusCode::kCorrupt,
+                        "{}: at byte offset {}: {} = {} needs at least {} bytes per item, only {} bytes remain", what_,
+                        offset_, field, count, min_item_bytes, remaining());
+    }
+    return Status::ok_status();
+  }
+  Status expect_magic(const char (&magic)[8]) {
+    SHARDMIX_RETURN_IF_ERROR(need(8, "magic"));
+    if (std::memcmp(in_.data(), magic, 8) != 0) {
+      return corrupt(0, "bad magic or version (not this kind of data, or written by another version)");
+    }
+    offset_ = 8;
+    return Status::ok_status();
+  }
+  Status expect_end() const {
+    if (remaining() != 0) return corrupt(offset_, fmt::format("{} unexpected trailing bytes", remaining()));
+    return Status::ok_status();
+  }
+
+ private:
+  std::span<const std::uint8_t> in_;
+  std::string_view what_;
+  std::size_t offset_ = 0;
+};
+
+// ---------------------------------------------------------------- scanning helpers
+
+std::string join_path(std::string_view dir, std::string_view name) {
+  if (dir.empty()) return std::string(name);
+  std::string out(dir);
+  if (out.back() != '/') out += '/';
+  out += name;
+  return out;
+}
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+Status errno_status(int err, std::string_view what, std::string_view path) {
+  const StatusCode code = err == ENOENT    ? StatusCode::kNotFound
+                          : err == EACCES  ? StatusCode::kPermissionDenied
+                          : err == EPERM   ? StatusCode::kPermissionDenied
+                                           : StatusCode::kIoError;
+  return make_error(code, "{} '{}': {}", what, path, errno_text(err));
+}
+
+struct DirEntry {
+  std::string name;
+  struct stat st;       // lstat: the entry itself
+  bool is_link = false;
+};
+
+// Lists a directory (without "." and ".."), with lstat of every entry.
+Result<std::vector<DirEntry>> list_dir(const std::string& path) {
+  DIR* dir = ::opendir(path.c_str());
+  if (dir == nullptr) return errno_status(errno, "cannot read directory", path);
+  std::vector<DirEntry> out;
+  Status status;
+  const int fd = ::dirfd(dir);
+  for (;;) {
+    errno = 0;
+    const dirent* ent = ::readdir(dir);
+    if (ent == nullptr) {
+      if (errno != 0) status = errno_status(errno, "cannot read directory", path);
+      break;
+    }
+    const std::string_view name(ent->d_name);
+    if (name == "." || name == "..") continue;
+    DirEntry entry;
+    entry.name = std::string(name);
+    if (::fstatat(fd, ent->d_name, &entry.st, AT_SYMLINK_NOFOLLOW) != 0) {
+      status = errno_status(errno, "cannot stat", join_path(path, name));
+      break;
+    }
+    entry.is_link = S_ISLNK(entry.st.st_mode);
+    out.push_back(std::move(entry));
+  }
+  ::closedir(dir);
+  if (!status.ok()) return status;
+  return out;
+}
+
+// Collects the samples under one class folder (recursively).
+Status scan_class_dir(const std::string& root, const std::string& rel_dir, std::int32_t label, ScanResult& out) {
+  const std::string abs_dir = join_path(root, rel_dir);
+  SHARDMIX_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, list_dir(abs_dir));
+  std::vector<std::string> subdirs;
+  for (DirEntry& entry : entries) {
+    if (entry.name.starts_with('.')) {
+      ++out.skipped_hidden;
+      continue;
+    }
+    const std::string rel = join_path(rel_dir, entry.name);
+    struct stat st = entry.st;
+    if (entry.is_link) {
+      const std::string abs = join_path(root, rel);
+      if (::stat(abs.c_str(), &st) != 0) {
+        return errno_status(errno, "broken symbolic link in the dataset", abs);
+      }
+      if (S_ISDIR(st.st_mode)) {
+        ++out.skipped_symlinked_dirs;
+        continue;
+      }
+    }
+    if (S_ISDIR(st.st_mode)) {
+      subdirs.push_back(rel);
+    } else if (S_ISREG(st.st_mode)) {
+      out.entries.push_back(CatalogEntry{rel, static_cast<std::uint64_t>(st.st_size), label});
+    } else {
+      ++out.skipped_special;
+    }
+  }
+  for (const std::string& sub : subdirs) SHARDMIX_RETURN_IF_ERROR(scan_class_dir(root, sub, label, out));
+  return Status::ok_status();
+}
+
+Status check_rank(int rank, int nranks) {
+  if (nranks < 1 || rank < 0 || rank >= nranks) {
+    return make_error(StatusCode::kInvalidArgument, "scan_partition: rank {} is not in [0, nranks = {})", rank, nranks);
+  }
+  return Status::ok_status();
+}
+
+Result<ScanResult> scan_folder(const DatasetConfig& dataset, int rank, int nranks) {
+  const std::string& root = dataset.path;
+  struct stat st;
+  if (::stat(root.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err == ENOENT) {
+      return make_error(StatusCode::kNotFound, "dataset.path '{}' does not exist", root);
+    }
+    return errno_status(err, "cannot stat dataset.path", root);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "dataset.path '{}' is not a directory (dataset.format = \"folder\" expects a folder of class "
+                      "folders; use dataset.format = \"filelist\" for a list file)",
+                      root);
+  }
+  SHARDMIX_ASSIGN_OR_RETURN(std::vector<DirEntry> top, list_dir(root));
+  ScanResult out;
+  for (const DirEntry& entry : top) {
+    if (entry.name.starts_with('.')) {
+      if (rank == 0) ++out.skipped_hidden;
+      continue;
+    }
+    if (entry.is_link) {
+      struct stat target;
+      if (::stat(join_path(root, entry.name).c_str(), &target) == 0 && S_ISDIR(target.st_mode)) {
+        if (rank == 0) ++out.skipped_symlinked_dirs;
+        continue;
+      }
+      if (rank == 0) ++out.skipped_root_files;  // a link to a file (or a broken one) at the top
+      continue;
+    }
+    if (S_ISDIR(entry.st.st_mode)) {
+      out.class_names.push_back(entry.name);
+    } else if (S_ISREG(entry.st.st_mode)) {
+      if (rank == 0) ++out.skipped_root_files;
+    } else if (rank == 0) {
+      ++out.skipped_special;
+    }
+  }
+  std::sort(out.class_names.begin(), out.class_names.end());  // bytewise (char_traits compares unsigned)
+  if (out.class_names.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {
+    return make_error(StatusCode::kInvalidArgument, "dataset.path '{}' has too many class folders ({})", root,
+                      out.class_names.size());
+  }
+  for (std::size_t i = static_cast<std::size_t>(rank); i < out.class_names.size(); i += static_cast<std::size_t>(nranks)) {
+    SHARDMIX_RETURN_IF_ERROR(scan_class_dir(root, out.class_names[i], static_cast<std::int32_t>(i), out));
+  }
+  return out;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  return s;
+}
+
+std::string list_dir_of(const std::string& list_file) {
+  const std::size_t slash = list_file.rfind('/');
+  if (slash == std::string::npos) return "";
+  if (slash == 0) return "/";
+  return list_file.substr(0, slash);
+}
+
+Result<ScanResult> scan_filelist(const DatasetConfig& dataset, int rank, int nranks) {
+  const std::string& file = dataset.path;
+  struct stat st;
+  if (::stat(file.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err == ENOENT) return make_error(StatusCode::kNotFound, "dataset.path '{}' does not exist", file);
+    return errno_status(err, "cannot stat dataset.path", file);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "dataset.path '{}' is not a regular file (dataset.format = \"filelist\" expects a text file of "
+                      "'path label' lines)",
+                      file);
+  }
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return errno_status(errno, "cannot open dataset list", file);
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) return make_error(StatusCode::kIoError, "cannot read dataset list '{}'", file);
+  const std::string text = buffer.str();
+
+  ScanResult out;
+  std::set<std::int32_t> labels;
+  std::size_t line_no = 0;
+  std::uint64_t sample_index = 0;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string_view line = trim(std::string_view(text).substr(pos, end - pos));
+    pos = end + 1;
+    ++line_no;
+    if (line.empty() || line.front() == '#') continue;
+    const std::size_t split = line.find_last_of(" \t");
+    if (split == std::string_view::npos) {
+      return make_error(StatusCode::kInvalidArgument, "{}:{}: expected 'path label', got '{}'", file, line_no, line);
+    }
+    const std::string_view path = trim(line.substr(0, split));
+    const std::string_view label_text = line.substr(split + 1);
+    std::int64_t label = -1;
+    auto [ptr, ec] = std::from_chars(label_text.data(), label_text.data() + label_text.size(), label);
+    if (ec != std::errc() || ptr != label_text.data() + label_text.size() || label < 0 ||
+        label > std::numeric_limits<std::int32_t>::max()) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "{}:{}: label '{}' is not an integer in 0..{} (line: '{}')", file, line_no, label_text,
+                        std::numeric_limits<std::int32_t>::max(), line);
+    }
+    if (path.empty()) {
+      return make_error(StatusCode::kInvalidArgument, "{}:{}: missing path before label {}", file, line_no, label);
+    }
+    labels.insert(static_cast<std::int32_t>(label));
+    if (sample_index++ % static_cast<std::uint64_t>(nranks) != static_cast<std::uint64_t>(rank)) continue;
+    const std::string resolved = sample_file_path(dataset, path);
+    struct stat sample_st;
+    if (::stat(resolved.c_str(), &sample_st) != 0) {
+      const int err = errno;
+      return make_error(err == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError, "{}:{}: sample '{}': {}", file,
+                        line_no, resolved, errno_text(err));
+    }
+    if (!S_ISREG(sample_st.st_mode)) {
+      return make_error(StatusCode::kInvalidArgument, "{}:{}: sample '{}' is not a regular file", file, line_no,
+                        resolved);
+    }
+    out.entries.push_back(
+        CatalogEntry{std::string(path), static_cast<std::uint64_t>(sample_st.st_size), static_cast<std::int32_t>(label)});
+  }
+  for (std::int32_t label : labels) out.class_names.push_back(std::to_string(label));
+  return out;
+}
+
+bool entry_less(const CatalogEntry& a, const CatalogEntry& b) {
+  if (a.label != b.label) return a.label < b.label;
+  return a.path < b.path;  // bytewise
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Catalog
+
+Result<Catalog> Catalog::from_entries(std::vector<CatalogEntry> entries, std::vector<std::string> class_names) {
+  if (entries.size() > std::numeric_limits<SampleId>::max()) {
+    return make_error(StatusCode::kResourceExhausted, "{} samples do not fit 32-bit sample ids", entries.size());
+  }
+  for (const CatalogEntry& e : entries) {
+    if (e.label < 0) return make_error(StatusCode::kInvalidArgument, "sample '{}' has negative label {}", e.path, e.label);
+  }
+  std::sort(entries.begin(), entries.end(), entry_less);
+  {
+    // Duplicates by path, whatever their labels; report the bytewise-first one.
+    std::vector<std::string_view> paths;
+    paths.reserve(entries.size());
+    for (const CatalogEntry& e : entries) paths.push_back(e.path);
+    std::sort(paths.begin(), paths.end());
+    const auto dup = std::adjacent_find(paths.begin(), paths.end());
+    if (dup != paths.end()) {
+      return make_error(StatusCode::kInvalidArgument, "duplicate sample path '{}' in the dataset", *dup);
+    }
+  }
+  Catalog c;
+  std::size_t path_bytes = 0;
+  for (const CatalogEntry& e : entries) path_bytes += e.path.size();
+  c.paths_.reserve(path_bytes);
+  c.path_offsets_.reserve(entries.size() + 1);
+  c.sizes_.reserve(entries.size());
+  c.labels_.reserve(entries.size());
+  c.path_offsets_.push_back(0);
+  for (const CatalogEntry& e : entries) {
+    c.paths_ += e.path;
+    c.path_offsets_.push_back(c.paths_.size());
+    c.sizes_.push_back(e.size);
+    c.labels_.push_back(e.label);
+    c.total_bytes_ += e.size;
+    c.max_sample_bytes_ = std::max(c.max_sample_bytes_, e.size);
+  }
+  c.class_names_ = std::move(class_names);
+  return c;
+}
+
+std::size_t Catalog::memory_bytes() const {
+  std::size_t bytes = sizeof(*this) + paths_.capacity() + path_offsets_.capacity() * sizeof(std::uint64_t) +
+                      sizes_.capacity() * sizeof(std::uint64_t) + labels_.capacity() * sizeof(std::int32_t) +
+                      class_names_.capacity() * sizeof(std::string);
+  for (const std::string& name : class_names_) {
+    if (name.capacity() > 15) bytes += name.capacity() + 1;  // heap buffer beyond the small-string buffer
+  }
+  return bytes;
+}
+
+// Layout (little-endian): magic[8] "SMXCAT\0\1", u64 samples, u64 classes,
+// classes x (u32 len, bytes), u64 path_bytes, path bytes, samples x u32 path length,
+// samples x u64 size, samples x i32 label. Samples are in id order: sorted by (label, path).
+std::vector<std::uint8_t> Catalog::serialize() const {
+  Writer w;
+  w.reserve(40 + paths_.size() + size() * 16);
+  w.bytes(kCatalogMagic, 8);
+  w.u64(size());
+  w.u64(class_names_.size());
+  for (const std::string& name : class_names_) w.str(name);
+  w.u64(paths_.size());
+  w.bytes(paths_.data(), paths_.size());
+  for (std::size_t i = 0; i < size(); ++i) w.u32(static_cast<std::uint32_t>(path_offsets_[i + 1] - path_offsets_[i]));
+  for (std::uint64_t s : sizes_) w.u64(s);
+  for (std::int32_t l : labels_) w.i32(l);
+  return w.take();
+}
+
+Result<Catalog> Catalog::deserialize(std::span<const std::uint8_t> bytes) {
+  Reader r(bytes, "catalog");
+  SHARDMIX_RETURN_IF_ERROR(r.expect_magic(kCatalogMagic));
+  SHARDMIX_ASSIGN_OR_RETURN(std::uint64_t n, r.u64("sample count"));
+  SHARDMIX_ASSIGN_OR_RETURN(std::uint64_t n_classes, r.u64("class count"));
+  if (n > std::numeric_limits<SampleId>::max()) {
+    return r.corrupt(8, fmt::format("sample count {} exceeds 32-bit sample ids", n));
+  }
+  SHARDMIX_RETURN_IF_ERROR(r.check_count(n_classes, 4, "class count"));
+  Catalog c;
+  c.class_names_.reserve(n_classes);
+  for (std::uint64_t i = 0; i < n_classes; ++i) {
+    SHARDMIX_ASSIGN_OR_RETURN(std::string_view name, r.str("class name"));
+    c.class_names_.emplace_back(name);
+  }
+  SHARDMIX_ASSIGN_OR_RETURN(std::uint64_t path_bytes, r.u64("path byte count"));
+  SHARDMIX_RETURN_IF_ERROR(r.need(path_bytes, "paths"));
+  SHARDMIX_ASSIGN_OR_RETURN(std::string_view paths, r.bytes(path_bytes, "paths"));
+  SHARDMIX_RETURN_IF_ERROR(r.check_count(n, 16, "sample count"));
+  if (r.remaining() > n * 16) {
+    return r.corrupt(r.offset(), fmt::format("{} samples need {} bytes of lengths, sizes and labels; {} trailing "
+                                             "bytes follow",
+                                             n, n * 16, r.remaining() - n * 16));
+  }
+  c.paths_.assign(paths);
+  c.path_offsets_.reserve(n + 1);
+  c.path_offsets_.push_back(0);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::size_t at = r.offset();
+    SHARDMIX_ASSIGN_OR_RETURN(std::uint32_t len, r.u32("path length"));
+    const std::uint64_t end = c.path_offsets_.back() + len;
+    if (end > path_bytes) {
+      return r.corrupt(at, fmt::format("path of sample {} ends at {}, beyond the {} path bytes", i, end, path_bytes));
+    }
+    c.path_offsets_.push_back(end);
+  }
+  if (c.path_offsets_.back() != path_bytes) {
+    return r.corrupt(r.offset(), fmt::format("path lengths sum to {}, not the {} path bytes",
+                                             c.path_offsets_.back(), path_bytes));
+  }
+  c.sizes_.reserve(n);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    SHARDMIX_ASSIGN_OR_RETURN(std::uint64_t size, r.u64("sample size"));
+    c.sizes_.push_back(size);
+    if (c.total_bytes_ + size < c.total_bytes_) return r.corrupt(r.offset() - 8, "total bytes overflow");
+    c.total_bytes_ += size;
+    c.max_sample_bytes_ = std::max(c.max_sample_bytes_, size);
+  }
+  c.labels_.reserve(n);
+  std::unordered_set<std::string_view> seen;
+  seen.reserve(n);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::size_t at = r.offset();
+    SHARDMIX_ASSIGN_OR_RETURN(std::uint32_t raw, r.u32("label"));
+    const auto label = static_cast<std::int32_t>(raw);
+    if (label < 0) return r.corrupt(at, fmt::format("sample {} has negative label {}", i, label));
+    c.labels_.push_back(label);
+    const std::string_view path = c.path(static_cast<SampleId>(i));
+    if (i > 0) {
+      const std::string_view prev = c.path(static_cast<SampleId>(i - 1));
+      const std::int32_t prev_label = c.labels_[i - 1];
+      if (label < prev_label || (label == prev_label && path <= prev)) {
+        return r.corrupt(at, fmt::format("sample {} is not in (label, path) order", i));
+      }
+    }
+    if (!seen.insert(path).second) return r.corrupt(at, fmt::format("duplicate path of sample {}", i));
+  }
+  SHARDMIX_RETURN_IF_ERROR(r.expect_end());
+  return c;
+}
+
+// ---------------------------------------------------------------- scans
+
+Result<ScanResult> scan_partition(const DatasetConfig& dataset, int rank, int nranks) {
+  SHARDMIX_RETURN_IF_ERROR(check_rank(rank, nranks));
+  if (dataset.path.empty()) return make_error(StatusCode::kInvalidArgument, "dataset.path is empty");
+  switch (dataset.format) {
+    case DatasetFormat::kFolder: return scan_folder(dataset, rank, nranks);
+    case DatasetFormat::kFileList: return scan_filelist(dataset, rank, nranks);
+  }
+  return make_error(StatusCode::kInternal, "unknown dataset.format");
+}
+
+Result<Catalog> merge_scans(const DatasetConfig& dataset, std::vector<ScanResult> parts) {
+  std::vector<std::string> class_names;
+  std::size_t total = 0;
+  for (std::size_t rank = 0; rank < parts.size(); ++rank) {
+    total += parts[rank].entries.size();
+    if (rank == 0) {
+      class_names = parts[0].class_names;
+    } else if (parts[rank].class_names != class_names) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "ranks 0 and {} found different classes under dataset.path '{}' ({} vs {} classes); did the "
+                        "dataset change during the scan?",
+                        rank, dataset.path, class_names.size(), parts[rank].class_names.size());
+    }
+  }
+  if (total == 0) {
+    return make_error(StatusCode::kNotFound, "dataset.path '{}' holds no samples (dataset.format = \"{}\")",
+                      dataset.path, dataset.format == DatasetFormat::kFolder ? "folder" : "filelist");
+  }
+  std::vector<CatalogEntry> entries;
+  entries.reserve(total);
+  for (ScanResult& part : parts) {
+    std::move(part.entries.begin(), part.entries.end(), std::back_inserter(entries));
+    part.entries = {};
+  }
+  SHARDMIX_ASSIGN_OR_RETURN(Catalog catalog, Catalog::from_entries(std::move(entries), std::move(class_names)));
+  if (catalog.max_sample_bytes() > dataset.max_sample_bytes) {
+    for (SampleId id = 0; id < catalog.size(); ++id) {
+      if (catalog.sample_bytes(id) > dataset.max_sample_bytes) {
+        return make_error(StatusCode::kInvalidArgument,
+                          "sample '{}' is {} bytes, larger than dataset.max_sample_bytes = {} (raise the key or "
+                          "remove the file)",
+                          sample_file_path(dataset, catalog.path(id)), catalog.sample_bytes(id),
+                          dataset.max_sample_bytes);
+      }
+    }
+  }
+  return catalog;
+}
+
+// Layout (little-endian): magic[8] "SMXSCN\0\1", u64 x4 skip counters (root files, hidden,
+// symlinked dirs, special), u64 classes, classes x (u32 len, bytes), u64 entries,
+// entries x (u32 len, path bytes, u64 size, i32 label).
+std::vector<std::uint8_t> serialize_scan(const ScanResult& scan) {
+  Writer w;
+  std::size_t bytes = 64;
+  for (const CatalogEntry& e : scan.entries) bytes += 16 + e.path.size();
+  w.reserve(bytes);
+  w.bytes(kScanMagic, 8);
+  w.u64(scan.skipped_root_files);
+  w.u64(scan.skipped_hidden);
+  w.u64(scan.skipped_symlinked_dirs);
+  w.u64(scan.skipped_special);
+  w.u64(scan.class_names.size());
+  for (const std::string& name : scan.class_names) w.str(name);
+  w.u64(scan.entries.size());
+  for (const CatalogEntry& e : scan.entries) {
+    w.str(e.path);
+    w.u64(e.size);
+    w.i32(e.label);
+  }
+  return w.take();
+}
+
+Result<ScanResult> deserialize_scan(std::span<const std::uint8_t> bytes) {
+  Reader r(bytes, "scan");
+  SHARDMIX_RETURN_IF_ERROR(r.expect_magic(kScanMagic));
+  ScanResult scan;
+  SHARDMIX_ASSIGN_OR_RETURN(scan.skipped_root_files, r.u64("skipped root files"));
+  SHARDMIX_ASSIGN_OR_RETURN(scan.skipped_hidden, r.u64("skipped hidden"));
+  SHARDMIX_ASSIGN_OR_RETURN(scan.skipped_symlinked_dirs, r.u64("skipped symlinked dirs"));
+  SHARDMIX_ASSIGN_OR_RETURN(scan.skipped_special, r.u64("skipped special"));
+  SHARDMIX_ASSIGN_OR_RETURN(std::uint64_t n_classes, r.u64("class count"));
+  SHARDMIX_RETURN_IF_ERROR(r.check_count(n_classes, 4, "class count"));
+  scan.class_names.reserve(n_classes);
+  for (std::uint64_t i = 0; i < n_classes; ++i) {
+    SHARDMIX_ASSIGN_OR_RETURN(std::string_view name, r.str("class name"));
+    scan.class_names.emplace_back(name);
+  }
+  SHARDMIX_ASSIGN_OR_RETURN(std::uint64_t n, r.u64("entry count"));
+  SHARDMIX_RETURN_IF_ERROR(r.check_count(n, 16, "entry count"));
+  scan.entries.reserve(n);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    CatalogEntry e;
+    SHARDMIX_ASSIGN_OR_RETURN(std::string_view path, r.str("entry path"));
+    e.path.assign(path);
+    SHARDMIX_ASSIGN_OR_RETURN(e.size, r.u64("entry size"));
+    const std::size_t at = r.offset();
+    SHARDMIX_ASSIGN_OR_RETURN(std::uint32_t raw, r.u32("entry label"));
+    e.label = static_cast<std::int32_t>(raw);
+    if (e.label < 0) return r.corrupt(at, fmt::format("entry {} has negative label {}", i, e.label));
+    scan.entries.push_back(std::move(e));
+  }
+  SHARDMIX_RETURN_IF_ERROR(r.expect_end());
+  return scan;
+}
+
+std::string sample_file_path(const DatasetConfig& dataset, std::string_view relative_path) {
+  if (dataset.format == DatasetFormat::kFileList) {
+    if (relative_path.starts_with('/')) return std::string(relative_path);
+    return join_path(list_dir_of(dataset.path), relative_path);
+  }
+  return join_path(dataset.path, relative_path);
+}
+
+}  // namespace shardmix

@@ -1,0 +1,871 @@
+// The config loader. Everything about a key lives in ONE row of kKeys below: its dotted
+// name, type, default, documentation, and how it is stored in / read from Config. That
+// table drives TOML parsing, SHARDMIX_* env names, --set, validation, config_to_toml and
+// the Markdown reference (docs/configuration.md). To add a key: add a field to config.h,
+// add a row here, regenerate the docs (REGENERATE_DOCS=1 shardmix_unit_tests
+// --gtest_filter='Config*Docs*').
+#include "common/config.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <variant>
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+extern char** environ;
+
+namespace shardmix {
+namespace {
+
+enum class KeyType { kString, kInt, kUint, kBool, kDouble, kSize, kCapacity, kEnum };
+
+// A value after parsing from TOML or text, before it is stored in Config:
+// kString/kEnum/kCapacity -> std::string (kCapacity: canonical text), kInt -> int64,
+// kUint/kSize -> uint64, kBool -> bool, kDouble -> double.
+using Value = std::variant<std::string, std::int64_t, std::uint64_t, bool, double>;
+
+constexpr std::uint64_t kU32Max = std::numeric_limits<std::uint32_t>::max();
+constexpr std::uint64_t kI64Max = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+
+struct KeySpec {
+  std::string_view name;          // "section.key"
+  KeyType type;
+  std::string_view default_text;  // parsed like an env value
+  std::string_view doc;
+  std::string_view tradeoff;
+  std::string_view choices;       // kEnum: "a|b|c"
+  std::uint64_t min_uint;         // kUint/kSize: checked after all sources are merged
+  std::uint64_t max_uint;         // kUint/kSize: checked when parsed (a type limit)
+  double min_double;              // kDouble: inclusive range, checked after merging
+  double max_double;
+  bool required;                  // kString: must not be empty
+  void (*set)(Config&, const Value&);
+  Value (*get)(const Config&);
+};
+
+std::uint64_t as_u64(const Value& v) { return std::get<std::uint64_t>(v); }
+std::uint32_t as_u32(const Value& v) { return static_cast<std::uint32_t>(std::get<std::uint64_t>(v)); }
+const std::string& as_str(const Value& v) { return std::get<std::string>(v); }
+
+std::uint64_t physical_ram_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return 0;
+  return static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page_size);
+}
+
+struct Capacity {
+  std::uint64_t bytes = 0;
+  std::string text;  // canonical: digits (bytes), a float with '.'/'e' (fraction), or a size
+};
+Result<Capacity> parse_capacity(std::string_view text);
+
+#define SHARDMIX_U32_KEY(field) \
+  [](Config& c, const Value& v) { c.field = as_u32(v); }, [](const Config& c) -> Value { return std::uint64_t{c.field}; }
+#define SHARDMIX_U64_KEY(field) \
+  [](Config& c, const Value& v) { c.field = as_u64(v); }, [](const Config& c) -> Value { return std::uint64_t{c.field}; }
+#define SHARDMIX_STR_KEY(field) \
+  [](Config& c, const Value& v) { c.field = as_str(v); }, [](const Config& c) -> Value { return c.field; }
+
+// clang-format off
+const KeySpec kKeys[] = {
+  {"dataset.path", KeyType::kString, "",
+   "The dataset: the root folder (format = \"folder\") or the list file (format = \"filelist\").",
+   "None; required. Put it on a parallel file system every node can read.",
+   "", 0, 0, 0, 0, true, SHARDMIX_STR_KEY(dataset.path)},
+  {"dataset.format", KeyType::kEnum, "folder",
+   "How the dataset is laid out: \"folder\" = one subfolder per class (ImageNet style; label = index of the class folder in bytewise order); \"filelist\" = a text file of \"path label\" lines.",
+   "\"folder\" needs no preparation but scanning lists every directory (split across daemons); \"filelist\" avoids directory listings on slow metadata servers but must be kept in sync by hand.",
+   "folder|filelist", 0, 0, 0, 0, false,
+   [](Config& c, const Value& v) { c.dataset.format = as_str(v) == "filelist" ? DatasetFormat::kFileList : DatasetFormat::kFolder; },
+   [](const Config& c) -> Value { return std::string(c.dataset.format == DatasetFormat::kFileList ? "filelist" : "folder"); }},
+  {"dataset.placement", KeyType::kEnum, "balanced",
+   "Which node caches which sample: \"balanced\" = largest samples first, each to the node with the fewest bytes (ties in a seeded order), so nodes hold nearly equal bytes and a mix of classes; \"sorted\" = contiguous runs of sample ids, i.e. class-sorted shards.",
+   "\"balanced\" equalises cache memory per node and keeps each node's share class-mixed (good micro-batch entropy even at low exchange_fraction); \"sorted\" is the worst case for local shuffles, kept for studies and comparisons.",
+   "balanced|sorted", 0, 0, 0, 0, false,
+   [](Config& c, const Value& v) { c.dataset.placement = as_str(v) == "sorted" ? PlacementPolicy::kSorted : PlacementPolicy::kBalanced; },
+   [](const Config& c) -> Value { return std::string(c.dataset.placement == PlacementPolicy::kSorted ? "sorted" : "balanced"); }},
+  {"dataset.max_sample_bytes", KeyType::kSize, "64MiB",
+   "Largest sample accepted; a bigger file makes the scan fail with its name and size. Integer bytes or a size such as \"64MiB\".",
+   "Higher admits huge outliers, which need equally large staging slots and skew the byte balance; lower catches stray files (videos, archives) in an image dataset early.",
+   "", 1, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_U64_KEY(dataset.max_sample_bytes)},
+
+  {"batch.size", KeyType::kUint, "32",
+   "Samples per trainer micro-batch.",
+   "Larger batches amortise per-batch overhead (descriptors, credits) but the planned order and the label-entropy metric are measured per batch; match what the trainer uses.",
+   "", 1, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(batch.size)},
+  {"batch.drop_last", KeyType::kBool, "false",
+   "true: every trainer gets floor(N / (trainers x batch.size)) full batches and the leftover samples are skipped this epoch (which ones changes every epoch); false: every sample is delivered exactly once per epoch and the last batch may be short (or empty on some trainers).",
+   "true gives every batch the same shape (simpler training step) at the cost of up to trainers x batch.size - 1 samples per epoch; false sees the whole dataset every epoch.",
+   "", 0, 0, 0, 0, false,
+   [](Config& c, const Value& v) { c.batch.drop_last = std::get<bool>(v); },
+   [](const Config& c) -> Value { return c.batch.drop_last; }},
+
+  {"shuffle.seed", KeyType::kUint, "0",
+   "Seed of every random choice (placement order, epoch plans). Same seed and config give the same plan on every run. 0 .. 2^63-1 (TOML integers are signed).",
+   "Fixed seed = reproducible runs; change it to get a different but equally good order.",
+   "", 0, kI64Max, 0, 0, false, SHARDMIX_U64_KEY(shuffle.seed)},
+  {"shuffle.exchange_fraction", KeyType::kDouble, "1.0",
+   "Q in [0, 1]: the fraction of each node's share that is dealt out by a global permutation every epoch; the rest (1 - Q) stays with the node's own trainers.",
+   "1.0 = a fresh global permutation every epoch (most entropy, most network traffic); 0.0 = trainers read only what their node caches (most locality, least entropy).",
+   "", 0, 0, 0.0, 1.0, false,
+   [](Config& c, const Value& v) { c.shuffle.exchange_fraction = std::get<double>(v); },
+   [](const Config& c) -> Value { return c.shuffle.exchange_fraction; }},
+  {"shuffle.window", KeyType::kUint, "0",
+   "W: the scheduler may complete a batch with any ready sample from the next W planned positions. 0 = exact planned order.",
+   "0 is bit-for-bit reproducible but one slow remote read stalls the trainer; a small window (e.g. 64) hides stragglers at the cost of a slightly different order every run.",
+   "", 0, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(shuffle.window)},
+
+  {"cache.capacity", KeyType::kCapacity, "0.8",
+   "RAM per node for the cache arena: integer bytes, a size such as \"8GiB\", or a fraction 0 < x <= 1 of physical RAM written with a decimal point (0.5). 0 = no limit beyond RAM.",
+   "More cache keeps more of the dataset in RAM (fewer storage reads per epoch) but leaves less memory for the trainers on the same node.",
+   "", 0, std::numeric_limits<std::uint64_t>::max(), 0, 0, false,
+   [](Config& c, const Value& v) {
+     auto cap = parse_capacity(as_str(v));  // validated when the Value was made
+     c.cache.capacity_text = cap.ok() ? cap->text : as_str(v);
+     c.cache.capacity_bytes = cap.ok() ? cap->bytes : 0;
+   },
+   [](const Config& c) -> Value { return c.cache.capacity_text; }},
+
+  {"fabric.provider", KeyType::kString, "auto",
+   "libfabric provider: \"auto\" (verbs, then tcp; shm inside a node), or a name such as tcp, shm, verbs, efa, cxi.",
+   "\"auto\" picks the fastest provider found; name one to pin behaviour across clusters or to debug.",
+   "", 0, 0, 0, 0, true, SHARDMIX_STR_KEY(fabric.provider)},
+  {"fabric.interface", KeyType::kString, "",
+   "Only use the fabric domain/interface with this name (e.g. \"mlx5_0\", \"lo\"); \"\" = any.",
+   "Pinning avoids a slow management NIC being picked first; leaving it empty is portable across node types.",
+   "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(fabric.interface)},
+  {"fabric.max_outstanding_reads", KeyType::kUint, "8",
+   "Remote reads (fi_read) in flight per daemon.",
+   "More overlaps more network latency but uses more staging memory and completion-queue space; beyond ~8 gave nothing on the development machines.",
+   "", 1, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(fabric.max_outstanding_reads)},
+
+  {"service.run_dir", KeyType::kString, "",
+   "Directory for the daemon's socket and shared-memory names; \"\" = $SHARDMIX_RUN_DIR or /tmp/shardmix-<uid>.",
+   "Must be node-local and shared by the daemon and its trainers; set it when several jobs share a node.",
+   "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(service.run_dir)},
+  {"service.trainers_per_node", KeyType::kUint, "1",
+   "Trainer processes the daemon on each node serves (the epoch plan has nodes x trainers_per_node ranks).",
+   "Must match the launch (e.g. 4 GPUs per node = 4); each trainer gets its own staging area and batch slots.",
+   "", 1, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(service.trainers_per_node)},
+  {"service.prefetch", KeyType::kUint, "4",
+   "Batches prepared ahead and outstanding per trainer (flow-control credits).",
+   "More hides fetch latency and stragglers but holds more staging memory and delays the release of cache slots.",
+   "", 1, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(service.prefetch)},
+  {"service.staging_bytes_per_trainer", KeyType::kSize, "256MiB",
+   "Memory per trainer for samples that are not in the local cache (read from a peer or from storage). Integer bytes or a size such as \"256MiB\".",
+   "Must hold at least prefetch x batch.size remote samples; more allows deeper prefetch of remote/cold samples, less leaves RAM for the cache.",
+   "", 1, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_U64_KEY(service.staging_bytes_per_trainer)},
+  {"service.loader_threads", KeyType::kUint, "4",
+   "Threads reading samples from storage (initial load and cold reads).",
+   "More threads hide parallel-file-system latency; too many compete with the trainers for CPU and the metadata server.",
+   "", 1, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(service.loader_threads)},
+
+  {"log.level", KeyType::kEnum, "info",
+   "Daemon log level.",
+   "debug/trace explain every decision but are verbose on many nodes; warn keeps logs short.",
+   "trace|debug|info|warn|error", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(log.level)},
+};
+// clang-format on
+
+#undef SHARDMIX_U32_KEY
+#undef SHARDMIX_U64_KEY
+#undef SHARDMIX_STR_KEY
+
+std::string_view section_of(std::string_view name) { return name.substr(0, name.find('.')); }
+std::string_view leaf_of(std::string_view name) { return name.substr(name.find('.') + 1); }
+
+std::string env_name_of(std::string_view name) {
+  std::string env = "SHARDMIX_";
+  for (char ch : name) env += ch == '.' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return env;
+}
+
+const KeySpec* find_key(std::string_view name) {
+  for (const KeySpec& key : kKeys) {
+    if (key.name == name) return &key;
+  }
+  return nullptr;
+}
+
+std::vector<std::string_view> sections() {
+  std::vector<std::string_view> out;
+  for (const KeySpec& key : kKeys) {
+    if (std::find(out.begin(), out.end(), section_of(key.name)) == out.end()) out.push_back(section_of(key.name));
+  }
+  return out;
+}
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// "; did you mean 'batch.size'?" or "".
+std::string suggestion(std::string_view unknown, bool as_env) {
+  std::string best;
+  std::size_t best_distance = 4;  // suggest only close matches
+  for (const KeySpec& key : kKeys) {
+    const std::string candidate = as_env ? env_name_of(key.name) : std::string(key.name);
+    const std::size_t d = edit_distance(unknown, candidate);
+    if (d < best_distance) {
+      best_distance = d;
+      best = as_env ? fmt::format("{} (for {})", candidate, key.name) : candidate;
+    }
+  }
+  if (!as_env && unknown.find('.') == std::string_view::npos) {  // a section name
+    for (const std::string_view section : sections()) {
+      const std::size_t d = edit_distance(unknown, section);
+      if (d < best_distance) {
+        best_distance = d;
+        best = std::string(section);
+      }
+    }
+  }
+  if (best.empty()) return "";
+  return as_env ? fmt::format("; did you mean {}?", best) : fmt::format("; did you mean '{}'?", best);
+}
+
+std::string_view type_name(KeyType type) {
+  switch (type) {
+    case KeyType::kString: return "string";
+    case KeyType::kInt: return "int";
+    case KeyType::kUint: return "uint";
+    case KeyType::kBool: return "bool";
+    case KeyType::kDouble: return "double";
+    case KeyType::kSize: return "size";
+    case KeyType::kCapacity: return "size or fraction";
+    case KeyType::kEnum: return "enum";
+  }
+  return "?";
+}
+
+// What the key accepts, for error messages.
+std::string expectation(const KeySpec& key) {
+  switch (key.type) {
+    case KeyType::kString: return "a string";
+    case KeyType::kInt: return "an integer";
+    case KeyType::kUint: return fmt::format("an integer in 0..{}", key.max_uint);
+    case KeyType::kBool: return "a boolean (true or false)";
+    case KeyType::kDouble: return "a number";
+    case KeyType::kSize: return "a size (integer bytes or a string such as \"64MiB\")";
+    case KeyType::kCapacity:
+      return "integer bytes, a size string such as \"8GiB\", or a fraction of RAM such as 0.5";
+    case KeyType::kEnum: {
+      std::string choices(key.choices);
+      std::replace(choices.begin(), choices.end(), '|', ',');
+      return fmt::format("one of {{{}}}", choices);
+    }
+  }
+  return "?";
+}
+
+std::string_view trim(std::string_view s) {
+  const auto not_space = [](char c) { return c != ' ' && c != '\t' && c != '\r' && c != '\n'; };
+  while (!s.empty() && !not_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && !not_space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+bool all_digits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Decimal or 0x-hex unsigned integer, whole string.
+std::optional<std::uint64_t> parse_uint_text(std::string_view s) {
+  s = trim(s);
+  int base = 10;
+  if (s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+    s.remove_prefix(2);
+    base = 16;
+  }
+  if (s.empty() || s[0] == '-' || s[0] == '+') return std::nullopt;
+  std::uint64_t v = 0;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v, base);
+  if (ec != std::errc() || ptr != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+std::optional<std::int64_t> parse_int_text(std::string_view s) {
+  s = trim(s);
+  if (!s.empty() && s[0] == '+') s.remove_prefix(1);
+  std::int64_t v = 0;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 10);
+  if (s.empty() || ec != std::errc() || ptr != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+std::optional<double> parse_double_text(std::string_view s) {
+  s = trim(s);
+  if (!s.empty() && s[0] == '+') s.remove_prefix(1);
+  double v = 0;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v, std::chars_format::general);
+  if (s.empty() || ec != std::errc() || ptr != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+// Shortest text that reads back to the same double and that TOML reads as a float.
+std::string double_text(double v) {
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // "1" -> "1.0"; inf/nan keep
+  return s;
+}
+
+// A decimal number "12", "1.5" (no sign, no exponent) split for exact scaling.
+struct Decimal {
+  std::uint64_t integer = 0;
+  std::uint64_t fraction = 0;     // digits after the point
+  std::uint64_t fraction_scale = 1;  // 10^digits
+};
+std::optional<Decimal> parse_decimal(std::string_view s) {
+  Decimal d;
+  const std::size_t dot = s.find('.');
+  const std::string_view int_part = s.substr(0, dot);
+  const std::string_view frac_part = dot == std::string_view::npos ? std::string_view() : s.substr(dot + 1);
+  if (int_part.empty() && frac_part.empty()) return std::nullopt;
+  if (!int_part.empty()) {
+    if (!all_digits(int_part)) return std::nullopt;
+    auto [ptr, ec] = std::from_chars(int_part.data(), int_part.data() + int_part.size(), d.integer);
+    if (ec != std::errc()) return std::nullopt;
+  }
+  if (dot != std::string_view::npos) {
+    if (frac_part.empty() || !all_digits(frac_part) || frac_part.size() > 18) return std::nullopt;
+    std::from_chars(frac_part.data(), frac_part.data() + frac_part.size(), d.fraction);
+    for (std::size_t i = 0; i < frac_part.size(); ++i) d.fraction_scale *= 10;
+  }
+  return d;
+}
+
+constexpr std::string_view kSizeUnitsHelp =
+    "write bytes or a number with a unit: B, KB, KiB, MB, MiB, GB, GiB, TB, TiB";
+
+// Bytes, or why `text` is not a size.
+std::variant<std::uint64_t, std::string> size_or_reason(std::string_view text) {
+  const std::string_view s = trim(text);
+  std::size_t unit_start = 0;
+  while (unit_start < s.size() && ((s[unit_start] >= '0' && s[unit_start] <= '9') || s[unit_start] == '.')) {
+    ++unit_start;
+  }
+  const std::string_view number = s.substr(0, unit_start);
+  const std::string unit = lower(trim(s.substr(unit_start)));
+  if (number.empty()) return std::string(s.starts_with('-') ? "negative" : "no number");
+  const auto decimal = parse_decimal(number);
+  if (!decimal) return std::string("malformed number");
+  static constexpr std::pair<std::string_view, std::uint64_t> kUnits[] = {
+      {"", 1},          {"b", 1},           {"kb", 1000},     {"kib", 1ull << 10},      {"mb", 1000000},
+      {"mib", 1ull << 20}, {"gb", 1000000000}, {"gib", 1ull << 30}, {"tb", 1000000000000ull}, {"tib", 1ull << 40},
+  };
+  std::uint64_t multiplier = 0;
+  for (const auto& [name, mult] : kUnits) {
+    if (unit == name) multiplier = mult;
+  }
+  if (multiplier == 0) return fmt::format("unknown unit '{}'", unit);
+  // Exact: (integer * scale + fraction) * multiplier / scale, rounded down to whole bytes.
+  using U128 = unsigned __int128;
+  constexpr U128 kMax = std::numeric_limits<std::uint64_t>::max();
+  if (static_cast<U128>(decimal->integer) * multiplier > kMax) return std::string("too large");
+  const U128 scaled = (static_cast<U128>(decimal->integer) * decimal->fraction_scale + decimal->fraction) * multiplier;
+  const U128 bytes = scaled / decimal->fraction_scale;
+  if (bytes > kMax) return std::string("too large");
+  return static_cast<std::uint64_t>(bytes);
+}
+
+bool is_fraction_text(std::string_view s) {
+  // A number with a decimal point or exponent and no unit: "0.5", "1.0", "5e-1".
+  s = trim(s);
+  if (all_digits(s)) return false;
+  return parse_double_text(s).has_value();
+}
+
+Result<Capacity> parse_capacity(std::string_view text) {
+  const std::string_view s = trim(text);
+  Capacity cap;
+  if (all_digits(s)) {
+    auto v = parse_uint_text(s);
+    if (!v) return make_error(StatusCode::kInvalidArgument, "'{}' is out of range", s);
+    cap.bytes = *v;
+    cap.text = std::to_string(*v);
+    return cap;
+  }
+  if (auto fraction = parse_double_text(s)) {
+    const double x = *fraction;
+    if (!(x > 0.0 && x <= 1.0)) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "fraction of RAM {} is not in (0, 1] (write absolute sizes with a unit, e.g. \"8GiB\")", s);
+    }
+    cap.bytes = static_cast<std::uint64_t>(std::floor(x * static_cast<double>(physical_ram_bytes())));
+    if (cap.bytes == 0) cap.bytes = 1;  // a fraction never means "no limit"
+    cap.text = double_text(x);
+    return cap;
+  }
+  auto size = size_or_reason(s);
+  if (auto* why = std::get_if<std::string>(&size)) {
+    return make_error(StatusCode::kInvalidArgument, "'{}' is not a size or a fraction of RAM: {} ({})", s, *why,
+                      kSizeUnitsHelp);
+  }
+  cap.bytes = std::get<std::uint64_t>(size);
+  cap.text = std::string(s);
+  return cap;
+}
+
+// Size as printed back: a binary unit when exact (readable), else integer bytes.
+std::string size_toml(std::uint64_t bytes) {
+  static constexpr std::pair<std::uint64_t, std::string_view> kUnits[] = {
+      {1ull << 40, "TiB"}, {1ull << 30, "GiB"}, {1ull << 20, "MiB"}, {1ull << 10, "KiB"}};
+  if (bytes != 0) {
+    for (const auto& [unit, name] : kUnits) {
+      if (bytes % unit == 0) return fmt::format("\"{}{}\"", bytes / unit, name);
+    }
+  }
+  return std::to_string(bytes);
+}
+
+std::string toml_quote(std::string_view s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\t': out += "\\t"; break;
+      case '\n': out += "\\n"; break;
+      case '\f': out += "\\f"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          out += fmt::format("\\u{:04X}", c);
+        } else {
+          out += ch;
+        }
+    }
+  }
+  out += '"';
+  return out;
+}
+
+std::string value_toml(const KeySpec& key, const Value& v) {
+  switch (key.type) {
+    case KeyType::kString:
+    case KeyType::kEnum: return toml_quote(as_str(v));
+    case KeyType::kInt: return std::to_string(std::get<std::int64_t>(v));
+    case KeyType::kUint: return std::to_string(as_u64(v));
+    case KeyType::kBool: return std::get<bool>(v) ? "true" : "false";
+    case KeyType::kDouble: return double_text(std::get<double>(v));
+    case KeyType::kSize: return size_toml(as_u64(v));
+    case KeyType::kCapacity: {
+      const std::string& text = as_str(v);
+      if (all_digits(text)) return text;                  // integer bytes
+      if (is_fraction_text(text)) return double_text(*parse_double_text(text));  // float
+      return toml_quote(text);                            // "8GiB"
+    }
+  }
+  return "?";
+}
+
+bool enum_allows(const KeySpec& key, std::string_view value) {
+  std::string_view choices = key.choices;
+  while (!choices.empty()) {
+    const std::size_t bar = choices.find('|');
+    if (choices.substr(0, bar) == value) return true;
+    if (bar == std::string_view::npos) break;
+    choices.remove_prefix(bar + 1);
+  }
+  return false;
+}
+
+Status wrong_value(const KeySpec& key, std::string_view where, std::string_view got) {
+  return make_error(StatusCode::kInvalidArgument, "config key '{}' {} expects {} (type {}), got {}", key.name,
+                    where, expectation(key), type_name(key.type), got);
+}
+
+// Parses a value written as text (env var, --set, table default).
+Result<Value> value_from_text(const KeySpec& key, std::string_view text, std::string_view where) {
+  const auto got = [&] { return fmt::format("'{}'", text); };
+  switch (key.type) {
+    case KeyType::kString: return Value(std::string(text));
+    case KeyType::kEnum: {
+      const std::string v(trim(text));
+      if (!enum_allows(key, v)) return wrong_value(key, where, got());
+      return Value(v);
+    }
+    case KeyType::kInt: {
+      auto v = parse_int_text(text);
+      if (!v) return wrong_value(key, where, got());
+      return Value(*v);
+    }
+    case KeyType::kUint: {
+      auto v = parse_uint_text(text);
+      if (!v || *v > key.max_uint) return wrong_value(key, where, got());
+      return Value(*v);
+    }
+    case KeyType::kBool: {
+      const std::string v = lower(trim(text));
+      if (v == "true" || v == "1" || v == "yes" || v == "on") return Value(true);
+      if (v == "false" || v == "0" || v == "no" || v == "off") return Value(false);
+      return wrong_value(key, where, got());
+    }
+    case KeyType::kDouble: {
+      auto v = parse_double_text(text);
+      if (!v) return wrong_value(key, where, got());
+      return Value(*v);
+    }
+    case KeyType::kSize: {
+      auto size = size_or_reason(text);
+      if (auto* why = std::get_if<std::string>(&size)) {
+        return make_error(StatusCode::kInvalidArgument, "config key '{}' {}: '{}' is not a size: {} ({})", key.name,
+                          where, text, *why, kSizeUnitsHelp);
+      }
+      if (std::get<std::uint64_t>(size) > key.max_uint) return wrong_value(key, where, got());
+      return Value(std::get<std::uint64_t>(size));
+    }
+    case KeyType::kCapacity: {
+      auto cap = parse_capacity(text);
+      if (!cap.ok()) {
+        return make_error(StatusCode::kInvalidArgument, "config key '{}' {}: {}", key.name, where,
+                          cap.status().message());
+      }
+      return Value(cap->text);
+    }
+  }
+  return make_error(StatusCode::kInternal, "unhandled key type for '{}'", key.name);
+}
+
+std::string describe_node(const toml::node& node) {
+  std::ostringstream os;
+  switch (node.type()) {
+    case toml::node_type::table: os << "a table"; break;
+    case toml::node_type::array: os << "an array " << *node.as_array(); break;
+    case toml::node_type::string: os << "string " << *node.as_string(); break;
+    case toml::node_type::integer: os << "integer " << *node.as_integer(); break;
+    case toml::node_type::floating_point: os << "float " << *node.as_floating_point(); break;
+    case toml::node_type::boolean: os << "boolean " << *node.as_boolean(); break;
+    case toml::node_type::date: os << "date " << *node.as_date(); break;
+    case toml::node_type::time: os << "time " << *node.as_time(); break;
+    case toml::node_type::date_time: os << "date-time " << *node.as_date_time(); break;
+    default: os << "nothing"; break;
+  }
+  std::string s = os.str();
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+// Parses a TOML value according to the key's type.
+Result<Value> value_from_toml(const KeySpec& key, const toml::node& node, std::string_view where) {
+  const auto wrong = [&] { return wrong_value(key, where, describe_node(node)); };
+  switch (key.type) {
+    case KeyType::kString:
+      if (auto s = node.as_string()) return Value(std::string(s->get()));
+      return wrong();
+    case KeyType::kEnum:
+      if (auto s = node.as_string(); s && enum_allows(key, s->get())) return Value(std::string(s->get()));
+      return wrong();
+    case KeyType::kInt:
+      if (auto i = node.as_integer()) return Value(std::int64_t{i->get()});
+      return wrong();
+    case KeyType::kUint:
+      if (auto i = node.as_integer(); i && i->get() >= 0 && static_cast<std::uint64_t>(i->get()) <= key.max_uint) {
+        return Value(static_cast<std::uint64_t>(i->get()));
+      }
+      return wrong();
+    case KeyType::kBool:
+      if (auto b = node.as_boolean()) return Value(b->get());
+      return wrong();
+    case KeyType::kDouble:
+      if (auto f = node.as_floating_point()) return Value(f->get());
+      if (auto i = node.as_integer()) return Value(static_cast<double>(i->get()));
+      return wrong();
+    case KeyType::kSize:
+      if (auto i = node.as_integer(); i && i->get() >= 0) return Value(static_cast<std::uint64_t>(i->get()));
+      if (auto s = node.as_string()) return value_from_text(key, s->get(), where);
+      return wrong();
+    case KeyType::kCapacity:
+      if (auto i = node.as_integer(); i && i->get() >= 0) return value_from_text(key, std::to_string(i->get()), where);
+      if (auto f = node.as_floating_point()) return value_from_text(key, double_text(f->get()), where);
+      if (auto s = node.as_string()) return value_from_text(key, s->get(), where);
+      return wrong();
+  }
+  return make_error(StatusCode::kInternal, "unhandled key type for '{}'", key.name);
+}
+
+// Where each key's current value came from, for validation messages.
+using Origins = std::map<std::string_view, std::string>;
+
+void apply(Config& config, Origins& origins, const KeySpec& key, const Value& value, std::string origin) {
+  key.set(config, value);
+  origins[key.name] = std::move(origin);
+}
+
+std::string where_in_file(const std::string& file, const toml::source_region& region) {
+  if (region.begin.line == 0) return fmt::format("in {}", file);
+  return fmt::format("in {}:{}", file, region.begin.line);
+}
+
+Status load_file(const std::string& file, Config& config, Origins& origins) {
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) {
+    return make_error(StatusCode::kNotFound, "config file '{}' does not exist", file);
+  }
+  toml::table root;
+  try {
+    root = toml::parse_file(file);
+  } catch (const toml::parse_error& e) {
+    return make_error(StatusCode::kInvalidArgument, "{}:{}:{}: invalid TOML: {}", file, e.source().begin.line,
+                      e.source().begin.column, e.description());
+  } catch (const std::exception& e) {
+    return make_error(StatusCode::kIoError, "config file '{}': {}", file, e.what());
+  }
+  const std::vector<std::string_view> known_sections = sections();
+  for (auto&& [section_key, section_node] : root) {
+    const std::string_view section = section_key.str();
+    const std::string where = where_in_file(file, section_key.source());
+    if (std::find(known_sections.begin(), known_sections.end(), section) == known_sections.end()) {
+      return make_error(StatusCode::kInvalidArgument, "unknown config key '{}' {}{}", section, where,
+                        suggestion(section, false));
+    }
+    const toml::table* table = section_node.as_table();
+    if (table == nullptr) {
+      return make_error(StatusCode::kInvalidArgument, "config key '{}' {} must be a table [{}], got {}", section,
+                        where, section, describe_node(section_node));
+    }
+    for (auto&& [leaf_key, node] : *table) {
+      const std::string name = fmt::format("{}.{}", section, leaf_key.str());
+      const std::string key_where = where_in_file(file, leaf_key.source());
+      const KeySpec* key = find_key(name);
+      if (key == nullptr) {
+        return make_error(StatusCode::kInvalidArgument, "unknown config key '{}' {}{}", name, key_where,
+                          suggestion(name, false));
+      }
+      SHARDMIX_ASSIGN_OR_RETURN(Value value, value_from_toml(*key, node, key_where));
+      apply(config, origins, *key, value, key_where);
+    }
+  }
+  return Status::ok_status();
+}
+
+// An env name that is meant as a config key: it starts with a section's prefix
+// (SHARDMIX_BATCH_...) or is a near miss of a key's env name (SHARDMIX_BATHC_SIZE).
+// Other SHARDMIX_* names belong to other tools (the launch scripts' SHARDMIX_READY_TIMEOUT,
+// SHARDMIX_DAEMON_CMD, SHARDMIX_BUILD_DIR, ...) and pass through the daemon's environment.
+bool looks_like_config_key(std::string_view name) {
+  for (const std::string_view section : sections()) {
+    if (name.starts_with(env_name_of(section) + "_")) return true;
+  }
+  for (const KeySpec& key : kKeys) {
+    if (edit_distance(name, env_name_of(key.name)) <= 2) return true;
+  }
+  return false;
+}
+
+Status load_env(const std::map<std::string, std::string>& env, Config& config, Origins& origins) {
+  for (const auto& [name, text] : env) {
+    if (!name.starts_with("SHARDMIX_")) continue;
+    const KeySpec* key = nullptr;
+    for (const KeySpec& candidate : kKeys) {
+      if (env_name_of(candidate.name) == name) key = &candidate;
+    }
+    if (key == nullptr) {
+      if (std::find(kNonConfigEnvVars.begin(), kNonConfigEnvVars.end(), name) != kNonConfigEnvVars.end()) continue;
+      if (!looks_like_config_key(name)) continue;  // e.g. the launch scripts' SHARDMIX_READY_TIMEOUT
+      return make_error(StatusCode::kInvalidArgument,
+                        "unknown config key in environment variable {}{} (SHARDMIX_<SECTION>_* variables must name a "
+                        "config key; the non-config ones are {})",
+                        name, suggestion(name, true), fmt::join(kNonConfigEnvVars, ", "));
+    }
+    const std::string where = fmt::format("in environment variable {}", name);
+    SHARDMIX_ASSIGN_OR_RETURN(Value value, value_from_text(*key, text, where));
+    apply(config, origins, *key, value, where);
+  }
+  return Status::ok_status();
+}
+
+Status load_sets(const std::vector<std::string>& sets, Config& config, Origins& origins) {
+  for (const std::string& set : sets) {
+    const std::size_t eq = set.find('=');
+    if (eq == std::string::npos) {
+      return make_error(StatusCode::kInvalidArgument, "--set '{}' is not of the form section.key=value", set);
+    }
+    const std::string name(trim(std::string_view(set).substr(0, eq)));
+    const std::string_view text = std::string_view(set).substr(eq + 1);
+    const std::string where = fmt::format("in --set {}", set);
+    const KeySpec* key = find_key(name);
+    if (key == nullptr) {
+      return make_error(StatusCode::kInvalidArgument, "unknown config key '{}' {}{}", name, where,
+                        suggestion(name, false));
+    }
+    SHARDMIX_ASSIGN_OR_RETURN(Value value, value_from_text(*key, text, where));
+    apply(config, origins, *key, value, where);
+  }
+  return Status::ok_status();
+}
+
+Status validate(const Config& config, const Origins& origins) {
+  for (const KeySpec& key : kKeys) {
+    const Value value = key.get(config);
+    const auto origin_it = origins.find(key.name);
+    const std::string origin = origin_it == origins.end() ? "default" : origin_it->second;
+    switch (key.type) {
+      case KeyType::kString:
+        if (key.required && as_str(value).empty()) {
+          return make_error(StatusCode::kInvalidArgument,
+                            "config key '{}' must not be empty ({}); set it in the config file, with {} or with "
+                            "--set {}=...",
+                            key.name, origin == "default" ? "not set" : "empty " + origin, env_name_of(key.name),
+                            key.name);
+        }
+        break;
+      case KeyType::kUint:
+      case KeyType::kSize:
+        if (as_u64(value) < key.min_uint) {
+          return make_error(StatusCode::kInvalidArgument, "config key '{}' must be >= {}, got {} ({})", key.name,
+                            key.min_uint, as_u64(value), origin);
+        }
+        break;
+      case KeyType::kDouble: {
+        const double v = std::get<double>(value);
+        if (!(v >= key.min_double && v <= key.max_double)) {
+          return make_error(StatusCode::kInvalidArgument, "config key '{}' must be in [{}, {}], got {} ({})",
+                            key.name, key.min_double, key.max_double, v, origin);
+        }
+        break;
+      }
+      case KeyType::kEnum:
+        if (!enum_allows(key, as_str(value))) {
+          return make_error(StatusCode::kInvalidArgument, "config key '{}' must be {}, got '{}' ({})", key.name,
+                            expectation(key), as_str(value), origin);
+        }
+        break;
+      default: break;
+    }
+  }
+  return Status::ok_status();
+}
+
+}  // namespace
+
+Result<std::uint64_t> parse_size(std::string_view text, std::string_view key) {
+  auto size = size_or_reason(text);
+  if (auto* why = std::get_if<std::string>(&size)) {
+    return make_error(StatusCode::kInvalidArgument, "config key '{}': '{}' is not a size: {} ({})", key, text, *why,
+                      kSizeUnitsHelp);
+  }
+  return std::get<std::uint64_t>(size);
+}
+
+Result<Config> load_config(const std::string& file, const std::map<std::string, std::string>& env,
+                           const std::vector<std::string>& sets) {
+  Config config;
+  Origins origins;
+  for (const KeySpec& key : kKeys) {
+    auto value = value_from_text(key, key.default_text, "(default)");
+    if (!value.ok()) return value.status().with_context("bad default in config.cc's key table");
+    key.set(config, *value);
+  }
+  if (!file.empty()) SHARDMIX_RETURN_IF_ERROR(load_file(file, config, origins));
+  SHARDMIX_RETURN_IF_ERROR(load_env(env, config, origins));
+  SHARDMIX_RETURN_IF_ERROR(load_sets(sets, config, origins));
+  SHARDMIX_RETURN_IF_ERROR(validate(config, origins));
+  return config;
+}
+
+std::map<std::string, std::string> environment_map() {
+  std::map<std::string, std::string> env;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string_view s(*entry);
+    const std::size_t eq = s.find('=');
+    if (eq == std::string_view::npos) continue;
+    env.emplace(std::string(s.substr(0, eq)), std::string(s.substr(eq + 1)));
+  }
+  return env;
+}
+
+std::string config_to_toml(const Config& config) {
+  std::string out = "# ShardMix effective configuration (defaults < file < SHARDMIX_* env < --set).\n";
+  for (const std::string_view section : sections()) {
+    out += fmt::format("\n[{}]\n", section);
+    for (const KeySpec& key : kKeys) {
+      if (section_of(key.name) != section) continue;
+      out += fmt::format("# {} Default: {}. Env: {}.\n", key.doc,
+                         key.default_text.empty() ? "\"\"" : std::string(key.default_text), env_name_of(key.name));
+      out += fmt::format("{} = {}\n", leaf_of(key.name), value_toml(key, key.get(config)));
+    }
+  }
+  return out;
+}
+
+std::vector<ConfigKeyInfo> config_keys() {
+  std::vector<ConfigKeyInfo> out;
+  for (const KeySpec& key : kKeys) {
+    out.push_back(ConfigKeyInfo{std::string(key.name), std::string(type_name(key.type)),
+                                std::string(key.default_text), std::string(key.doc), std::string(key.tradeoff),
+                                env_name_of(key.name)});
+  }
+  return out;
+}
+
+std::string config_reference_markdown() {
+  std::string out;
+  for (const std::string_view section : sections()) {
+    out += fmt::format("### `[{}]`\n\n", section);
+    for (const KeySpec& key : kKeys) {
+      if (section_of(key.name) != section) continue;
+      std::string type(type_name(key.type));
+      if (key.type == KeyType::kEnum) {
+        std::string choices;
+        for (std::string_view rest = key.choices; !rest.empty();) {
+          const std::size_t bar = rest.find('|');
+          choices += fmt::format("{}`{}`", choices.empty() ? "" : ", ", rest.substr(0, bar));
+          if (bar == std::string_view::npos) break;
+          rest.remove_prefix(bar + 1);
+        }
+        type += ": " + choices;
+      } else if (key.type == KeyType::kUint || key.type == KeyType::kSize) {
+        if (key.max_uint == std::numeric_limits<std::uint64_t>::max()) {
+          type += fmt::format(", >= {}", key.min_uint);
+        } else {
+          type += fmt::format(", {} .. {}", key.min_uint, key.max_uint);
+        }
+      } else if (key.type == KeyType::kDouble) {
+        type += fmt::format(", {} .. {}", key.min_double, key.max_double);
+      } else if (key.type == KeyType::kString && key.required) {
+        type += ", required, non-empty";
+      }
+      out += fmt::format("#### `{}`\n\n", key.name);
+      out += fmt::format("- type: {}\n", type);
+      out += fmt::format("- default: `{}`\n", value_toml(key, *value_from_text(key, key.default_text, "")));
+      out += fmt::format("- env: `{}`\n", env_name_of(key.name));
+      out += fmt::format("- meaning: {}\n", key.doc);
+      out += fmt::format("- trade-off: {}\n\n", key.tradeoff);
+    }
+  }
+  return out;
+}
+
+}  // namespace shardmix

@@ -1,0 +1,494 @@
+#include "common/config.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+namespace shardmix {
+namespace {
+
+namespace fs = std::filesystem;
+using Env = std::map<std::string, std::string>;
+using Sets = std::vector<std::string>;
+
+std::uint64_t physical_ram() {
+  return static_cast<std::uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::path(::testing::TempDir()) / fmt::format("shardmix_config_{}_{}", info->name(), ::getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string write(const std::string& name, const std::string& text) {
+    const fs::path p = dir_ / name;
+    std::ofstream(p, std::ios::binary) << text;
+    return p.string();
+  }
+
+  fs::path dir_;
+};
+
+std::string error_of(const Result<Config>& r) { return r.ok() ? std::string("<ok>") : r.status().message(); }
+
+TEST_F(ConfigTest, DefaultsInTheTableMatchTheStruct) {
+  auto config = load_config("", {}, {"dataset.path=/data/x"});
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  Config expected;
+  expected.dataset.path = "/data/x";
+  expected.cache.capacity_bytes = static_cast<std::uint64_t>(std::floor(0.8 * static_cast<double>(physical_ram())));
+  EXPECT_EQ(*config, expected);
+  EXPECT_EQ(config->cache.capacity_text, "0.8");
+}
+
+TEST_F(ConfigTest, ParsesEveryTypeFromAFile) {
+  const std::string file = write("c.toml", R"(
+[dataset]
+path = "/gpfs/imagenet/train"
+format = "filelist"
+placement = "sorted"
+max_sample_bytes = "8MiB"
+
+[batch]
+size = 256
+drop_last = true
+
+[shuffle]
+seed = 0x2a
+exchange_fraction = 0.25
+window = 64
+
+[cache]
+capacity = "1.5GiB"
+
+[fabric]
+provider = "tcp"
+interface = "lo"
+max_outstanding_reads = 16
+
+[service]
+run_dir = "/tmp/smx run"
+trainers_per_node = 4
+prefetch = 2
+staging_bytes_per_trainer = 1048576
+loader_threads = 8
+
+[log]
+level = "debug"
+)");
+  auto c = load_config(file, {}, {});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->dataset.path, "/gpfs/imagenet/train");
+  EXPECT_EQ(c->dataset.format, DatasetFormat::kFileList);
+  EXPECT_EQ(c->dataset.placement, PlacementPolicy::kSorted);
+  EXPECT_EQ(c->dataset.max_sample_bytes, 8u << 20);
+  EXPECT_EQ(c->batch.size, 256u);
+  EXPECT_TRUE(c->batch.drop_last);
+  EXPECT_EQ(c->shuffle.seed, 42u);
+  EXPECT_DOUBLE_EQ(c->shuffle.exchange_fraction, 0.25);
+  EXPECT_EQ(c->shuffle.window, 64u);
+  EXPECT_EQ(c->cache.capacity_bytes, 1610612736u);
+  EXPECT_EQ(c->cache.capacity_text, "1.5GiB");
+  EXPECT_EQ(c->fabric.provider, "tcp");
+  EXPECT_EQ(c->fabric.interface, "lo");
+  EXPECT_EQ(c->fabric.max_outstanding_reads, 16u);
+  EXPECT_EQ(c->service.run_dir, "/tmp/smx run");
+  EXPECT_EQ(c->service.trainers_per_node, 4u);
+  EXPECT_EQ(c->service.prefetch, 2u);
+  EXPECT_EQ(c->service.staging_bytes_per_trainer, 1048576u);
+  EXPECT_EQ(c->service.loader_threads, 8u);
+  EXPECT_EQ(c->log.level, "debug");
+}
+
+TEST_F(ConfigTest, UnknownKeyInFileIsAnErrorNamingKeyAndFile) {
+  const std::string file = write("typo.toml", "[dataset]\npath = \"/d\"\n[batch]\nsise = 3\n");
+  auto c = load_config(file, {}, {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(error_of(c).find("unknown config key 'batch.sise' in " + file), std::string::npos) << error_of(c);
+  EXPECT_NE(error_of(c).find(":4"), std::string::npos) << error_of(c);  // the line
+  EXPECT_NE(error_of(c).find("did you mean 'batch.size'"), std::string::npos) << error_of(c);
+}
+
+TEST_F(ConfigTest, UnknownSectionAndTopLevelKeysAreErrors) {
+  auto c = load_config(write("s.toml", "[datset]\npath = \"/d\"\n"), {}, {});
+  EXPECT_NE(error_of(c).find("unknown config key 'datset'"), std::string::npos) << error_of(c);
+  EXPECT_NE(error_of(c).find("did you mean 'dataset'"), std::string::npos) << error_of(c);
+  c = load_config(write("t.toml", "size = 3\n"), {}, {});
+  EXPECT_NE(error_of(c).find("unknown config key 'size'"), std::string::npos) << error_of(c);
+  c = load_config(write("u.toml", "dataset = 3\n"), {}, {});
+  EXPECT_NE(error_of(c).find("must be a table"), std::string::npos) << error_of(c);
+  c = load_config(write("v.toml", "[batch.inner]\nx = 1\n"), {}, {});
+  EXPECT_NE(error_of(c).find("'batch.inner'"), std::string::npos) << error_of(c);
+}
+
+TEST_F(ConfigTest, WrongTypeNamesKeyExpectedTypeAndValue) {
+  struct Case {
+    std::string toml, key, expected_type, value;
+  };
+  const std::vector<Case> cases = {
+      {"[batch]\nsize = \"abc\"", "batch.size", "uint", "abc"},
+      {"[batch]\nsize = -4", "batch.size", "uint", "-4"},
+      {"[batch]\nsize = 5000000000", "batch.size", "uint", "5000000000"},
+      {"[batch]\ndrop_last = 1", "batch.drop_last", "bool", "1"},
+      {"[shuffle]\nexchange_fraction = \"half\"", "shuffle.exchange_fraction", "double", "half"},
+      {"[dataset]\nformat = \"tar\"", "dataset.format", "enum", "tar"},
+      {"[dataset]\nmax_sample_bytes = 1.5", "dataset.max_sample_bytes", "size", "1.5"},
+      {"[dataset]\npath = 7", "dataset.path", "string", "7"},
+      {"[fabric]\nprovider = [\"tcp\"]", "fabric.provider", "string", "tcp"},
+      {"[cache]\ncapacity = true", "cache.capacity", "size or fraction", "true"},
+  };
+  for (const Case& tc : cases) {
+    auto c = load_config(write("w.toml", tc.toml + "\n"), {}, {"dataset.path=/d"});
+    ASSERT_FALSE(c.ok()) << tc.toml;
+    const std::string msg = error_of(c);
+    EXPECT_NE(msg.find("'" + tc.key + "'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("type " + tc.expected_type), std::string::npos) << msg;
+    EXPECT_NE(msg.find(tc.value), std::string::npos) << msg;
+    EXPECT_NE(msg.find("w.toml"), std::string::npos) << msg;
+  }
+}
+
+TEST_F(ConfigTest, BadTomlAndMissingFile) {
+  auto c = load_config(write("bad.toml", "[batch]\nsize = = 3\n"), {}, {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(error_of(c).find("bad.toml:2:"), std::string::npos) << error_of(c);
+  c = load_config((dir_ / "nope.toml").string(), {}, {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(error_of(c).find("nope.toml"), std::string::npos);
+}
+
+TEST_F(ConfigTest, PrecedenceDefaultsFileEnvSet) {
+  const std::string file = write("p.toml", "[dataset]\npath = \"/file\"\n[batch]\nsize = 64\n[shuffle]\nseed = 1\n");
+  auto c = load_config(file, {}, {});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->batch.size, 64u);
+  EXPECT_EQ(c->shuffle.window, 0u);  // default
+
+  const Env env = {{"SHARDMIX_BATCH_SIZE", "128"}, {"SHARDMIX_SHUFFLE_WINDOW", "16"}, {"HOME", "/root"}};
+  c = load_config(file, env, {});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->batch.size, 128u);     // env beats file
+  EXPECT_EQ(c->shuffle.window, 16u);  // env beats default
+  EXPECT_EQ(c->shuffle.seed, 1u);     // file beats default
+
+  c = load_config(file, env, {"batch.size=256", "dataset.path=/set path"});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->batch.size, 256u);  // --set beats env
+  EXPECT_EQ(c->dataset.path, "/set path");
+  EXPECT_EQ(c->shuffle.window, 16u);
+
+  // Later --set wins over an earlier one.
+  c = load_config(file, env, {"batch.size=2", "batch.size=3"});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->batch.size, 3u);
+}
+
+TEST_F(ConfigTest, EnvAndSetValuesAreParsedByType) {
+  const Env env = {{"SHARDMIX_DATASET_PATH", "/env"},
+                   {"SHARDMIX_BATCH_DROP_LAST", "yes"},
+                   {"SHARDMIX_SHUFFLE_EXCHANGE_FRACTION", "0.5"},
+                   {"SHARDMIX_DATASET_MAX_SAMPLE_BYTES", "1MiB"},
+                   {"SHARDMIX_DATASET_FORMAT", "filelist"},
+                   {"SHARDMIX_CACHE_CAPACITY", "512MB"},
+                   {"SHARDMIX_LOG_LEVEL", "warn"}};
+  auto c = load_config("", env, {"shuffle.seed=0xff", "service.staging_bytes_per_trainer=2 GiB"});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->dataset.path, "/env");
+  EXPECT_TRUE(c->batch.drop_last);
+  EXPECT_DOUBLE_EQ(c->shuffle.exchange_fraction, 0.5);
+  EXPECT_EQ(c->dataset.max_sample_bytes, 1u << 20);
+  EXPECT_EQ(c->dataset.format, DatasetFormat::kFileList);
+  EXPECT_EQ(c->cache.capacity_bytes, 512000000u);
+  EXPECT_EQ(c->log.level, "warn");  // SHARDMIX_LOG_LEVEL is also log.level's env name
+  EXPECT_EQ(c->shuffle.seed, 255u);
+  EXPECT_EQ(c->service.staging_bytes_per_trainer, 2ull << 30);
+
+  c = load_config("", {{"SHARDMIX_BATCH_SIZE", "many"}}, {"dataset.path=/d"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(error_of(c).find("'batch.size' in environment variable SHARDMIX_BATCH_SIZE"), std::string::npos)
+      << error_of(c);
+  EXPECT_NE(error_of(c).find("many"), std::string::npos);
+}
+
+TEST_F(ConfigTest, UnknownShardmixEnvVarsAreErrorsExceptTheAllowlist) {
+  auto c = load_config("", {{"SHARDMIX_BATCH_SISE", "3"}}, {"dataset.path=/d"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(error_of(c).find("SHARDMIX_BATCH_SISE"), std::string::npos) << error_of(c);
+  EXPECT_NE(error_of(c).find("SHARDMIX_BATCH_SIZE (for batch.size)"), std::string::npos) << error_of(c);
+
+  c = load_config("", {{"SHARDMIX_SERVICE_PREFECH", "3"}}, {"dataset.path=/d"});  // section prefix
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(error_of(c).find("SHARDMIX_SERVICE_PREFETCH (for service.prefetch)"), std::string::npos) << error_of(c);
+  c = load_config("", {{"SHARDMIX_BATHC_SIZE", "3"}}, {"dataset.path=/d"});  // near miss of a key
+  EXPECT_FALSE(c.ok());
+  c = load_config("", {{"SHARDMIX_LOG_FILE", "/x"}}, {"dataset.path=/d"});
+  EXPECT_FALSE(c.ok());
+
+  // SHARDMIX_* names of other tools (deploy/launch.sh) that do not look like keys pass.
+  c = load_config("",
+                  {{"SHARDMIX_READY_TIMEOUT", "60"}, {"SHARDMIX_DAEMON_CMD", "x"}, {"SHARDMIX_BUILD_DIR", "/b"},
+                   {"SHARDMIX_MPIRUN_FLAGS", "--bind-to none"}},
+                  {"dataset.path=/d"});
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+
+  Env allowed;
+  for (std::string_view name : kNonConfigEnvVars) allowed[std::string(name)] = "1";
+  allowed["SHARDMIX_LOG_LEVEL"] = "error";
+  allowed["NOT_SHARDMIX_BATCH_SIZE"] = "x";  // other prefixes are not ours
+  c = load_config("", allowed, {"dataset.path=/d"});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->log.level, "error");
+  EXPECT_EQ(c->service.run_dir, "");  // SHARDMIX_RUN_DIR is not service.run_dir
+}
+
+TEST_F(ConfigTest, SetErrors) {
+  auto c = load_config("", {}, {"dataset.path=/d", "batch.sise=4"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(error_of(c).find("unknown config key 'batch.sise' in --set batch.sise=4"), std::string::npos)
+      << error_of(c);
+  c = load_config("", {}, {"dataset.path"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(error_of(c).find("section.key=value"), std::string::npos) << error_of(c);
+  c = load_config("", {}, {"dataset.path=/d", "batch.drop_last=maybe"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(error_of(c).find("'batch.drop_last' in --set batch.drop_last=maybe"), std::string::npos)
+      << error_of(c);
+}
+
+TEST_F(ConfigTest, ValidationNamesKeyAndSource) {
+  struct Case {
+    Env env;
+    Sets sets;
+    std::string key, source;
+  };
+  const std::vector<Case> cases = {
+      {{}, {}, "dataset.path", "not set"},
+      {{{"SHARDMIX_DATASET_PATH", ""}}, {}, "dataset.path", "SHARDMIX_DATASET_PATH"},
+      {{{"SHARDMIX_BATCH_SIZE", "0"}}, {"dataset.path=/d"}, "batch.size", "SHARDMIX_BATCH_SIZE"},
+      {{}, {"dataset.path=/d", "shuffle.exchange_fraction=1.5"}, "shuffle.exchange_fraction", "--set"},
+      {{}, {"dataset.path=/d", "shuffle.exchange_fraction=-0.1"}, "shuffle.exchange_fraction", "--set"},
+      {{}, {"dataset.path=/d", "shuffle.exchange_fraction=nan"}, "shuffle.exchange_fraction", "--set"},
+      {{}, {"dataset.path=/d", "service.prefetch=0"}, "service.prefetch", "--set"},
+      {{}, {"dataset.path=/d", "service.trainers_per_node=0"}, "service.trainers_per_node", "--set"},
+      {{}, {"dataset.path=/d", "fabric.max_outstanding_reads=0"}, "fabric.max_outstanding_reads", "--set"},
+      {{}, {"dataset.path=/d", "dataset.format=tar"}, "dataset.format", "--set"},
+      {{}, {"dataset.path=/d", "dataset.placement=random"}, "dataset.placement", "--set"},
+      {{}, {"dataset.path=/d", "log.level=loud"}, "log.level", "--set"},
+      {{}, {"dataset.path=/d", "dataset.max_sample_bytes=0"}, "dataset.max_sample_bytes", "--set"},
+      {{}, {"dataset.path=/d", "service.staging_bytes_per_trainer=0KiB"}, "service.staging_bytes_per_trainer",
+       "--set"},
+      {{}, {"dataset.path=/d", "fabric.provider="}, "fabric.provider", "--set"},
+      {{}, {"dataset.path=/d", "shuffle.seed=9223372036854775808"}, "shuffle.seed", "--set"},
+  };
+  for (const Case& tc : cases) {
+    auto c = load_config("", tc.env, tc.sets);
+    ASSERT_FALSE(c.ok()) << tc.key;
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(error_of(c).find("'" + tc.key + "'"), std::string::npos) << error_of(c);
+    EXPECT_NE(error_of(c).find(tc.source), std::string::npos) << error_of(c);
+  }
+  // A value from the file that is later overridden is not validated.
+  const std::string file = write("v.toml", "[batch]\nsize = 0\n");
+  auto c = load_config(file, {}, {"dataset.path=/d", "batch.size=1"});
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  c = load_config(file, {}, {"dataset.path=/d"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(error_of(c).find("v.toml:2"), std::string::npos) << error_of(c);
+  // The largest seed TOML can hold is accepted.
+  c = load_config("", {}, {"dataset.path=/d", "shuffle.seed=9223372036854775807"});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->shuffle.seed, 9223372036854775807ull);
+}
+
+TEST(ConfigSizeTest, ParsesUnits) {
+  const std::vector<std::pair<std::string, std::uint64_t>> good = {
+      {"0", 0},
+      {"4096", 4096},
+      {"8KiB", 8192},
+      {"8kib", 8192},
+      {"8 KiB", 8192},
+      {"2KB", 2000},
+      {"512MB", 512000000},
+      {"2MiB", 2u << 20},
+      {"8GiB", 8ull << 30},
+      {"1.5GiB", 1610612736},
+      {"0.5KiB", 512},
+      {"1.3KiB", 1331},  // rounded down to whole bytes
+      {"3GB", 3000000000},
+      {"2TiB", 2ull << 40},
+      {"17B", 17},
+      {" 64MiB ", 64u << 20},
+  };
+  for (const auto& [text, bytes] : good) {
+    auto r = parse_size(text, "k.x");
+    ASSERT_TRUE(r.ok()) << text << ": " << r.status().to_string();
+    EXPECT_EQ(*r, bytes) << text;
+  }
+  for (const std::string bad : {"", "abc", "-1", "1.5.5GiB", "8XB", "16EiB", "99999999999TiB",
+                                "18446744073709551616", ".", "GiB", "1e3"}) {
+    auto r = parse_size(bad, "dataset.max_sample_bytes");
+    ASSERT_FALSE(r.ok()) << "'" << bad << "' parsed as " << *r;
+    EXPECT_NE(r.status().message().find("dataset.max_sample_bytes"), std::string::npos);
+  }
+  auto max = parse_size("18446744073709551615", "k");
+  ASSERT_TRUE(max.ok());
+  EXPECT_EQ(*max, ~0ull);
+}
+
+TEST_F(ConfigTest, CapacityAcceptsBytesSizesAndFractions) {
+  const std::uint64_t ram = physical_ram();
+  ASSERT_GT(ram, 0u);
+  struct Case {
+    std::string toml_value;
+    std::uint64_t bytes;
+    std::string text;
+  };
+  const std::vector<Case> cases = {
+      {"0.5", static_cast<std::uint64_t>(std::floor(0.5 * static_cast<double>(ram))), "0.5"},
+      {"1.0", ram, "1.0"},
+      {"1e-1", static_cast<std::uint64_t>(std::floor(0.1 * static_cast<double>(ram))), "0.1"},
+      {"\"0.25\"", static_cast<std::uint64_t>(std::floor(0.25 * static_cast<double>(ram))), "0.25"},
+      {"1", 1, "1"},  // an integer is bytes, not "all of RAM"
+      {"0", 0, "0"},  // no limit beyond RAM
+      {"8589934592", 8ull << 30, "8589934592"},
+      {"\"8GiB\"", 8ull << 30, "8GiB"},
+      {"\"512MB\"", 512000000, "512MB"},
+      {"\"1.5GiB\"", 1610612736, "1.5GiB"},
+  };
+  for (const Case& tc : cases) {
+    auto c = load_config(write("cap.toml", "[cache]\ncapacity = " + tc.toml_value + "\n"), {}, {"dataset.path=/d"});
+    ASSERT_TRUE(c.ok()) << tc.toml_value << ": " << c.status().to_string();
+    EXPECT_EQ(c->cache.capacity_bytes, tc.bytes) << tc.toml_value;
+    EXPECT_EQ(c->cache.capacity_text, tc.text) << tc.toml_value;
+  }
+  auto c = load_config("", {{"SHARDMIX_CACHE_CAPACITY", "0.5"}}, {"dataset.path=/d"});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->cache.capacity_bytes, static_cast<std::uint64_t>(std::floor(0.5 * static_cast<double>(ram))));
+  for (const std::string bad : {"1.5", "0.0", "-0.5", "\"lots\"", "-3", "\"2 XB\""}) {
+    auto r = load_config(write("cap.toml", "[cache]\ncapacity = " + bad + "\n"), {}, {"dataset.path=/d"});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(error_of(r).find("cache.capacity"), std::string::npos) << error_of(r);
+    EXPECT_NE(error_of(r).find("cap.toml"), std::string::npos) << error_of(r);
+  }
+}
+
+TEST_F(ConfigTest, PrintedConfigReadsBackToTheSameConfig) {
+  // Defaults.
+  auto base = load_config("", {}, {"dataset.path=/data/imagenet"});
+  ASSERT_TRUE(base.ok());
+  // Every key changed, with strings that need escaping and each capacity form.
+  const Sets everything = {
+      "dataset.path=/data/odd \"name\" \\ tab\there/ünïcode\nnewline",
+      "dataset.format=filelist",
+      "dataset.placement=sorted",
+      "dataset.max_sample_bytes=12345",
+      "batch.size=7",
+      "batch.drop_last=true",
+      "shuffle.seed=9223372036854775807",
+      "shuffle.exchange_fraction=0.1",
+      "shuffle.window=3",
+      "fabric.provider=verbs",
+      "fabric.interface=mlx5_0",
+      "fabric.max_outstanding_reads=2",
+      "service.run_dir=/run/smx",
+      "service.trainers_per_node=8",
+      "service.prefetch=9",
+      "service.staging_bytes_per_trainer=3GiB",
+      "service.loader_threads=1",
+      "log.level=trace",
+  };
+  std::vector<Config> configs = {*base};
+  for (const std::string capacity : {"0.3", "1.0", "1", "0", "8GiB", "1.5GiB", "1000MB", "123456789"}) {
+    Sets sets = everything;
+    sets.push_back("cache.capacity=" + capacity);
+    auto c = load_config("", {}, sets);
+    ASSERT_TRUE(c.ok()) << capacity << ": " << c.status().to_string();
+    configs.push_back(*c);
+  }
+  for (const Config& config : configs) {
+    const std::string text = config_to_toml(config);
+    auto back = load_config(write("printed.toml", text), {}, {});
+    ASSERT_TRUE(back.ok()) << back.status().to_string() << "\n" << text;
+    EXPECT_EQ(*back, config) << text;
+    EXPECT_EQ(config_to_toml(*back), text);
+  }
+}
+
+TEST_F(ConfigTest, PrintedConfigListsSectionsInTableOrderWithEveryKey) {
+  auto c = load_config("", {}, {"dataset.path=/d"});
+  ASSERT_TRUE(c.ok());
+  const std::string text = config_to_toml(*c);
+  std::size_t last = 0;
+  for (const std::string section : {"[dataset]", "[batch]", "[shuffle]", "[cache]", "[fabric]", "[service]", "[log]"}) {
+    const std::size_t at = text.find("\n" + section + "\n");
+    ASSERT_NE(at, std::string::npos) << section;
+    EXPECT_GT(at, last) << section;
+    last = at;
+  }
+  for (const ConfigKeyInfo& key : config_keys()) {
+    const std::string leaf = key.name.substr(key.name.find('.') + 1);
+    EXPECT_NE(text.find("\n" + leaf + " = "), std::string::npos) << key.name;
+  }
+}
+
+TEST(ConfigKeysTest, TableIsWellFormed) {
+  const auto keys = config_keys();
+  EXPECT_EQ(keys.size(), 19u);  // update with config.h when adding a key
+  std::set<std::string> names;
+  for (const ConfigKeyInfo& key : keys) {
+    EXPECT_TRUE(names.insert(key.name).second) << "duplicate " << key.name;
+    EXPECT_EQ(std::count(key.name.begin(), key.name.end(), '.'), 1) << key.name;
+    EXPECT_FALSE(key.doc.empty()) << key.name;
+    EXPECT_FALSE(key.tradeoff.empty()) << key.name;
+    EXPECT_EQ(key.env_name.rfind("SHARDMIX_", 0), 0u) << key.name;
+  }
+  EXPECT_EQ(keys.front().env_name, "SHARDMIX_DATASET_PATH");
+}
+
+// docs/configuration.md holds the generated reference between two markers. Regenerate with
+//   REGENERATE_DOCS=1 ./shardmix_unit_tests --gtest_filter='ConfigDocsTest.*'
+TEST(ConfigDocsTest, ConfigurationMdDocumentsEveryKey) {
+  const fs::path doc = fs::path(__FILE__).parent_path().parent_path().parent_path() / "docs" / "configuration.md";
+  std::ifstream in(doc);
+  ASSERT_TRUE(in) << "cannot open " << doc;
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  std::string text = buffer.str();
+  const std::string begin = "<!-- BEGIN GENERATED KEY REFERENCE (config_reference_markdown) -->\n";
+  const std::string end = "<!-- END GENERATED KEY REFERENCE -->";
+  const std::size_t b = text.find(begin);
+  const std::size_t e = text.find(end);
+  ASSERT_NE(b, std::string::npos);
+  ASSERT_NE(e, std::string::npos);
+  const std::string generated = config_reference_markdown();
+  if (std::getenv("REGENERATE_DOCS") != nullptr) {
+    text = text.substr(0, b + begin.size()) + generated + text.substr(e);
+    std::ofstream(doc, std::ios::binary) << text;
+    GTEST_SKIP() << "rewrote " << doc;
+  }
+  EXPECT_EQ(text.substr(b + begin.size(), e - b - begin.size()), generated)
+      << doc << " is out of date: REGENERATE_DOCS=1 shardmix_unit_tests --gtest_filter='ConfigDocsTest.*'";
+  for (const ConfigKeyInfo& key : config_keys()) {
+    EXPECT_NE(text.find("`" + key.name + "`"), std::string::npos) << key.name;
+    EXPECT_NE(text.find(key.env_name), std::string::npos) << key.env_name;
+  }
+  for (std::string_view var : kNonConfigEnvVars) EXPECT_NE(text.find(var), std::string::npos) << var;
+}
+
+}  // namespace
+}  // namespace shardmix
