@@ -505,7 +505,7 @@ RC_GTEST_PROP(ShuffleMetricsProperty, EveryRatioIsInTheUnitIntervalOrUndefined, 
   RC_ASSERT(unit_or_nan(m.randomization_level));
   RC_ASSERT(unit_or_nan(m.affinity));
   RC_ASSERT(unit_or_nan(m.coverage));
-  if (m.batches_scored > 0) RC_ASSERT(m.batch_label_entropy_p5 <= m.batch_label_entropy_mean + 1e-12);
+  // (p5 may exceed the mean: with nearest rank, one 0 among twenty 1s gives p5 = 1, mean 0.95.)
   if (m.samples > 0) {
     RC_ASSERT(std::abs(m.local_fraction + m.peer_fraction + m.storage_fraction + m.unknown_tier_fraction - 1.0) <
               1e-12);
