@@ -16,7 +16,7 @@ packages=(
   libxxhash-dev                       # XXH64 of sample bytes (traces, verification)
   libgtest-dev libgmock-dev           # unit tests
   librapidcheck-dev                   # property tests (shrinking counterexamples)
-  python3                             # e2e trace checker
+  python3 python3-xxhash              # e2e trace checker (XXH64 of the sample files)
 )
 
 missing=()

@@ -1,0 +1,93 @@
+# shellcheck shell=bash
+# Shared helpers for the ShardMix deploy and test scripts. Source it; it runs nothing.
+#
+#   SM_PROG      name used in messages (set it before sourcing, default: the caller's basename)
+#   SM_REPO      repository root (this file lives in <repo>/deploy/)
+#   sm_log / sm_warn / sm_die MSG [CODE]     messages on stderr, prefixed with SM_PROG
+#   sm_section TITLE                          a short "== TITLE" header on stdout
+#   sm_build_dir                              $SHARDMIX_BUILD_DIR or <repo>/build
+#   sm_find_exe NAME                          path of a ShardMix executable: build dir, then PATH
+#   sm_mpirun_init                            fills SM_MPIRUN (command) and SM_MPIRUN_FLAGS (array)
+#   sm_python                                 a python3 for the tools (prefers one with xxhash)
+#   sm_is_uint STRING                         true if STRING is a decimal integer >= 0
+#   sm_unexport_tool_vars                     keep the scripts' own SHARDMIX_* knobs out of
+#                                             the environment of shardmixd and the trainers
+
+SM_PROG=${SM_PROG:-$(basename -- "${BASH_SOURCE[1]:-$0}")}
+SM_REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
+
+sm_log() { printf '%s: %s\n' "$SM_PROG" "$*" >&2; }
+sm_warn() { printf '%s: warning: %s\n' "$SM_PROG" "$*" >&2; }
+sm_die() {
+  printf '%s: error: %s\n' "$SM_PROG" "$1" >&2
+  exit "${2:-1}"
+}
+sm_section() { printf '\n== %s\n' "$*"; }
+
+sm_is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
+
+sm_build_dir() { printf '%s\n' "${SHARDMIX_BUILD_DIR:-$SM_REPO/build}"; }
+
+# Prints the path of executable NAME (shardmixd, shardmix-consume, ...): first the CMake
+# build dir (BUILD/server, BUILD/tools, BUILD), then PATH. Returns 1 if not found.
+sm_find_exe() {
+  local name=$1 build dir
+  build=$(sm_build_dir)
+  for dir in "$build/server" "$build/tools" "$build"; do
+    if [[ -x $dir/$name && ! -d $dir/$name ]]; then
+      printf '%s\n' "$dir/$name"
+      return 0
+    fi
+  done
+  command -v -- "$name" 2>/dev/null && return 0
+  return 1
+}
+
+# mpirun and the flags that work on the development machines (shared/machine-notes.md).
+# SHARDMIX_MPIRUN overrides the command; SHARDMIX_MPIRUN_FLAGS (split on whitespace)
+# replaces the default flags, e.g. on a cluster: SHARDMIX_MPIRUN_FLAGS="--bind-to none".
+sm_mpirun_init() {
+  SM_MPIRUN=${SHARDMIX_MPIRUN:-mpirun}
+  if [[ -n ${SHARDMIX_MPIRUN_FLAGS+set} ]]; then
+    # shellcheck disable=SC2206,SC2034  # word splitting intended; used by the callers
+    SM_MPIRUN_FLAGS=(${SHARDMIX_MPIRUN_FLAGS})
+  else
+    # shellcheck disable=SC2034  # used by the scripts that source this file
+    SM_MPIRUN_FLAGS=(--allow-run-as-root --oversubscribe --bind-to none
+                     --mca pml ob1 --mca btl 'self,vader')
+  fi
+  command -v -- "$SM_MPIRUN" >/dev/null 2>&1 ||
+    sm_die "mpirun not found ('$SM_MPIRUN'); install openmpi-bin (deploy/install-deps.sh) or set SHARDMIX_MPIRUN"
+}
+
+# A python3 for check_traces.py: $SHARDMIX_PYTHON, else the first python3 that has the
+# xxhash module (the Debian package python3-xxhash installs it for /usr/bin/python3),
+# else any python3 (check_traces.py then falls back to libxxhash through ctypes).
+sm_python() {
+  local py
+  if [[ -n ${SHARDMIX_PYTHON:-} ]]; then
+    printf '%s\n' "$SHARDMIX_PYTHON"
+    return 0
+  fi
+  for py in python3 /usr/bin/python3; do
+    if command -v -- "$py" >/dev/null 2>&1 && "$py" -c 'import xxhash' >/dev/null 2>&1; then
+      command -v -- "$py"
+      return 0
+    fi
+  done
+  command -v python3 2>/dev/null || command -v /usr/bin/python3 2>/dev/null || return 1
+}
+
+# The scripts' own SHARDMIX_* knobs. shardmixd reads SHARDMIX_<SECTION>_<KEY> as config
+# overrides and rejects SHARDMIX_* names it does not know, so these must not reach it
+# (mpirun hands the whole environment to ranks on the local node).
+SM_TOOL_VARS_RE='^SHARDMIX_(BUILD_DIR|READY_TIMEOUT|STOP_TIMEOUT|DAEMON_CMD|MPIRUN|MPIRUN_FLAGS|DAEMON_MPI_ARGS|TRAINER_MPI_ARGS|PYTHON|E2E_[A-Z0-9_]*|DEMO_[A-Z0-9_]*)$'
+
+# Removes the export attribute of those variables (their values stay readable here).
+sm_unexport_tool_vars() {
+  local name
+  while IFS= read -r name; do
+    [[ $name =~ $SM_TOOL_VARS_RE ]] && export -n "${name?}"
+  done < <(compgen -e)
+  return 0
+}

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2317  # (whole file) cleanup() runs from a trap
+# End-to-end test: 4 shardmixd daemons + trainers over a small generated dataset with
+# awkward file names (spaces, unicode, comma/quote/newline, zero bytes, nested dirs, a
+# hidden file that must be skipped); two epochs traced; check_traces.py judges
+# exactly-once delivery, bytes and XXH64 against the files, labels, tiers.
+#
+#   tests/e2e/run_e2e.sh PROVIDER        PROVIDER: tcp | shm | verbs | auto
+#
+# Builds nothing: takes shardmixd, shardmix-consume and shardmix-gen from
+# $SHARDMIX_BUILD_DIR (default <repo>/build) or PATH. Everything it writes lives in one
+# temp dir, removed at the end (SHARDMIX_E2E_KEEP=1 keeps it for a post-mortem).
+# Knobs: SHARDMIX_E2E_SAMPLES (default 1000), SHARDMIX_E2E_TRAINERS_PER_NODE (default 2),
+# SHARDMIX_E2E_TIMEOUT (seconds for the whole run, default 240; stays under ctest's 300).
+set -euo pipefail
+
+SM_PROG=run_e2e
+here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
+# shellcheck source=deploy/lib.sh
+source "$here/../../deploy/lib.sh"
+
+provider=${1:-}
+case $provider in
+  tcp | shm | verbs | auto) ;;
+  *) sm_die "usage: $0 tcp|shm|verbs|auto" 2 ;;
+esac
+
+nodes=4
+per_node=${SHARDMIX_E2E_TRAINERS_PER_NODE:-2}
+samples=${SHARDMIX_E2E_SAMPLES:-1000}
+batch=8
+epochs=2
+seed=20240611
+timeout_s=${SHARDMIX_E2E_TIMEOUT:-240}
+trainers=$((nodes * per_node))
+
+for exe in shardmixd shardmix-consume shardmix-gen; do
+  sm_find_exe "$exe" >/dev/null ||
+    sm_die "$exe not found in $(sm_build_dir)/{server,tools} or PATH; build first (cmake --build build) or set SHARDMIX_BUILD_DIR"
+done
+gen=$(sm_find_exe shardmix-gen)
+consume=$(sm_find_exe shardmix-consume)
+python=$(sm_python) || sm_die "python3 not found"
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardmix-e2e.XXXXXX")
+cleanup() {
+  if [[ ${SHARDMIX_E2E_KEEP:-0} == 1 ]]; then
+    sm_log "kept $tmp"
+  else
+    rm -rf -- "$tmp"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+data=$tmp/data
+trace=$tmp/trace
+
+# ---------------------------------------------------------------- dataset
+sm_section "dataset: $samples generated samples + odd names ($data)"
+"$gen" --out "$data" --samples "$samples" --classes 10 --median-kib 16 --seed 7 --quiet
+mapfile -t classes < <(find "$data" -mindepth 1 -maxdepth 1 -type d ! -name '.*' -printf '%f\n' | LC_ALL=C sort)
+((${#classes[@]} >= 4)) || sm_die "shardmix-gen made ${#classes[@]} class dirs, expected 10"
+c0=$data/${classes[0]} c1=$data/${classes[1]} c2=$data/${classes[2]} c3=$data/${classes[3]}
+printf 'a sample whose name has spaces\n' >"$c0/name with spaces.bin"
+printf 'unicode name\n' >"$c1/ünïcødé-数据-🙂.bin"
+: >"$c2/zero-bytes.bin"
+mkdir -p -- "$c3/nested/deeper"
+head -c 40000 /dev/urandom >"$c3/nested/deeper/inner.bin"
+printf 'commas and quotes need CSV quoting\n' >"$c0/comma,and\"quote.bin"
+printf 'so does a newline\n' >"$c2/new"$'\n'"line.bin"
+printf 'hidden: not a sample\n' >"$c1/.hidden.bin"
+total=$((samples + 6))
+echo "$total samples in ${#classes[@]} classes ($(du -sh -- "$data" | cut -f1))"
+
+# ---------------------------------------------------------------- config
+toml_str() { # a TOML basic string
+  local s=${1//\\/\\\\}
+  s=${s//\"/\\\"}
+  printf '"%s"' "$s"
+}
+config=$tmp/e2e.toml
+{
+  echo "# written by tests/e2e/run_e2e.sh"
+  echo "[dataset]"
+  echo "path = $(toml_str "$data")"
+  echo 'format = "folder"'
+  echo 'placement = "balanced"'
+  echo "[batch]"
+  echo "size = $batch"
+  echo "drop_last = false"
+  echo "[shuffle]"
+  echo "seed = $seed"
+  echo "exchange_fraction = 1.0"
+  echo "[fabric]"
+  echo "provider = \"$provider\""
+  if [[ $provider == tcp ]]; then echo 'interface = "lo"'; fi
+  echo "[service]"
+  echo "trainers_per_node = $per_node"
+  echo "prefetch = 4"
+  echo "[log]"
+  echo 'level = "info"'
+} >"$config"
+
+# ---------------------------------------------------------------- run
+sm_section "run: $nodes daemons ($provider), $trainers trainers, $epochs epochs, batch $batch"
+rc=0
+# Our own deadline, below ctest's TIMEOUT, so launch.sh's traps stop the daemons.
+timeout -s TERM -k 30 "$timeout_s" \
+  bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "$config" --trainers-per-node "$per_node" \
+  --daemon-log "$tmp/daemons.log" -- "$consume" --epochs "$epochs" --trace "$trace" || rc=$?
+if ((rc != 0)); then
+  ((rc == 124)) && sm_log "timed out after ${timeout_s} s"
+  sm_die "launch.sh failed with exit code $rc" 1
+fi
+
+# ---------------------------------------------------------------- verdict
+sm_section "verdict"
+rc=0
+"$python" "$here/check_traces.py" "$trace" --dataset "$data" --epochs "$epochs" \
+  --trainers "$trainers" --trainers-per-node "$per_node" --batch-size "$batch" \
+  --expect-peer --json "$tmp/verdict.json" || rc=$?
+((rc == 0)) || exit "$rc"
+
+# The peer samples must really have crossed the fabric: the bytes the daemons' fabric
+# layers read from peers equal the bytes the trainers saw tagged 'peer'. And every
+# daemon must have shut down cleanly.
+sm_section "fabric and shutdown"
+"$python" - "$tmp/daemons.log" "$trace" "$nodes" <<'PY'
+import csv, glob, re, sys
+log, trace, nodes = sys.argv[1], sys.argv[2], int(sys.argv[3])
+text = open(log, encoding="utf-8", errors="replace").read()
+fabric = [int(m) for m in re.findall(r"\]\[daemon\] fabric \S+: \d+ reads, (\d+) bytes read from peers", text)]
+peer = 0
+for path in glob.glob(trace + "/rank-*.csv"):
+    with open(path, newline="", encoding="utf-8") as f:
+        peer += sum(int(r["bytes"]) for r in csv.DictReader(f) if r["tier"] == "peer")
+problems = []
+if len(fabric) != nodes:
+    problems.append(f"{len(fabric)} of {nodes} daemons logged their fabric totals at a clean exit")
+if sum(fabric) != peer:
+    problems.append(f"daemons read {sum(fabric)} bytes over the fabric, traces show {peer} peer bytes")
+if peer == 0:
+    problems.append("no peer bytes at all")
+errors = [l for l in text.splitlines() if re.search(r" E \[rank", l)]
+if errors:
+    problems.append("daemon errors: " + "; ".join(errors[:3]))
+if problems:
+    print("fabric check: FAIL\n  " + "\n  ".join(problems))
+    sys.exit(1)
+print(f"fabric check: PASS  {peer} peer bytes delivered = {sum(fabric)} bytes read by fi_read; {nodes} clean exits")
+PY
