@@ -1,0 +1,762 @@
+#include "common/fabric/fabric.h"
+
+#include <sys/prctl.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include <fmt/ranges.h>
+
+#include "common/fabric/endpoint_blob.h"
+#include "common/fabric/provider.h"
+#include "common/fabric/resource_wrapper.h"
+#include "common/log.h"
+
+namespace shardmix::fabric {
+namespace {
+
+// The API version we speak; matches the build's minimum (libfabric >= 1.14 in CMake).
+// Everything used here (mr_mode bits, FI_CONTEXT2, fi_cq_signal) is older than that.
+constexpr std::uint32_t kFabricApiVersion = FI_VERSION(1, 14);
+
+// The portable MR mode set (what verbs/efa ask for). Whatever subset the provider returns
+// is honoured: FI_MR_VIRT_ADDR decides the remote address, FI_MR_ENDPOINT adds bind+enable,
+// FI_MR_LOCAL makes local descriptors mandatory, FI_MR_PROV_KEY makes fi_mr_key() the only
+// source of keys (we always use it).
+constexpr int kRequestedMrMode =
+    FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+
+// Completions taken per fi_cq_read call.
+constexpr std::size_t kCqBatch = 16;
+// kBlockingSread: the longest the progress thread sleeps in fi_cq_sread. Incoming
+// traffic and fi_cq_signal wake it earlier; the timeout bounds how long provider work
+// that raises no event (e.g. rxm's deferred sends) waits for the next progress call.
+constexpr int kSreadTimeoutMs = 10;
+// kPollWithBackoff: idle sleeps double from the minimum to the maximum, reset on activity.
+constexpr auto kMinIdleBackoff = std::chrono::microseconds(20);
+constexpr auto kMaxIdleBackoff = std::chrono::microseconds(1000);
+// stop_progress waits this long for reads already handed to the provider.
+constexpr auto kStopDrainTimeout = std::chrono::seconds(5);
+
+std::string mr_mode_string(int mr_mode) {
+  std::string out;
+  auto add = [&](int bit, const char* name) {
+    if ((mr_mode & bit) == 0) return;
+    if (!out.empty()) out += '|';
+    out += name;
+  };
+  add(FI_MR_LOCAL, "FI_MR_LOCAL");
+  add(FI_MR_VIRT_ADDR, "FI_MR_VIRT_ADDR");
+  add(FI_MR_ALLOCATED, "FI_MR_ALLOCATED");
+  add(FI_MR_PROV_KEY, "FI_MR_PROV_KEY");
+  add(FI_MR_ENDPOINT, "FI_MR_ENDPOINT");
+  add(FI_MR_RAW, "FI_MR_RAW");
+  return out.empty() ? "none" : out;
+}
+
+Status fi_error(const char* call, int rc) {
+  return make_error(StatusCode::kUnavailable, "{} failed: {} ({})", call, fi_strerror(-rc), rc);
+}
+
+// The hints every query uses; `prov_name` may be empty (any provider).
+FiInfoPtr make_hints(const std::string& prov_name) {
+  FiInfoPtr hints(fi_allocinfo());
+  if (!hints) return hints;
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = FI_RMA | FI_READ | FI_REMOTE_READ;
+  // Every op context points at a struct fi_context2 we own, so providers that need
+  // scratch space in it may use it.
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->domain_attr->mr_mode = kRequestedMrMode;
+  // Producers call fi_cq_signal from their own threads while the progress thread sits in
+  // fi_cq_sread; FI_THREAD_SAFE makes that legal (tcp;ofi_rxm and shm default to it anyway).
+  hints->domain_attr->threading = FI_THREAD_SAFE;
+  if (!prov_name.empty()) hints->fabric_attr->prov_name = strdup(prov_name.c_str());
+  return hints;
+}
+
+// "tcp;ofi_rxm (eth0, lo), shm (shm)": what this machine offers, for error messages.
+std::string describe_rdm_rma_providers() {
+  FiInfoPtr hints = make_hints("");
+  fi_info* list = nullptr;
+  if (!hints || fi_getinfo(kFabricApiVersion, nullptr, nullptr, 0, hints.get(), &list) != 0 || list == nullptr) {
+    return "none";
+  }
+  FiInfoPtr owner(list);
+  std::vector<std::pair<std::string, std::set<std::string>>> providers;
+  for (fi_info* info = list; info != nullptr; info = info->next) {
+    const std::string prov = info->fabric_attr->prov_name ? info->fabric_attr->prov_name : "?";
+    const std::string domain = info->domain_attr->name ? info->domain_attr->name : "?";
+    auto it = std::find_if(providers.begin(), providers.end(), [&](const auto& p) { return p.first == prov; });
+    if (it == providers.end()) it = providers.insert(providers.end(), {prov, {}});
+    it->second.insert(domain);
+  }
+  std::string out;
+  for (const auto& [prov, domains] : providers) {
+    if (!out.empty()) out += ", ";
+    out += fmt::format("{} ({})", prov, fmt::join(domains, ", "));
+  }
+  return out;
+}
+
+bool names_match(const char* name, const std::string& wanted) { return name != nullptr && wanted == name; }
+
+// A read as queued by read(): everything the progress thread needs to post it.
+struct ReadRequest {
+  int peer = -1;
+  std::uint64_t remote_offset = 0;
+  std::size_t length = 0;
+  void* local_address = nullptr;
+  void* local_desc = nullptr;
+  ReadCallback done;
+  // Set when read() already knows the read cannot run; delivered on the progress thread
+  // so callbacks never run on the caller's stack (a caller may hold its own locks).
+  Status rejection;
+};
+
+// A peer as connect_peers learnt it from its blob.
+struct PeerRegion {
+  fi_addr_t address = FI_ADDR_NOTAVAIL;
+  std::uint64_t region_address = 0;  // fi_read's `addr` for offset 0
+  std::uint64_t region_key = 0;
+  std::uint64_t region_length = 0;
+};
+
+enum class ProgressState { kNotStarted, kRunning, kStopped };
+
+}  // namespace
+
+// The state behind Fabric. A plain struct: Fabric's methods and the progress thread
+// both work on it; the comments on each group say which thread may touch what.
+struct Fabric::Impl {
+  Status open(const FabricOptions& options);
+  // fi_mr_reg, plus bind+enable when the provider wants FI_MR_ENDPOINT.
+  Result<FidPtr<fid_mr>> register_memory(void* base, std::size_t length, std::uint64_t access, const char* what);
+  void enqueue(ReadRequest request);
+  Status validate(int peer, std::uint64_t remote_offset, std::size_t length, const LocalRegion& local,
+                  std::size_t local_offset) const;
+
+  // Progress thread.
+  void progress_loop();
+  std::size_t take_queued();
+  std::size_t post_pending();
+  std::size_t poll_completions();
+  std::size_t handle_cq_result(ssize_t rc, const fi_cq_entry* entries);
+  std::size_t handle_cq_error();
+  void idle_wait(std::chrono::microseconds& backoff);
+  void cancel_unposted_and_drain_inflight();
+  void complete(ReadRequest& request, const Status& status);
+
+  // --- Fixed after create() ---
+  int rank = 0;
+  int nranks = 1;
+  std::string provider_name;
+  std::string domain_name;
+  CqWaitMode wait_mode = CqWaitMode::kPollWithBackoff;
+  int mr_mode = 0;
+  std::size_t max_inflight = 1;
+
+  // --- libfabric objects, in creation order: members are destroyed in reverse, which
+  // closes MRs before the endpoint, the endpoint before its AV and CQ, and so on. ---
+  FiInfoPtr info;
+  FidPtr<fid_fabric> fabric;
+  FidPtr<fid_domain> domain;
+  FidPtr<fid_cq> cq;
+  FidPtr<fid_av> av;
+  FidPtr<fid_ep> ep;
+  FidPtr<fid_mr> exposed_mr;
+  std::vector<FidPtr<fid_mr>> local_mrs;  // indexed by LocalRegion::index
+
+  // --- Main thread only (set before start_progress; read() only reads them after
+  // `connected` is published). ---
+  bool exposed = false;
+  EndpointBlob own_blob;
+  std::uint64_t next_requested_key = 1;  // providers without FI_MR_PROV_KEY use our keys
+  std::vector<PeerRegion> peers;
+  std::atomic<bool> connected{false};
+  std::atomic<int> local_region_count{0};
+
+  // --- Producers -> progress thread. queue_mutex guards queue, state and queue_cv. ---
+  std::mutex queue_mutex;
+  std::condition_variable queue_cv;  // kPollWithBackoff: wakes the idle progress thread
+  std::vector<ReadRequest> queue;
+  ProgressState state = ProgressState::kNotStarted;
+  // kBlockingSread: true while the progress thread may be inside fi_cq_sread, so
+  // producers only pay for fi_cq_signal when it is needed.
+  std::atomic<bool> progress_sleeping{false};
+  std::atomic<bool> stop_requested{false};
+  std::thread progress_thread;
+
+  // --- Progress thread only. ---
+  std::deque<ReadRequest> pending;         // taken from the queue, not yet posted
+  std::vector<fi_context2> op_contexts;    // one per in-flight slot; op_context of fi_read
+  std::vector<ReadRequest> inflight;       // slot -> posted request
+  std::vector<std::size_t> free_slots;
+
+  // --- Statistics, written by the progress thread (and read()'s inline cancellations),
+  // read by anyone. ---
+  std::atomic<std::uint64_t> reads_posted{0};
+  std::atomic<std::uint64_t> reads_completed{0};
+  std::atomic<std::uint64_t> reads_failed{0};
+  std::atomic<std::uint64_t> bytes_read{0};
+};
+
+Status Fabric::Impl::open(const FabricOptions& options) {
+  if (options.max_outstanding_reads == 0) {
+    return make_error(StatusCode::kInvalidArgument, "fabric.max_outstanding_reads must be at least 1");
+  }
+  const int rdma_devices = options.provider == "auto" ? count_rdma_devices() : 0;
+  SHARDMIX_ASSIGN_OR_RETURN(std::string wanted_provider, resolve_provider_name(options.provider, rdma_devices));
+
+  FiInfoPtr hints = make_hints(wanted_provider);
+  if (!hints) return make_error(StatusCode::kResourceExhausted, "fi_allocinfo failed");
+  fi_info* list = nullptr;
+  if (int rc = fi_getinfo(kFabricApiVersion, nullptr, nullptr, 0, hints.get(), &list); rc != 0 || list == nullptr) {
+    return make_error(StatusCode::kUnavailable,
+                      "fabric provider '{}' (fabric.provider = '{}'): fi_getinfo found no FI_EP_RDM endpoint "
+                      "with FI_RMA|FI_READ|FI_REMOTE_READ: {}. Providers offering FI_EP_RDM+FI_RMA here: {}",
+                      wanted_provider, options.provider, fi_strerror(-rc), describe_rdm_rma_providers());
+  }
+  FiInfoPtr candidates(list);
+
+  const fi_info* chosen = nullptr;
+  for (const fi_info* candidate = list; candidate != nullptr; candidate = candidate->next) {
+    if (options.interface.empty() || names_match(candidate->domain_attr->name, options.interface) ||
+        names_match(candidate->fabric_attr->name, options.interface)) {
+      chosen = candidate;
+      break;
+    }
+  }
+  if (chosen == nullptr) {
+    std::set<std::string> offered;
+    for (const fi_info* c = list; c != nullptr; c = c->next) {
+      offered.insert(fmt::format("{} ({})", c->domain_attr->name ? c->domain_attr->name : "?",
+                                 c->fabric_attr->name ? c->fabric_attr->name : "?"));
+    }
+    return make_error(StatusCode::kNotFound,
+                      "fabric provider '{}' has no domain or fabric named '{}' (fabric.interface); it offers: {}",
+                      wanted_provider, options.interface, fmt::join(offered, ", "));
+  }
+  info.reset(fi_dupinfo(chosen));
+  candidates.reset();
+  if (!info) return make_error(StatusCode::kResourceExhausted, "fi_dupinfo failed");
+
+  provider_name = info->fabric_attr->prov_name ? info->fabric_attr->prov_name : wanted_provider;
+  domain_name = info->domain_attr->name ? info->domain_attr->name : "";
+  mr_mode = info->domain_attr->mr_mode;
+  wait_mode = cq_wait_mode_for(provider_name);
+  max_inflight = options.max_outstanding_reads;
+  if (info->tx_attr->size > 0) max_inflight = std::min<std::size_t>(max_inflight, info->tx_attr->size);
+
+  // From here on errors say which provider and domain they are about.
+  auto failed = [this](const char* call, int rc) {
+    return fi_error(call, rc).with_context(fmt::format("fabric provider {} domain {}", provider_name, domain_name));
+  };
+  fid_fabric* raw_fabric = nullptr;
+  if (int rc = fi_fabric(info->fabric_attr, &raw_fabric, nullptr); rc != 0) return failed("fi_fabric", rc);
+  fabric.reset(raw_fabric);
+
+  fid_domain* raw_domain = nullptr;
+  if (int rc = fi_domain(fabric.get(), info.get(), &raw_domain, nullptr); rc != 0) return failed("fi_domain", rc);
+  domain.reset(raw_domain);
+
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_CONTEXT;
+  cq_attr.wait_obj = wait_mode == CqWaitMode::kBlockingSread ? FI_WAIT_UNSPEC : FI_WAIT_NONE;
+  fid_cq* raw_cq = nullptr;
+  int cq_rc = fi_cq_open(domain.get(), &cq_attr, &raw_cq, nullptr);
+  if (cq_rc != 0 && wait_mode == CqWaitMode::kBlockingSread) {
+    // A provider that cannot give us a wait object still works by polling.
+    log::get("fabric")->warn("{}: fi_cq_open with a wait object failed ({}); polling the CQ instead",
+                             provider_name, fi_strerror(-cq_rc));
+    wait_mode = CqWaitMode::kPollWithBackoff;
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    cq_rc = fi_cq_open(domain.get(), &cq_attr, &raw_cq, nullptr);
+  }
+  if (cq_rc != 0) return failed("fi_cq_open", cq_rc);
+  cq.reset(raw_cq);
+
+  fi_av_attr av_attr{};
+  av_attr.type = info->domain_attr->av_type != FI_AV_UNSPEC ? info->domain_attr->av_type : FI_AV_TABLE;
+  av_attr.count = static_cast<std::size_t>(nranks);
+  fid_av* raw_av = nullptr;
+  if (int rc = fi_av_open(domain.get(), &av_attr, &raw_av, nullptr); rc != 0) return failed("fi_av_open", rc);
+  av.reset(raw_av);
+
+  fid_ep* raw_ep = nullptr;
+  if (int rc = fi_endpoint(domain.get(), info.get(), &raw_ep, nullptr); rc != 0) return failed("fi_endpoint", rc);
+  ep.reset(raw_ep);
+  if (int rc = fi_ep_bind(ep.get(), &av->fid, 0); rc != 0) return failed("fi_ep_bind (av)", rc);
+  // One CQ for both directions: RDM providers want a receive CQ bound even for RMA only,
+  // and polling a single CQ also drives target-side progress for peers' reads.
+  if (int rc = fi_ep_bind(ep.get(), &cq->fid, FI_TRANSMIT | FI_RECV); rc != 0) return failed("fi_ep_bind (cq)", rc);
+  if (int rc = fi_enable(ep.get()); rc != 0) return failed("fi_enable", rc);
+
+  std::size_t name_length = 0;
+  int rc = fi_getname(&ep->fid, nullptr, &name_length);
+  if (rc != 0 && rc != -FI_ETOOSMALL) return failed("fi_getname (size)", rc);
+  own_blob.endpoint_name.resize(name_length);
+  if (rc = fi_getname(&ep->fid, own_blob.endpoint_name.data(), &name_length); rc != 0) {
+    return failed("fi_getname", rc);
+  }
+  own_blob.endpoint_name.resize(name_length);
+
+  op_contexts.resize(max_inflight);
+  inflight.resize(max_inflight);
+  for (std::size_t slot = max_inflight; slot-- > 0;) free_slots.push_back(slot);
+
+  log::get("fabric")->info("provider {} domain {} mr_mode {} cq wait {} max outstanding reads {}", provider_name,
+                           domain_name, mr_mode_string(mr_mode),
+                           wait_mode == CqWaitMode::kBlockingSread ? "fi_cq_sread" : "poll+backoff", max_inflight);
+  return Status::ok_status();
+}
+
+Result<FidPtr<fid_mr>> Fabric::Impl::register_memory(void* base, std::size_t length, std::uint64_t access,
+                                                     const char* what) {
+  auto failed = [&](const char* call, int rc) {
+    return fi_error(call, rc).with_context(fmt::format("registering {} bytes ({})", length, what));
+  };
+  fid_mr* raw_mr = nullptr;
+  // Providers without FI_MR_PROV_KEY use the requested key, which must be unique per domain.
+  if (int rc = fi_mr_reg(domain.get(), base, length, access, 0, next_requested_key++, 0, &raw_mr, nullptr); rc != 0) {
+    return failed("fi_mr_reg", rc);
+  }
+  FidPtr<fid_mr> mr(raw_mr);
+  if (mr_mode & FI_MR_ENDPOINT) {
+    if (int rc = fi_mr_bind(mr.get(), &ep->fid, 0); rc != 0) return failed("fi_mr_bind", rc);
+    if (int rc = fi_mr_enable(mr.get()); rc != 0) return failed("fi_mr_enable", rc);
+  }
+  return mr;
+}
+
+Status Fabric::Impl::validate(int peer, std::uint64_t remote_offset, std::size_t length, const LocalRegion& local,
+                              std::size_t local_offset) const {
+  if (peer < 0 || peer >= nranks) {
+    return make_error(StatusCode::kInvalidArgument, "read from peer {}: no such rank (ranks are 0..{})", peer,
+                      nranks - 1);
+  }
+  if (!connected.load(std::memory_order_acquire)) {
+    return make_error(StatusCode::kInvalidArgument, "read from peer {}: connect_peers has not run", peer);
+  }
+  const PeerRegion& region = peers[static_cast<std::size_t>(peer)];
+  if (region.region_length == 0) {
+    return make_error(StatusCode::kInvalidArgument, "read from peer {}: the peer exposes no memory", peer);
+  }
+  if (remote_offset > region.region_length || length > region.region_length - remote_offset) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "read from peer {}: bytes [{}, {}+{}) lie outside its exposed region of {} bytes", peer,
+                      remote_offset, remote_offset, length, region.region_length);
+  }
+  if (local.index < 0 || local.index >= local_region_count.load(std::memory_order_acquire) || local.base == nullptr) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "read from peer {}: the local target region was not registered with this fabric", peer);
+  }
+  if (local_offset > local.length || length > local.length - local_offset) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "read from peer {}: {} bytes at local offset {} overflow the local region of {} bytes", peer,
+                      length, local_offset, local.length);
+  }
+  return Status::ok_status();
+}
+
+void Fabric::Impl::enqueue(ReadRequest request) {
+  {
+    std::unique_lock lock(queue_mutex);
+    if (state == ProgressState::kStopped) {
+      lock.unlock();
+      // No progress thread will ever run it: fail here, on the caller's thread.
+      ReadCallback done = std::move(request.done);
+      reads_failed.fetch_add(1, std::memory_order_relaxed);
+      if (done) {
+        done(make_error(StatusCode::kCancelled, "read from peer {}: the fabric has stopped", request.peer));
+      }
+      return;
+    }
+    queue.push_back(std::move(request));
+  }
+  if (wait_mode == CqWaitMode::kBlockingSread) {
+    if (progress_sleeping.load()) (void)fi_cq_signal(cq.get());
+  } else {
+    queue_cv.notify_one();
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Progress thread
+
+void Fabric::Impl::progress_loop() {
+  // kPollWithBackoff sleeps for tens of microseconds; the default 50 us timer slack
+  // would stretch each of those sleeps to ~70 us.
+  prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+  auto backoff = kMinIdleBackoff;
+  for (;;) {
+    // Read the flag before the work so everything queued before stop_progress is seen.
+    const bool stopping = stop_requested.load(std::memory_order_acquire);
+    std::size_t activity = take_queued();
+    activity += post_pending();
+    activity += poll_completions();
+    if (stopping) break;
+    if (activity > 0) {
+      backoff = kMinIdleBackoff;
+      continue;
+    }
+    idle_wait(backoff);
+  }
+  cancel_unposted_and_drain_inflight();
+}
+
+std::size_t Fabric::Impl::take_queued() {
+  std::vector<ReadRequest> taken;
+  {
+    std::lock_guard lock(queue_mutex);
+    taken.swap(queue);
+  }
+  for (ReadRequest& request : taken) pending.push_back(std::move(request));
+  return taken.size();
+}
+
+std::size_t Fabric::Impl::post_pending() {
+  std::size_t handled = 0;
+  while (!pending.empty()) {
+    ReadRequest& request = pending.front();
+    if (!request.rejection.ok()) {
+      ReadRequest rejected = std::move(request);
+      pending.pop_front();
+      complete(rejected, rejected.rejection);
+      ++handled;
+      continue;
+    }
+    if (request.length == 0) {  // nothing to move; no provider involved
+      ReadRequest empty = std::move(request);
+      pending.pop_front();
+      complete(empty, Status::ok_status());
+      ++handled;
+      continue;
+    }
+    if (free_slots.empty()) break;  // max_outstanding_reads in flight; completions free slots
+    const std::size_t slot = free_slots.back();
+    const PeerRegion& region = peers[static_cast<std::size_t>(request.peer)];
+    const ssize_t rc = fi_read(ep.get(), request.local_address, request.length, request.local_desc, region.address,
+                               region.region_address + request.remote_offset, region.region_key, &op_contexts[slot]);
+    if (rc == -FI_EAGAIN) {
+      // The provider's queues are full or it needs progress (e.g. a connection being
+      // set up): progress it now and retry on the next pass.
+      handled += poll_completions();
+      break;
+    }
+    ReadRequest posted = std::move(request);
+    pending.pop_front();
+    ++handled;
+    if (rc != 0) {
+      complete(posted, make_error(StatusCode::kUnavailable, "read from peer {}: fi_read of {} bytes at offset {} "
+                                                           "failed: {}", posted.peer, posted.length,
+                                  posted.remote_offset, fi_strerror(static_cast<int>(-rc))));
+      continue;
+    }
+    free_slots.pop_back();
+    inflight[slot] = std::move(posted);
+    reads_posted.fetch_add(1, std::memory_order_relaxed);
+  }
+  return handled;
+}
+
+std::size_t Fabric::Impl::poll_completions() {
+  std::size_t handled = 0;
+  fi_cq_entry entries[kCqBatch];
+  for (;;) {
+    const ssize_t rc = fi_cq_read(cq.get(), entries, kCqBatch);
+    const std::size_t n = handle_cq_result(rc, entries);
+    handled += n;
+    // Go on after a full batch or a handled error entry (more may follow); anything
+    // else means the CQ is (momentarily) empty.
+    const bool maybe_more = rc == static_cast<ssize_t>(kCqBatch) || (rc == -FI_EAVAIL && n > 0);
+    if (!maybe_more) break;
+  }
+  return handled;
+}
+
+std::size_t Fabric::Impl::handle_cq_result(ssize_t rc, const fi_cq_entry* entries) {
+  if (rc > 0) {
+    for (ssize_t i = 0; i < rc; ++i) {
+      const auto* context = static_cast<const fi_context2*>(entries[i].op_context);
+      const std::ptrdiff_t slot = context - op_contexts.data();
+      if (context == nullptr || slot < 0 || slot >= static_cast<std::ptrdiff_t>(op_contexts.size())) {
+        log::get("fabric")->error("completion with an unknown op_context {}; ignored", entries[i].op_context);
+        continue;
+      }
+      ReadRequest done = std::move(inflight[static_cast<std::size_t>(slot)]);
+      free_slots.push_back(static_cast<std::size_t>(slot));
+      bytes_read.fetch_add(done.length, std::memory_order_relaxed);
+      complete(done, Status::ok_status());
+    }
+    return static_cast<std::size_t>(rc);
+  }
+  if (rc == -FI_EAVAIL) return handle_cq_error();
+  if (rc != -FI_EAGAIN && rc != -FI_ECANCELED) {  // ECANCELED: fi_cq_sread woken by fi_cq_signal
+    log::get("fabric")->error("fi_cq_read failed: {} ({})", fi_strerror(static_cast<int>(-rc)), rc);
+  }
+  return 0;
+}
+
+std::size_t Fabric::Impl::handle_cq_error() {
+  fi_cq_err_entry error{};  // err_data_size 0: the provider lends its own err_data buffer
+  const ssize_t rc = fi_cq_readerr(cq.get(), &error, 0);
+  if (rc != 1) {
+    if (rc != -FI_EAGAIN) log::get("fabric")->error("fi_cq_readerr failed: {}", fi_strerror(static_cast<int>(-rc)));
+    return 0;
+  }
+  char provider_text[256] = {};
+  const char* detail = fi_cq_strerror(cq.get(), error.prov_errno, error.err_data, provider_text, sizeof(provider_text));
+  const auto* context = static_cast<const fi_context2*>(error.op_context);
+  const std::ptrdiff_t slot = context - op_contexts.data();
+  if (context == nullptr || slot < 0 || slot >= static_cast<std::ptrdiff_t>(op_contexts.size())) {
+    log::get("fabric")->error("CQ error without a read of ours: {} ({})", fi_strerror(error.err),
+                              detail ? detail : "");
+    return 1;
+  }
+  ReadRequest failed = std::move(inflight[static_cast<std::size_t>(slot)]);
+  free_slots.push_back(static_cast<std::size_t>(slot));
+  complete(failed, make_error(StatusCode::kUnavailable,
+                              "read from peer {}: {} bytes at offset {} failed: {} (provider {}: {})", failed.peer,
+                              failed.length, failed.remote_offset, fi_strerror(error.err), provider_name,
+                              detail ? detail : "no detail"));
+  return 1;
+}
+
+void Fabric::Impl::idle_wait(std::chrono::microseconds& backoff) {
+  if (wait_mode == CqWaitMode::kBlockingSread) {
+    // Publish "sleeping" before the final queue check: a producer that pushes after the
+    // check sees the flag and signals; one that pushed before it is found by the check.
+    progress_sleeping.store(true);
+    bool work_waiting = false;
+    {
+      std::lock_guard lock(queue_mutex);
+      work_waiting = !queue.empty();
+    }
+    if (!work_waiting && !stop_requested.load()) {
+      fi_cq_entry entries[kCqBatch];
+      const ssize_t rc = fi_cq_sread(cq.get(), entries, kCqBatch, nullptr, kSreadTimeoutMs);
+      handle_cq_result(rc, entries);
+    }
+    progress_sleeping.store(false);
+    return;
+  }
+  std::unique_lock lock(queue_mutex);
+  queue_cv.wait_for(lock, backoff, [&] { return !queue.empty() || stop_requested.load(); });
+  backoff = std::min(backoff * 2, kMaxIdleBackoff);
+}
+
+void Fabric::Impl::cancel_unposted_and_drain_inflight() {
+  // stop_progress set kStopped under queue_mutex, so the queue can no longer grow.
+  take_queued();
+  while (!pending.empty()) {
+    ReadRequest request = std::move(pending.front());
+    pending.pop_front();
+    complete(request, make_error(StatusCode::kCancelled, "read from peer {}: cancelled by stop_progress",
+                                 request.peer));
+  }
+  // Reads the provider already has may still land in caller memory: wait for them.
+  const auto deadline = std::chrono::steady_clock::now() + kStopDrainTimeout;
+  while (free_slots.size() < max_inflight && std::chrono::steady_clock::now() < deadline) {
+    if (poll_completions() == 0) std::this_thread::sleep_for(kMinIdleBackoff);
+  }
+  for (std::size_t slot = 0; slot < inflight.size(); ++slot) {
+    if (std::find(free_slots.begin(), free_slots.end(), slot) != free_slots.end()) continue;
+    log::get("fabric")->warn("read from peer {} still in flight {} s after stop_progress; reporting it cancelled",
+                             inflight[slot].peer, kStopDrainTimeout.count());
+    ReadRequest stuck = std::move(inflight[slot]);
+    free_slots.push_back(slot);
+    complete(stuck, make_error(StatusCode::kCancelled, "read from peer {}: did not complete before stop_progress",
+                               stuck.peer));
+  }
+}
+
+void Fabric::Impl::complete(ReadRequest& request, const Status& status) {
+  if (status.ok()) {
+    reads_completed.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    reads_failed.fetch_add(1, std::memory_order_relaxed);
+  }
+  ReadCallback done = std::move(request.done);
+  if (!done) return;
+  // An exception escaping here would terminate the progress thread and with it every
+  // peer's reads from this rank; log it instead.
+  try {
+    done(status);
+  } catch (const std::exception& e) {
+    log::get("fabric")->error("read callback (peer {}) threw: {}", request.peer, e.what());
+  } catch (...) {
+    log::get("fabric")->error("read callback (peer {}) threw a non-exception", request.peer);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Fabric
+
+Fabric::Fabric() : impl_(std::make_unique<Impl>()) {}
+
+Fabric::~Fabric() {
+  if (impl_) stop_progress();
+}
+
+Result<std::unique_ptr<Fabric>> Fabric::create(const FabricOptions& options, int rank, int nranks) {
+  if (nranks < 1 || rank < 0 || rank >= nranks) {
+    return make_error(StatusCode::kInvalidArgument, "fabric: rank {} of {} ranks is not valid", rank, nranks);
+  }
+  std::unique_ptr<Fabric> fabric(new Fabric());
+  fabric->impl_->rank = rank;
+  fabric->impl_->nranks = nranks;
+  SHARDMIX_RETURN_IF_ERROR(fabric->impl_->open(options));
+  return fabric;
+}
+
+const std::string& Fabric::provider_name() const { return impl_->provider_name; }
+const std::string& Fabric::domain_name() const { return impl_->domain_name; }
+
+Status Fabric::expose(void* base, std::size_t length) {
+  Impl& impl = *impl_;
+  if (impl.exposed) return make_error(StatusCode::kInvalidArgument, "fabric: expose() may only be called once");
+  if (length > 0 && base == nullptr) {
+    return make_error(StatusCode::kInvalidArgument, "fabric: expose() of {} bytes at a null address", length);
+  }
+  if (length == 0) {
+    impl.exposed = true;
+    log::get("fabric")->info("exposing nothing (length 0)");
+    return Status::ok_status();
+  }
+  SHARDMIX_ASSIGN_OR_RETURN(FidPtr<fid_mr> mr, impl.register_memory(base, length, FI_REMOTE_READ, "exposed region"));
+  const std::uint64_t key = fi_mr_key(mr.get());
+  if (key == FI_KEY_NOTAVAIL) {
+    return make_error(StatusCode::kUnavailable, "fabric provider {} needs raw MR keys (FI_MR_RAW), not supported",
+                      impl.provider_name);
+  }
+  impl.exposed_mr = std::move(mr);
+  impl.exposed = true;
+  impl.own_blob.region_address = (impl.mr_mode & FI_MR_VIRT_ADDR) ? reinterpret_cast<std::uintptr_t>(base) : 0;
+  impl.own_blob.region_key = key;
+  impl.own_blob.region_length = length;
+  log::get("fabric")->info("exposed {} bytes (key {:#x}, remote address {:#x})", length, key,
+                           impl.own_blob.region_address);
+  return Status::ok_status();
+}
+
+Result<LocalRegion> Fabric::register_local(void* base, std::size_t length) {
+  Impl& impl = *impl_;
+  if (base == nullptr || length == 0) {
+    return make_error(StatusCode::kInvalidArgument, "fabric: register_local() needs a non-empty region");
+  }
+  // Registered even when the provider does not require FI_MR_LOCAL: the descriptor is
+  // then optional but harmless, and callers need not care which provider runs.
+  SHARDMIX_ASSIGN_OR_RETURN(FidPtr<fid_mr> mr, impl.register_memory(base, length, FI_READ, "local region"));
+  LocalRegion region;
+  region.base = base;
+  region.length = length;
+  region.desc = fi_mr_desc(mr.get());
+  region.index = static_cast<int>(impl.local_mrs.size());
+  impl.local_mrs.push_back(std::move(mr));
+  impl.local_region_count.store(static_cast<int>(impl.local_mrs.size()), std::memory_order_release);
+  return region;
+}
+
+std::vector<std::uint8_t> Fabric::endpoint_blob() const { return encode_endpoint_blob(impl_->own_blob); }
+
+Status Fabric::connect_peers(const std::vector<std::vector<std::uint8_t>>& blobs) {
+  Impl& impl = *impl_;
+  if (impl.connected.load()) return make_error(StatusCode::kInvalidArgument, "fabric: connect_peers() ran already");
+  if (blobs.size() != static_cast<std::size_t>(impl.nranks)) {
+    return make_error(StatusCode::kInvalidArgument, "fabric: connect_peers() got {} blobs for {} ranks", blobs.size(),
+                      impl.nranks);
+  }
+  std::vector<PeerRegion> peers(blobs.size());
+  for (std::size_t rank = 0; rank < blobs.size(); ++rank) {
+    SHARDMIX_ASSIGN_OR_RETURN(EndpointBlob blob, decode_endpoint_blob(blobs[rank], static_cast<int>(rank)));
+    PeerRegion& peer = peers[rank];
+    const int inserted = fi_av_insert(impl.av.get(), blob.endpoint_name.data(), 1, &peer.address, 0, nullptr);
+    if (inserted != 1) {
+      return make_error(StatusCode::kUnavailable, "fi_av_insert of rank {}'s endpoint failed: {}", rank,
+                        inserted < 0 ? fi_strerror(-inserted) : "address not inserted");
+    }
+    peer.region_address = blob.region_address;
+    peer.region_key = blob.region_key;
+    peer.region_length = blob.region_length;
+  }
+  impl.peers = std::move(peers);
+  impl.connected.store(true, std::memory_order_release);
+  return Status::ok_status();
+}
+
+void Fabric::start_progress() {
+  Impl& impl = *impl_;
+  std::lock_guard lock(impl.queue_mutex);
+  if (impl.state != ProgressState::kNotStarted) return;
+  impl.state = ProgressState::kRunning;
+  impl.progress_thread = std::thread([&impl] { impl.progress_loop(); });
+}
+
+void Fabric::stop_progress() {
+  Impl& impl = *impl_;
+  if (std::this_thread::get_id() == impl.progress_thread.get_id()) {
+    // From a read callback: joining ourselves would throw; the owner must stop us.
+    log::get("fabric")->error("stop_progress() called from a read callback; ignored");
+    return;
+  }
+  std::vector<ReadRequest> never_started;
+  {
+    std::lock_guard lock(impl.queue_mutex);
+    const ProgressState previous = impl.state;
+    impl.state = ProgressState::kStopped;
+    if (previous == ProgressState::kStopped) return;
+    if (previous == ProgressState::kNotStarted) never_started.swap(impl.queue);
+  }
+  if (impl.progress_thread.joinable()) {
+    impl.stop_requested.store(true, std::memory_order_release);
+    if (impl.wait_mode == CqWaitMode::kBlockingSread) (void)fi_cq_signal(impl.cq.get());
+    impl.queue_cv.notify_one();
+    impl.progress_thread.join();
+  }
+  // Reads queued before start_progress that never got a thread to run them.
+  for (ReadRequest& request : never_started) {
+    impl.complete(request, make_error(StatusCode::kCancelled, "read from peer {}: the fabric stopped before "
+                                                              "start_progress", request.peer));
+  }
+}
+
+void Fabric::read(int peer, std::uint64_t remote_offset, std::size_t length, const LocalRegion& local,
+                  std::size_t local_offset, ReadCallback done) {
+  ReadRequest request;
+  request.peer = peer;
+  request.remote_offset = remote_offset;
+  request.length = length;
+  request.local_desc = local.desc;
+  request.done = std::move(done);
+  request.rejection = impl_->validate(peer, remote_offset, length, local, local_offset);
+  if (request.rejection.ok()) request.local_address = static_cast<std::uint8_t*>(local.base) + local_offset;
+  impl_->enqueue(std::move(request));
+}
+
+FabricStats Fabric::stats() const {
+  FabricStats stats;
+  stats.reads_posted = impl_->reads_posted.load(std::memory_order_relaxed);
+  stats.reads_completed = impl_->reads_completed.load(std::memory_order_relaxed);
+  stats.reads_failed = impl_->reads_failed.load(std::memory_order_relaxed);
+  stats.bytes_read = impl_->bytes_read.load(std::memory_order_relaxed);
+  return stats;
+}
+
+}  // namespace shardmix::fabric

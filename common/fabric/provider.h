@@ -1,0 +1,41 @@
+// Pure decisions about libfabric providers, kept apart from Fabric so they can be
+// unit-tested without a network: which provider string to ask fi_getinfo for, and how
+// the progress thread may sleep on a provider's completion queue.
+// Thread-safety: free functions without shared state.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace shardmix::fabric {
+
+// Maps FabricOptions::provider to the prov_name passed to fi_getinfo:
+//   "auto"  -> "verbs;ofi_rxm" if rdma_device_count > 0, else "tcp;ofi_rxm"
+//   "tcp"   -> "tcp;ofi_rxm"     (plain tcp has no FI_EP_RDM; rxm layers it)
+//   "verbs" -> "verbs;ofi_rxm"
+//   anything else (e.g. "shm", "efa", "tcp;ofi_rxm") is passed through unchanged.
+// An empty string is an invalid argument.
+Result<std::string> resolve_provider_name(std::string_view requested, int rdma_device_count);
+
+// Number of RDMA devices rdma-core sees (ibv_get_device_list); 0 when there are none
+// or the verbs stack is unusable.
+int count_rdma_devices();
+
+// How the progress thread idles on a provider's CQ.
+enum class CqWaitMode {
+  // CQ opened with wait_obj=FI_WAIT_UNSPEC; sleep in fi_cq_sread with a short timeout,
+  // woken early by fi_cq_signal when a read is queued. Measured to run at full speed
+  // on tcp/net (machine-notes.md); verbs wakes on its completion channel.
+  kBlockingSread,
+  // CQ opened with FI_WAIT_NONE; poll fi_cq_read with exponential backoff. Required for
+  // shm, whose fi_cq_sread ignores its timeout and never returns; the safe default for
+  // providers we have not measured.
+  kPollWithBackoff,
+};
+
+// Decides from the prov_name fi_getinfo returned (e.g. "tcp;ofi_rxm", "shm").
+CqWaitMode cq_wait_mode_for(std::string_view returned_prov_name);
+
+}  // namespace shardmix::fabric
