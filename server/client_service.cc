@@ -7,7 +7,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <atomic>
 #include <deque>
+#include <mutex>
 
 #include "common/log.h"
 #include "proto/wire.h"
@@ -16,12 +18,30 @@ namespace shardmix {
 namespace asio = boost::asio;
 using stream = asio::local::stream_protocol;
 
-void FabricFetcher::fetch(std::uint32_t peer, std::uint64_t remote_offset, std::uint64_t length,
-                          std::uint64_t staging_offset, std::function<void(const Status&)> done) {
-  fabric_.read(static_cast<int>(peer), remote_offset, length, staging_, staging_offset,
-               [this, done = std::move(done)](const Status& status) {
-                 asio::post(io_, [done, status] { done(status); });
-               });
+void FabricFetcher::fetch(std::vector<PeerRead> reads, std::function<void(const Status&)> done) {
+  // The reads complete on the fabric progress thread; only the last one hops to the
+  // io thread, carrying the first error.
+  struct Group {
+    std::atomic<std::size_t> remaining;
+    std::mutex mutex;  // guards first_error
+    Status first_error;
+    std::function<void(const Status&)> done;
+  };
+  auto group = std::make_shared<Group>();
+  group->remaining = reads.size();
+  group->done = std::move(done);
+  for (const PeerRead& r : reads) {
+    fabric_.read(static_cast<int>(r.peer), r.remote_offset, r.length, staging_, r.staging_offset,
+                 [this, group](const Status& status) {
+                   if (!status.ok()) {
+                     std::lock_guard lock(group->mutex);
+                     if (group->first_error.ok()) group->first_error = status;
+                   }
+                   if (group->remaining.fetch_sub(1) == 1) {
+                     asio::post(io_, [group] { group->done(group->first_error); });
+                   }
+                 });
+  }
 }
 
 // One trainer's connection. Owns the trainer's scheduler once the Hello is accepted.

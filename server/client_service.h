@@ -44,8 +44,7 @@ class FabricFetcher : public PeerFetcher {
  public:
   FabricFetcher(boost::asio::io_context& io, fabric::Fabric& fabric, fabric::LocalRegion staging)
       : io_(io), fabric_(fabric), staging_(staging) {}
-  void fetch(std::uint32_t peer, std::uint64_t remote_offset, std::uint64_t length, std::uint64_t staging_offset,
-             std::function<void(const Status&)> done) override;
+  void fetch(std::vector<PeerRead> reads, std::function<void(const Status&)> done) override;
 
  private:
   boost::asio::io_context& io_;

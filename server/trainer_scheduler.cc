@@ -20,7 +20,7 @@ void TrainerScheduler::start_epoch(std::uint64_t epoch) {
   // being fetched free their staging when the fetches land (retire checks the generation).
   for (auto& [index, assembly] : live_) {
     assembly->released = true;
-    if (assembly->pending_fetches == 0) retire(assembly);
+    if (!assembly->fetching) retire(assembly);
   }
   live_.clear();
   ++generation_;
@@ -56,7 +56,7 @@ void TrainerScheduler::close() {
   closed_ = true;
   for (auto& [index, assembly] : live_) {
     assembly->released = true;
-    if (assembly->pending_fetches == 0) retire(assembly);
+    if (!assembly->fetching) retire(assembly);
   }
   live_.clear();
 }
@@ -104,13 +104,7 @@ void TrainerScheduler::pump() {
     ++next_to_assemble_;
 
     std::uint64_t staging_cursor = assembly->staging_offset.value_or(0);
-    struct PendingRead {
-      std::uint32_t peer;
-      std::uint64_t remote_offset;
-      std::uint64_t length;
-      std::uint64_t staging_offset;
-    };
-    std::vector<PendingRead> reads;
+    std::vector<PeerRead> reads;
     for (std::uint64_t i = begin; i < end; ++i) {
       const SampleId id = plan_.order[i];
       const std::uint32_t owner = placement.owner[id];
@@ -133,19 +127,17 @@ void TrainerScheduler::pump() {
       }
       assembly->frame.samples.push_back(d);
     }
-    // Count all reads before posting any: a fetcher may complete synchronously.
-    assembly->pending_fetches = static_cast<std::uint32_t>(reads.size());
-    auto self = shared_from_this();
-    for (const PendingRead& r : reads) {
-      fetcher_.fetch(r.peer, r.remote_offset, r.length, r.staging_offset,
-                     [self, assembly](const Status& status) { self->on_fetched(assembly, status); });
+    if (!reads.empty()) {
+      assembly->fetching = true;
+      auto self = shared_from_this();
+      fetcher_.fetch(std::move(reads), [self, assembly](const Status& status) { self->on_fetched(assembly, status); });
     }
   }
 }
 
 void TrainerScheduler::on_fetched(const std::shared_ptr<Assembly>& assembly, const Status& status) {
-  if (!status.ok() && assembly->error.ok()) assembly->error = status;
-  if (--assembly->pending_fetches > 0) return;
+  assembly->error = status;
+  assembly->fetching = false;
   if (assembly->released || assembly->generation != generation_ || closed_) {
     retire(assembly);  // abandoned epoch or gone trainer: only the staging bytes matter
     pump();            // the freed bytes may unblock the current epoch
@@ -164,7 +156,7 @@ void TrainerScheduler::flush() {
   if (closed_ || failed_) return;
   while (true) {
     auto it = live_.find(next_to_send_);
-    if (it == live_.end() || it->second->pending_fetches > 0) break;
+    if (it == live_.end() || it->second->fetching) break;
     Assembly& a = *it->second;
     if (!a.error.ok()) {
       failed_ = true;

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "common/catalog.h"
 #include "common/epoch_plan.h"
@@ -26,13 +27,22 @@
 
 namespace shardmix {
 
+// One one-sided read: `length` bytes at `remote_offset` of `peer`'s cache arena into the
+// staging region at `staging_offset`.
+struct PeerRead {
+  std::uint32_t peer;
+  std::uint64_t remote_offset;
+  std::uint64_t length;
+  std::uint64_t staging_offset;
+};
+
 class PeerFetcher {
  public:
   virtual ~PeerFetcher() = default;
-  // Reads `length` bytes at `remote_offset` of `peer`'s cache arena into the staging
-  // region at `staging_offset`. `done` runs later on the scheduler's thread.
-  virtual void fetch(std::uint32_t peer, std::uint64_t remote_offset, std::uint64_t length,
-                     std::uint64_t staging_offset, std::function<void(const Status&)> done) = 0;
+  // Performs all `reads` (a batch's peer samples) and then calls `done` once, on the
+  // scheduler's thread, with the first error if any. One completion per batch, not per
+  // read: each hop to the scheduler's thread is a wake-up.
+  virtual void fetch(std::vector<PeerRead> reads, std::function<void(const Status&)> done) = 0;
 };
 
 class FrameSink {
@@ -74,7 +84,7 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
     std::uint64_t generation = 0;
     proto::BatchFrame frame;
     std::optional<std::uint64_t> staging_offset;
-    std::uint32_t pending_fetches = 0;
+    bool fetching = false;  // the batch's peer reads are in flight
     Status error;
     bool sent = false;
     bool released = false;

@@ -33,9 +33,10 @@ class LocalArenaFetcher : public PeerFetcher {
  public:
   LocalArenaFetcher(boost::asio::io_context& io, const std::vector<std::uint8_t>& peer_arena, SharedRegion& staging)
       : io_(io), peer_arena_(peer_arena), staging_(staging) {}
-  void fetch(std::uint32_t peer, std::uint64_t remote_offset, std::uint64_t length, std::uint64_t staging_offset,
-             std::function<void(const Status&)> done) override {
-    std::memcpy(staging_.data() + staging_offset, peer_arena_.data() + remote_offset, length);
+  void fetch(std::vector<PeerRead> reads, std::function<void(const Status&)> done) override {
+    for (const PeerRead& r : reads) {
+      std::memcpy(staging_.data() + r.staging_offset, peer_arena_.data() + r.remote_offset, r.length);
+    }
     boost::asio::post(io_, [done] { done(Status::ok_status()); });
   }
 

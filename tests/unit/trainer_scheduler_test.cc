@@ -12,15 +12,13 @@ namespace {
 
 struct FakeFetcher : PeerFetcher {
   struct Call {
-    std::uint32_t peer;
-    std::uint64_t remote_offset, length, staging_offset;
+    std::vector<PeerRead> reads;
     std::function<void(const Status&)> done;
   };
   std::deque<Call> pending;
   Status fail_with;
-  void fetch(std::uint32_t peer, std::uint64_t remote_offset, std::uint64_t length, std::uint64_t staging_offset,
-             std::function<void(const Status&)> done) override {
-    pending.push_back({peer, remote_offset, length, staging_offset, std::move(done)});
+  void fetch(std::vector<PeerRead> reads, std::function<void(const Status&)> done) override {
+    pending.push_back({std::move(reads), std::move(done)});
   }
   void complete_all() {
     while (!pending.empty()) {

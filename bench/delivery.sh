@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Delivery benchmark (issue: first working ShardMix). In one run, on one dataset:
+#   - ShardMix delivered samples/s and GB/s, 4 daemons + 4 trainers, per provider, with
+#     shuffle.exchange_fraction 0 (every sample from local RAM) and 1 (global shuffle,
+#     3/4 of the samples read from peers with fi_read);
+#   - the baselines measured in the same run: memcpy of the same bytes (1 and 2 threads)
+#     and raw fi_read of the same size distribution on the same provider (4 ranks).
+# Trainers are shardmix-consume --touch copy: every sample is memcpy'd out of the shared
+# region, as a trainer staging data for a GPU would. Figures are medians over epochs
+# 1..E-1 (epoch 0 includes connection set-up) and over --repeat runs.
+#
+#   bash bench/delivery.sh [--quick] [--providers "tcp shm"] [--repeat 3]
+# Env: SHARDMIX_BUILD_DIR (default build/, configure it Release), SHARDMIX_BENCH_DIR
+# (dataset cache, default /tmp/shardmix-bench). Writes bench/results/delivery-latest.json
+# and prints a Markdown table.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+build=${SHARDMIX_BUILD_DIR:-$repo/build}
+data_root=${SHARDMIX_BENCH_DIR:-/tmp/shardmix-bench}
+samples=16384 median_kib=112 epochs=4 repeat=3 providers="tcp shm" fi_seconds=3
+while (($#)); do
+  case $1 in
+    --quick) samples=4096 epochs=3 repeat=1 fi_seconds=1 ;;
+    --providers) providers=$2; shift ;;
+    --repeat) repeat=$2; shift ;;
+    --samples) samples=$2; shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "delivery.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+for tool in server/shardmixd tools/shardmix-consume tools/shardmix-gen bench/shardmix-bench-memcpy \
+            bench/shardmix-bench-fabric-read; do
+  [[ -x $build/$tool ]] || { echo "delivery.sh: $build/$tool missing; build first (cmake --build $build)" >&2; exit 2; }
+done
+mpirun_flags=(--allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader)
+data=$data_root/data-$samples-${median_kib}k
+if [[ ! -d $data ]]; then
+  mkdir -p "$data_root"
+  "$build/tools/shardmix-gen" --out "$data" --samples "$samples" --classes 1000 --median-kib "$median_kib" --seed 1
+fi
+work=$(mktemp -d /tmp/shardmix-delivery.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+raw=$work/raw.jsonl
+: >"$raw"
+
+echo "== memcpy of the same bytes"
+for threads in 1 2; do
+  "$build/bench/shardmix-bench-memcpy" --dataset "$data" --passes 5 --threads "$threads" | tee "$work/m.txt"
+  grep '^JSON ' "$work/m.txt" | sed 's/^JSON //' >>"$raw"
+done
+
+for provider in $providers; do
+  iface=(); [[ $provider == tcp ]] && iface=(--interface lo)
+  for ((r = 0; r < repeat; r++)); do
+    echo "== raw fi_read, $provider, 4 ranks, qd 8 (run $((r + 1))/$repeat)"
+    FI_TCP_IFACE=lo mpirun "${mpirun_flags[@]}" -np 4 "$build/bench/shardmix-bench-fabric-read" \
+      --provider "$provider" "${iface[@]}" --median-kib "$median_kib" --lognormal-sigma 0.5 --count 2048 \
+      --qd 8 --seconds "$fi_seconds" --seed "$r" >"$work/f.txt" 2>&1 || { cat "$work/f.txt"; exit 1; }
+    grep -v '^JSON ' "$work/f.txt" | tail -4
+    grep '^JSON ' "$work/f.txt" | sed "s/^JSON {/{\"provider_run\": \"$provider\", /" >>"$raw"
+    for q in 0 1; do
+      echo "== ShardMix, $provider, exchange_fraction $q, 4 daemons + 4 trainers (run $((r + 1))/$repeat)"
+      cat >"$work/c.toml" <<TOML
+[dataset]
+path = "$data"
+[batch]
+size = 32
+[shuffle]
+seed = $((r + 1))
+exchange_fraction = $q
+[fabric]
+provider = "$provider"
+[service]
+prefetch = 8
+[log]
+level = "warn"
+TOML
+      SHARDMIX_BUILD_DIR=$build bash "$repo/deploy/launch.sh" --nodes 4 --config "$work/c.toml" \
+        --daemon-log "$work/d.log" -- "$build/tools/shardmix-consume" --epochs "$epochs" --touch copy --json \
+        >"$work/s.txt" 2>&1 || { cat "$work/s.txt" "$work/d.log"; exit 1; }
+      grep '^JSON ' "$work/s.txt" | sed "s/^JSON {/{\"bench\": \"shardmix\", \"provider\": \"$provider\", \"q\": $q, \"run\": $r, /" >>"$raw"
+    done
+  done
+done
+
+python3 - "$raw" "$repo/bench/results/delivery-latest.json" "$samples" "$median_kib" <<'PY'
+import json, statistics, sys, datetime, platform, os
+raw, out, samples, median_kib = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+rows = [json.loads(l) for l in open(raw) if l.strip()]
+memcpy = {r["threads"]: r for r in rows if r.get("bench") == "memcpy"}
+result = {"date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"), "machine": f"{os.cpu_count()} cores, {platform.machine()}",
+          "dataset": f"{samples} samples, median {median_kib} KiB (log-normal sigma 0.5)",
+          "memcpy_gbps": {t: m["gbps_median"] for t, m in memcpy.items()}, "providers": {}}
+def med(xs): return statistics.median(xs) if xs else float("nan")
+for provider in sorted({r["provider"] for r in rows if r.get("bench") == "shardmix"}):
+    fi = [r for r in rows if r.get("provider_run") == provider]
+    fi_gbps = med([r.get("total_gbps", r.get("gbps", float("nan"))) for r in fi])
+    entry = {"raw_fi_read_gbps": fi_gbps}
+    for q in (0, 1):
+        per_epoch = {}
+        for r in rows:
+            if r.get("bench") == "shardmix" and r["provider"] == provider and r["q"] == q and r["epoch"] > 0:
+                per_epoch.setdefault((r["run"], r["epoch"]), []).append(r)
+        agg_gbps, agg_sps, peer_gbps = [], [], []
+        for ranks in per_epoch.values():
+            secs = max(x["seconds"] for x in ranks)
+            agg_gbps.append(sum(x["bytes"] for x in ranks) / secs / 1e9)
+            agg_sps.append(sum(x["samples"] for x in ranks) / secs)
+            peer_gbps.append(sum(x["peer_bytes"] for x in ranks) / secs / 1e9)
+        entry[f"q{q}"] = {"gbps": med(agg_gbps), "gbps_min": min(agg_gbps, default=float("nan")),
+                          "gbps_max": max(agg_gbps, default=float("nan")), "samples_per_s": med(agg_sps),
+                          "peer_gbps": med(peer_gbps), "epochs_measured": len(agg_gbps)}
+    entry["local_vs_memcpy_1t"] = entry["q0"]["gbps"] / result["memcpy_gbps"][1]
+    entry["local_vs_memcpy_2t"] = entry["q0"]["gbps"] / result["memcpy_gbps"][2]
+    entry["peer_vs_raw_fi_read"] = entry["q1"]["peer_gbps"] / fi_gbps
+    entry["global_vs_raw_fi_read"] = entry["q1"]["gbps"] / fi_gbps
+    result["providers"][provider] = entry
+os.makedirs(os.path.dirname(out), exist_ok=True)
+json.dump(result, open(out, "w"), indent=2)
+print(json.dumps(result, indent=2))
+print()
+print(f"Delivery, {result['dataset']}, 4 daemons + 4 trainers, {result['machine']}, {result['date']}")
+print()
+print("| provider | ShardMix Q=0 (local) GB/s | samples/s | ShardMix Q=1 (global) GB/s | samples/s | of which peer GB/s | memcpy 1 thread GB/s | memcpy 2 threads GB/s | raw fi_read GB/s | local / memcpy 1t | peer / raw fi_read |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for p, e in result["providers"].items():
+    print(f"| {p} | {e['q0']['gbps']:.2f} ({e['q0']['gbps_min']:.2f}-{e['q0']['gbps_max']:.2f}) | {e['q0']['samples_per_s']:.0f} "
+          f"| {e['q1']['gbps']:.2f} ({e['q1']['gbps_min']:.2f}-{e['q1']['gbps_max']:.2f}) | {e['q1']['samples_per_s']:.0f} | {e['q1']['peer_gbps']:.2f} "
+          f"| {result['memcpy_gbps'][1]:.2f} | {result['memcpy_gbps'][2]:.2f} | {e['raw_fi_read_gbps']:.2f} "
+          f"| {e['local_vs_memcpy_1t']:.0%} | {e['peer_vs_raw_fi_read']:.0%} |")
+PY
