@@ -123,7 +123,7 @@ const KeySpec kKeys[] = {
    [](Config& c, const Value& v) { c.shuffle.exchange_fraction = std::get<double>(v); },
    [](const Config& c) -> Value { return c.shuffle.exchange_fraction; }},
   {"shuffle.window", KeyType::kUint, "0",
-   "W: the scheduler may complete a batch with any ready sample from the next W planned positions. 0 = exact planned order.",
+   "W: the scheduler may complete a batch with any ready sample from the next W planned positions. 0 = exact planned order. Not implemented yet: only 0 is accepted, other values are refused at start-up.",
    "0 is bit-for-bit reproducible but one slow remote read stalls the trainer; a small window (e.g. 64) hides stragglers at the cost of a slightly different order every run.",
    "", 0, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(shuffle.window)},
 
@@ -764,6 +764,14 @@ Status validate(const Config& config, const Origins& origins) {
         break;
       default: break;
     }
+  }
+  // Reserved public name whose scheduler is not built yet: refuse rather than ignore it.
+  if (config.shuffle.window != 0) {
+    const auto it = origins.find("shuffle.window");
+    return make_error(StatusCode::kInvalidArgument,
+                      "config key 'shuffle.window' = {} ({}): opportunistic ordering is not implemented yet; only 0 "
+                      "(exact planned order) is accepted",
+                      config.shuffle.window, it == origins.end() ? "default" : it->second);
   }
   return Status::ok_status();
 }
