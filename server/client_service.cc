@@ -1,5 +1,6 @@
 #include "server/client_service.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -60,12 +61,20 @@ class Connection : public std::enable_shared_from_this<Connection>, public Frame
     closed_ = true;
     if (scheduler_) {
       scheduler_->close();
-      service_.trainer_connected_[scheduler_->local_trainer()] = false;
+      auto& slot = service_.trainer_connection_[scheduler_->local_trainer()];
+      if (slot.lock().get() == this) slot.reset();
     }
     boost::system::error_code ignored;
     socket_.shutdown(stream::socket::shutdown_both, ignored);
     socket_.close(ignored);
     service_.forget(shared_from_this());
+  }
+
+  // Whether the trainer closed its end (or died), even if its EOF is not processed yet.
+  bool peer_hung_up() {
+    if (closed_) return true;
+    pollfd p{socket_.native_handle(), POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0;
   }
 
   // FrameSink
@@ -190,12 +199,19 @@ class Connection : public std::enable_shared_from_this<Connection>, public Frame
       return false;
     }
     const std::uint32_t local = hello.trainer_rank % job.trainers_per_node;
-    if (service_.trainer_connected_[local]) {
-      send_error(make_error(StatusCode::kInvalidArgument, "trainer rank {} is already connected to this daemon",
-                            hello.trainer_rank));
-      return false;
+    if (auto previous = service_.trainer_connection_[local].lock()) {
+      // Defensive: should a restarted trainer's Hello ever be handled before the old
+      // socket's hang-up (the reactor orders them, so we have not seen it happen), a
+      // peer that is really gone must not lock its rank out.
+      if (!previous->peer_hung_up()) {
+        send_error(make_error(StatusCode::kInvalidArgument, "trainer rank {} is already connected to this daemon",
+                              hello.trainer_rank));
+        return false;
+      }
+      log_->info("trainer rank {} reconnected; retiring its previous connection", hello.trainer_rank);
+      previous->close();
     }
-    service_.trainer_connected_[local] = true;
+    service_.trainer_connection_[local] = weak_from_this();
     scheduler_ = std::make_shared<TrainerScheduler>(job.context, local, service_.rings_[local], *job.fetcher, *this);
     log_->info("trainer rank {} (pid {}) connected", hello.trainer_rank, peer_pid_);
 
@@ -293,7 +309,7 @@ ClientService::ClientService(asio::io_context& io, ServedJob job, std::string so
   for (std::uint32_t t = 0; t < job_.trainers_per_node; ++t) {
     rings_.push_back(std::make_shared<StagingRing>(t * job_.staging_per_trainer, job_.staging_per_trainer));
   }
-  trainer_connected_.assign(job_.trainers_per_node, false);
+  trainer_connection_.resize(job_.trainers_per_node);
 }
 
 ClientService::~ClientService() {

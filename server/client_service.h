@@ -79,7 +79,9 @@ class ClientService {
   // One per local trainer. Shared with schedulers: fetches still in flight when a
   // connection (or the service) goes away must free their bytes into a live ring.
   std::vector<std::shared_ptr<StagingRing>> rings_;
-  std::vector<bool> trainer_connected_;         // by local trainer
+  // The live connection of each local trainer, if any (to tell a restarted trainer
+  // from a duplicate when the old connection's hang-up is not processed yet).
+  std::vector<std::weak_ptr<Connection>> trainer_connection_;
   std::set<std::shared_ptr<Connection>> connections_;
   bool listening_ = false;
 };

@@ -5,6 +5,7 @@
 // Run it as the trainer ranks, e.g. under deploy/launch.sh.
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <vector>
 #include <filesystem>
 #include <string>
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
   int daemon = -1;
   std::string touch = "hash";
   bool json = false;
+  double compute_ms = 0;
   app.add_option("--epochs", epochs, "Epochs to consume")->check(CLI::PositiveNumber);
   app.add_option("--first-epoch", first_epoch, "Number of the first epoch");
   app.add_option("--trace", trace_dir, "Write DIR/rank-<R>.csv with one row per delivered sample");
@@ -46,6 +48,8 @@ int main(int argc, char** argv) {
                  "private buffer, as a trainer staging data for a GPU would)")
       ->check(CLI::IsMember({"hash", "copy"}));
   app.add_flag("--json", json, "Also print one 'JSON {...}' line per epoch for scripts");
+  app.add_option("--compute-ms", compute_ms, "Simulated compute per batch (sleep), as a training step would take")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -99,6 +103,7 @@ int main(int argc, char** argv) {
           }
           ++position;
         }
+        if (compute_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(compute_ms));
         if (rows.size() > (1u << 20)) {
           std::fwrite(rows.data(), 1, rows.size(), trace);
           rows.clear();

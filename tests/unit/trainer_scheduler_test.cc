@@ -4,6 +4,8 @@
 #include <deque>
 #include <set>
 
+#include <fmt/format.h>
+
 #include "common/rng.h"
 #include "server/trainer_scheduler.h"
 
@@ -49,7 +51,7 @@ struct World {
     std::vector<CatalogEntry> entries;
     Rng rng(3);
     for (std::size_t i = 0; i < n; ++i) {
-      entries.push_back({"s" + std::to_string(i), 100 + rng.below(5000), static_cast<std::int32_t>(i % 7)});
+      entries.push_back({fmt::format("s{}", i), 100 + rng.below(5000), static_cast<std::int32_t>(i % 7)});
     }
     catalog = std::move(Catalog::from_entries(std::move(entries), {}).value());
     shape = make_plan_shape(n, JobShape{nodes, 1, batch, false});

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# End-to-end fault test: a trainer process is SIGKILLed in the middle of an epoch.
+# Expected: its daemon notices, frees the trainer's slots and keeps serving; the other
+# trainers finish every epoch undisturbed; the same rank started again receives its whole
+# epochs; the daemons shut down cleanly. Judged by check_traces.py (exactly once per
+# epoch over the survivors and the restarted rank, bytes verified on disk).
+#   tests/e2e/trainer_killed.sh [tcp|shm]
+set -euo pipefail
+SM_PROG=trainer_killed  # used by lib.sh's messages
+export SM_PROG
+here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
+# shellcheck source=deploy/lib.sh
+source "$here/../../deploy/lib.sh"
+
+provider=${1:-tcp}
+nodes=2 per_node=2 epochs=3 batch=8
+trainers=$((nodes * per_node))
+gen=$(sm_find_exe shardmix-gen) || sm_die "shardmix-gen not found; build first"
+consume=$(sm_find_exe shardmix-consume) || sm_die "shardmix-consume not found; build first"
+python=$(sm_python) || sm_die "python3 not found"
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardmix-killed.XXXXXX")
+trap 'rm -rf -- "$tmp"' EXIT
+"$gen" --out "$tmp/data" --samples 800 --classes 8 --median-kib 16 --seed 3 --quiet
+cat >"$tmp/c.toml" <<TOML
+[dataset]
+path = "$tmp/data"
+[batch]
+size = $batch
+[shuffle]
+seed = 77
+[fabric]
+provider = "$provider"
+[service]
+trainers_per_node = $per_node
+prefetch = 3
+TOML
+
+# The "trainer command" runs once per rank under launch.sh's mpirun; only rank 0 acts,
+# starting the four trainers as plain processes so one can be killed without mpirun
+# tearing the others down.
+cat >"$tmp/driver.sh" <<'DRIVER'
+#!/usr/bin/env bash
+set -euo pipefail
+[[ ${OMPI_COMM_WORLD_RANK:-0} == 0 ]] || exit 0
+consume=$1 tmp=$2 trainers=$3 epochs=$4
+# Through env (which execs), so that $! is the trainer itself and not a subshell: killing
+# a subshell would leave the real trainer running, still connected.
+run() { env SHARDMIX_RANK="$1" SHARDMIX_WORLD_SIZE="$trainers" "$consume" --epochs "$epochs" "${@:2}"; }
+pids=()
+for r in 0 2 3; do
+  env SHARDMIX_RANK="$r" SHARDMIX_WORLD_SIZE="$trainers" "$consume" --epochs "$epochs" --trace "$tmp/trace" \
+    --compute-ms 2 >"$tmp/rank$r.out" 2>&1 &
+  pids+=($!)
+done
+# Rank 1 computes slowly, so it is surely mid-epoch when it is killed.
+env SHARDMIX_RANK=1 SHARDMIX_WORLD_SIZE="$trainers" "$consume" --epochs "$epochs" \
+  --trace "$tmp/killed-trace" --compute-ms 20 >"$tmp/killed.out" 2>&1 &
+victim=$!
+sleep 0.5
+if ! kill -0 "$victim" 2>/dev/null; then echo "driver: the victim finished before it could be killed" >&2; exit 1; fi
+kill -KILL "$victim"
+wait "$victim" 2>/dev/null || true
+echo "driver: killed trainer rank 1 mid-epoch (SIGKILL, 0.5 s into a ~2 s epoch)"
+# The same rank comes back and consumes all epochs.
+run 1 --trace "$tmp/trace" >"$tmp/rank1.out" 2>&1
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=1; done
+cat "$tmp"/rank*.out
+exit "$rc"
+DRIVER
+
+rc=0
+timeout -s TERM -k 30 200 bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "$tmp/c.toml" \
+  --trainers-per-node "$per_node" --daemon-log "$tmp/daemons.log" \
+  -- bash "$tmp/driver.sh" "$consume" "$tmp" "$trainers" "$epochs" || rc=$?
+if ((rc != 0)); then
+  tail -20 "$tmp/daemons.log" >&2
+  sm_die "launch.sh failed with exit code $rc" 1
+fi
+grep -q "trainer rank 1 .*\(disconnected\|connection lost\)" "$tmp/daemons.log" ||
+  sm_die "the daemon did not notice the killed trainer" 1
+"$python" "$here/check_traces.py" "$tmp/trace" --dataset "$tmp/data" --epochs "$epochs" \
+  --trainers "$trainers" --trainers-per-node "$per_node" --batch-size "$batch" --expect-peer
+clean=$(grep -c "bytes read from peers" "$tmp/daemons.log" || true)
+((clean == nodes)) || sm_die "only $clean of $nodes daemons exited cleanly" 1
+echo "trainer_killed: PASS (killed rank 1 mid-epoch; survivors and the restarted rank got every sample exactly once)"
