@@ -83,13 +83,13 @@ LauncherRank detect_launcher_rank() {
 }
 
 // The socket protocol, blocking with timeouts. Owned by Client; iterators point into it.
-class Connection {
+class DaemonConnection {
  public:
-  ~Connection() {
+  ~DaemonConnection() {
     if (fd_ >= 0) ::close(fd_);
   }
 
-  static Result<std::unique_ptr<Connection>> open(const ClientOptions& options);
+  static Result<std::unique_ptr<DaemonConnection>> open(const ClientOptions& options);
 
   Status send(const std::vector<std::uint8_t>& frame) {
     std::size_t done = 0;
@@ -119,26 +119,24 @@ class Connection {
     return Status::ok_status();
   }
 
+  // Starts a new pass over `epoch`. Each pass gets a fresh stream id: frames of an
+  // abandoned pass (even over the same epoch) are recognised and dropped.
   Status start_epoch(std::uint64_t epoch) {
-    if (in_epoch_) {
-      // Abandoning an epoch: the daemon releases its batches; drop frames still in flight.
-      abandoned_epoch_ = current_epoch_;
-    }
     std::vector<std::uint8_t> out;
-    proto::encode(out, proto::StartEpoch{epoch});
+    proto::encode(out, proto::StartEpoch{epoch, next_stream_});
     SHARDMIX_RETURN_IF_ERROR(send(out));
+    current_stream_ = next_stream_++;
     in_epoch_ = true;
-    current_epoch_ = epoch;
     return Status::ok_status();
   }
 
   Status release(std::uint64_t epoch, std::uint64_t batch) {
     std::vector<std::uint8_t> out;
-    proto::encode(out, proto::Release{epoch, batch});
+    proto::encode(out, proto::Release{epoch, current_stream_, batch});
     return send(out);
   }
 
-  // Next batch of the current epoch, or nullopt at its end.
+  // Next batch of the current pass, or nullopt at its end.
   Result<std::optional<proto::BatchFrame>> next_batch() {
     while (true) {
       proto::FrameHeader header{};
@@ -147,13 +145,13 @@ class Connection {
       if (type == proto::FrameType::kBatch) {
         proto::BatchFrame frame;
         if (auto err = proto::decode(payload_, frame); !err.empty()) return Status(StatusCode::kProtocol, err);
-        if (frame.epoch != current_epoch_) continue;  // leftovers of an abandoned epoch
+        if (frame.stream != current_stream_) continue;  // leftovers of an abandoned pass
         return std::optional<proto::BatchFrame>(std::move(frame));
       }
       if (type == proto::FrameType::kEpochEnd) {
         proto::EpochStats stats;
         if (auto err = proto::decode(payload_, stats); !err.empty()) return Status(StatusCode::kProtocol, err);
-        if (stats.epoch != current_epoch_) continue;
+        if (stats.stream != current_stream_) continue;
         last_stats_ = stats;
         in_epoch_ = false;
         return std::optional<proto::BatchFrame>();
@@ -224,11 +222,24 @@ class Connection {
       if (got < 0) return lost(std::strerror(errno));
       if (got == 0) return lost("the daemon closed the connection (did it stop or crash?)");
       if (fds != nullptr && done == 0) {
+        // Keep exactly the two descriptors of a well-formed SCM_RIGHTS message; close
+        // anything else that arrived, so a confused peer cannot leak fds (and the RAM
+        // they pin) into the trainer.
         for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-          if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-              c->cmsg_len == CMSG_LEN(2 * sizeof(int))) {
-            std::memcpy(fds, CMSG_DATA(c), 2 * sizeof(int));
+          if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+          const std::size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+          std::vector<int> got(n);
+          std::memcpy(got.data(), CMSG_DATA(c), n * sizeof(int));
+          for (std::size_t i = 0; i < n; ++i) {
+            if (n == 2 && fds[i] < 0) {
+              fds[i] = got[i];
+            } else {
+              ::close(got[i]);
+            }
           }
+        }
+        if ((msg.msg_flags & MSG_CTRUNC) != 0) {
+          return make_error(StatusCode::kProtocol, "the daemon of node {} sent more descriptors than expected", node_);
         }
       }
       done += static_cast<std::size_t>(got);
@@ -244,12 +255,12 @@ class Connection {
   std::vector<std::uint8_t> payload_;
   std::optional<Catalog> catalog_;
   bool in_epoch_ = false;
-  std::uint64_t current_epoch_ = 0;
-  std::optional<std::uint64_t> abandoned_epoch_;
+  std::uint64_t next_stream_ = 1;
+  std::uint64_t current_stream_ = 0;
 };
 
-Result<std::unique_ptr<Connection>> Connection::open(const ClientOptions& options) {
-  auto c = std::make_unique<Connection>();
+Result<std::unique_ptr<DaemonConnection>> DaemonConnection::open(const ClientOptions& options) {
+  auto c = std::make_unique<DaemonConnection>();
   c->receive_timeout_s_ = options.receive_timeout_s;
   c->who_ = detect_launcher_rank();
   if (options.rank >= 0) c->who_.rank = options.rank;
@@ -312,14 +323,14 @@ Result<std::unique_ptr<Connection>> Connection::open(const ClientOptions& option
   proto::FrameHeader header{};
   std::vector<std::uint8_t> payload;
   int fds[2] = {-1, -1};
-  SHARDMIX_RETURN_IF_ERROR(c->receive(header, payload, fds));
-  struct FdCloser {
+  struct FdCloser {  // the mappings keep the memory; the descriptors are closed on every path
     int* fds;
     ~FdCloser() {
       for (int i = 0; i < 2; ++i)
         if (fds[i] >= 0) ::close(fds[i]);
     }
   } closer{fds};
+  SHARDMIX_RETURN_IF_ERROR(c->receive(header, payload, fds));
   if (header.type != static_cast<std::uint16_t>(proto::FrameType::kWelcome)) {
     return make_error(StatusCode::kProtocol, "expected a welcome from the daemon, got frame type {}", header.type);
   }
@@ -344,7 +355,7 @@ Result<std::unique_ptr<Connection>> Connection::open(const ClientOptions& option
 
 // ---- iterator ----
 
-EpochIterator::EpochIterator(Connection* connection, std::uint64_t epoch)
+EpochIterator::EpochIterator(DaemonConnection* connection, std::uint64_t epoch)
     : connection_(connection), epoch_(epoch), done_(false) {
   Status s = connection_->start_epoch(epoch);
   if (!s.ok()) throw Error(s);
@@ -398,13 +409,13 @@ const std::optional<proto::EpochStats>& Epoch::stats() const { return connection
 
 // ---- client ----
 
-Client::Client(std::unique_ptr<Connection> connection) : connection_(std::move(connection)) {}
+Client::Client(std::unique_ptr<DaemonConnection> connection) : connection_(std::move(connection)) {}
 Client::Client(Client&&) noexcept = default;
 Client& Client::operator=(Client&&) noexcept = default;
 Client::~Client() = default;
 
 Result<Client> Client::try_connect(const ClientOptions& options) {
-  auto c = Connection::open(options);
+  auto c = DaemonConnection::open(options);
   if (!c.ok()) return c.status();
   return Client(std::move(*c));
 }

@@ -92,7 +92,7 @@ class Batch {
   std::vector<Sample> samples_;
 };
 
-class Connection;
+class DaemonConnection;
 
 // Input iterator over one epoch's batches. Advancing releases the current batch.
 class EpochIterator {
@@ -104,6 +104,11 @@ class EpochIterator {
   using reference = const Batch&;
 
   EpochIterator() = default;
+  // Move-only: a copy would release the same batch twice.
+  EpochIterator(const EpochIterator&) = delete;
+  EpochIterator& operator=(const EpochIterator&) = delete;
+  EpochIterator(EpochIterator&&) noexcept = default;
+  EpochIterator& operator=(EpochIterator&&) noexcept = default;
   const Batch& operator*() const { return batch_; }
   const Batch* operator->() const { return &batch_; }
   EpochIterator& operator++();
@@ -111,10 +116,10 @@ class EpochIterator {
 
  private:
   friend class Epoch;
-  EpochIterator(Connection* connection, std::uint64_t epoch);
+  EpochIterator(DaemonConnection* connection, std::uint64_t epoch);
   void fetch_next();
 
-  Connection* connection_ = nullptr;
+  DaemonConnection* connection_ = nullptr;
   std::uint64_t epoch_ = 0;
   Batch batch_;
   bool holding_ = false;
@@ -130,8 +135,8 @@ class Epoch {
 
  private:
   friend class Client;
-  Epoch(Connection* connection, std::uint64_t epoch) : connection_(connection), epoch_(epoch) {}
-  Connection* connection_;
+  Epoch(DaemonConnection* connection, std::uint64_t epoch) : connection_(connection), epoch_(epoch) {}
+  DaemonConnection* connection_;
   std::uint64_t epoch_;
 };
 
@@ -159,8 +164,8 @@ class Client {
   const std::optional<proto::EpochStats>& last_epoch_stats() const;
 
  private:
-  explicit Client(std::unique_ptr<Connection> connection);
-  std::unique_ptr<Connection> connection_;
+  explicit Client(std::unique_ptr<DaemonConnection> connection);
+  std::unique_ptr<DaemonConnection> connection_;
 };
 
 }  // namespace shardmix

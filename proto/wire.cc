@@ -135,11 +135,13 @@ void encode(std::vector<std::uint8_t>& out, const ErrorFrame& m) {
 void encode(std::vector<std::uint8_t>& out, const StartEpoch& m) {
   Writer w(out, FrameType::kStartEpoch);
   w.put(m.epoch);
+  w.put(m.stream);
 }
 
 void encode(std::vector<std::uint8_t>& out, const BatchFrame& m) {
   Writer w(out, FrameType::kBatch);
   w.put(m.epoch);
+  w.put(m.stream);
   w.put(m.batch);
   w.put(static_cast<std::uint32_t>(m.samples.size()));
   w.put_raw(m.samples.data(), m.samples.size() * sizeof(SampleDescriptor));
@@ -148,12 +150,14 @@ void encode(std::vector<std::uint8_t>& out, const BatchFrame& m) {
 void encode(std::vector<std::uint8_t>& out, const Release& m) {
   Writer w(out, FrameType::kRelease);
   w.put(m.epoch);
+  w.put(m.stream);
   w.put(m.batch);
 }
 
 void encode(std::vector<std::uint8_t>& out, const EpochStats& m) {
   Writer w(out, FrameType::kEpochEnd);
   w.put(m.epoch);
+  w.put(m.stream);
   w.put(m.batches);
   w.put(m.samples);
   w.put(m.bytes);
@@ -169,6 +173,16 @@ void encode_get_catalog(std::vector<std::uint8_t>& out) { Writer w(out, FrameTyp
 void encode_catalog(std::vector<std::uint8_t>& out, std::span<const std::uint8_t> catalog) {
   Writer w(out, FrameType::kCatalog);
   w.put_raw(catalog.data(), catalog.size());
+}
+
+std::int64_t request_payload_bytes(FrameType type) {
+  switch (type) {
+    case FrameType::kHello: return 3 * sizeof(std::uint32_t);
+    case FrameType::kStartEpoch: return 2 * sizeof(std::uint64_t);
+    case FrameType::kRelease: return 3 * sizeof(std::uint64_t);
+    case FrameType::kGetCatalog: return 0;
+    default: return -1;
+  }
 }
 
 std::string decode_header(std::span<const std::uint8_t> bytes, FrameHeader& out) {
@@ -233,6 +247,7 @@ std::string decode(std::span<const std::uint8_t> payload, ErrorFrame& out) {
 std::string decode(std::span<const std::uint8_t> payload, StartEpoch& out) {
   Reader r(payload, "start-epoch frame");
   r.get(out.epoch, "epoch");
+  r.get(out.stream, "stream");
   return r.finish();
 }
 
@@ -240,6 +255,7 @@ std::string decode(std::span<const std::uint8_t> payload, BatchFrame& out) {
   Reader r(payload, "batch frame");
   std::uint32_t count = 0;
   r.get(out.epoch, "epoch");
+  r.get(out.stream, "stream");
   r.get(out.batch, "batch");
   if (!r.get(count, "count")) return r.finish();
   if (count > kMaxBatchSamples) {
@@ -249,7 +265,7 @@ std::string decode(std::span<const std::uint8_t> payload, BatchFrame& out) {
   if (static_cast<std::uint64_t>(count) * sizeof(SampleDescriptor) != r.remaining()) {
     r.fail("sample count " + std::to_string(count) + " needs " +
            std::to_string(std::uint64_t{count} * sizeof(SampleDescriptor)) + " bytes, payload has " +
-           std::to_string(r.remaining()) + " after offset 20");
+           std::to_string(r.remaining()) + " after offset 28");
     return r.finish();
   }
   out.samples.resize(count);
@@ -270,6 +286,7 @@ std::string decode(std::span<const std::uint8_t> payload, BatchFrame& out) {
 std::string decode(std::span<const std::uint8_t> payload, Release& out) {
   Reader r(payload, "release frame");
   r.get(out.epoch, "epoch");
+  r.get(out.stream, "stream");
   r.get(out.batch, "batch");
   return r.finish();
 }
@@ -277,6 +294,7 @@ std::string decode(std::span<const std::uint8_t> payload, Release& out) {
 std::string decode(std::span<const std::uint8_t> payload, EpochStats& out) {
   Reader r(payload, "epoch-end frame");
   r.get(out.epoch, "epoch");
+  r.get(out.stream, "stream");
   r.get(out.batches, "batches");
   r.get(out.samples, "samples");
   r.get(out.bytes, "bytes");

@@ -25,7 +25,7 @@
 namespace shardmix::proto {
 
 inline constexpr std::uint32_t kMagic = 0x31584d53;  // "SMX1" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 1;
+inline constexpr std::uint16_t kProtocolVersion = 2;  // 2: stream ids on epoch frames
 // Upper bound on any payload we accept; the catalog frame is the largest.
 inline constexpr std::uint32_t kMaxPayloadBytes = 1u << 30;
 inline constexpr std::uint32_t kMaxBatchSamples = 1u << 20;
@@ -91,23 +91,30 @@ struct ErrorFrame {
   std::string message;
 };
 
+// Every StartEpoch carries a stream id chosen by the client (increasing per connection).
+// Batches, releases and the epoch end carry it back, so frames of an abandoned pass over
+// an epoch are never taken for a new pass over the same epoch.
 struct StartEpoch {
   std::uint64_t epoch = 0;
+  std::uint64_t stream = 0;
 };
 
 struct BatchFrame {
   std::uint64_t epoch = 0;
+  std::uint64_t stream = 0;
   std::uint64_t batch = 0;   // index within the epoch
   std::vector<SampleDescriptor> samples;
 };
 
 struct Release {
   std::uint64_t epoch = 0;
+  std::uint64_t stream = 0;
   std::uint64_t batch = 0;
 };
 
 struct EpochStats {
   std::uint64_t epoch = 0;
+  std::uint64_t stream = 0;
   std::uint64_t batches = 0;
   std::uint64_t samples = 0;
   std::uint64_t bytes = 0;
@@ -117,6 +124,11 @@ struct EpochStats {
   std::uint64_t peer_bytes = 0;
   std::uint64_t fetch_wait_us = 0;   // time batches waited on fabric reads in the daemon
 };
+
+// Exact payload size of a request frame type, checked before its payload is read, so a
+// header cannot make the daemon allocate more than a request needs. -1 for types that
+// are never requests (daemon -> client only).
+std::int64_t request_payload_bytes(FrameType type);
 
 // Encoding: appends a whole frame (header + payload) to `out`.
 void encode(std::vector<std::uint8_t>& out, const Hello& m);

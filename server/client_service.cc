@@ -46,9 +46,9 @@ void FabricFetcher::fetch(std::vector<PeerRead> reads, std::function<void(const 
 }
 
 // One trainer's connection. Owns the trainer's scheduler once the Hello is accepted.
-class Connection : public std::enable_shared_from_this<Connection>, public FrameSink {
+class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>, public FrameSink {
  public:
-  Connection(ClientService& service, stream::socket socket)
+  TrainerConnection(ClientService& service, stream::socket socket)
       : service_(service), socket_(std::move(socket)), log_(log::get("service")) {}
 
   void start() {
@@ -120,8 +120,21 @@ class Connection : public std::enable_shared_from_this<Connection>, public Frame
     auto self = shared_from_this();
     asio::async_read(socket_, asio::buffer(header_bytes_), [self](boost::system::error_code ec, std::size_t) {
       if (ec) return self->on_disconnect(ec);
+      if (self->closed_ || self->closing_after_write_) return;
       proto::FrameHeader header{};
       std::string err = proto::decode_header(self->header_bytes_, header);
+      if (err.empty()) {
+        // Only requests, and only their exact size: a header alone must not make us
+        // allocate (kMaxPayloadBytes is for the daemon's own large replies).
+        const auto type = static_cast<proto::FrameType>(header.type);
+        const std::int64_t expected = proto::request_payload_bytes(type);
+        if (expected < 0) {
+          err = "frame type " + std::to_string(header.type) + " is not a request";
+        } else if (header.payload_bytes != expected) {
+          err = "frame type " + std::to_string(header.type) + " must carry " + std::to_string(expected) +
+                " payload bytes, header says " + std::to_string(header.payload_bytes);
+        }
+      }
       if (!err.empty()) {
         self->protocol_error(err);
         return;
@@ -136,7 +149,14 @@ class Connection : public std::enable_shared_from_this<Connection>, public Frame
     auto self = shared_from_this();
     asio::async_read(socket_, asio::buffer(payload_), [self](boost::system::error_code ec, std::size_t) {
       if (ec) return self->on_disconnect(ec);
-      if (self->dispatch()) self->read_header();
+      if (self->closed_ || self->closing_after_write_) return;
+      if (!self->dispatch()) return;
+      // Backpressure: a trainer that does not read its replies stops being read.
+      if (self->queued_bytes_ > kMaxQueuedBytes) {
+        self->read_paused_ = true;
+      } else {
+        self->read_header();
+      }
     });
   }
 
@@ -156,13 +176,13 @@ class Connection : public std::enable_shared_from_this<Connection>, public Frame
       case proto::FrameType::kStartEpoch: {
         proto::StartEpoch m;
         if (auto err = proto::decode(payload_, m); !err.empty()) return protocol_error(err), false;
-        scheduler_->start_epoch(m.epoch);
+        scheduler_->start_epoch(m.epoch, m.stream);
         return !closed_;
       }
       case proto::FrameType::kRelease: {
         proto::Release m;
         if (auto err = proto::decode(payload_, m); !err.empty()) return protocol_error(err), false;
-        Status s = scheduler_->release(m.epoch, m.batch);
+        Status s = scheduler_->release(m.stream, m.batch);
         if (!s.ok()) return protocol_error(s.message()), false;
         return !closed_;
       }
@@ -229,7 +249,7 @@ class Connection : public std::enable_shared_from_this<Connection>, public Frame
     proto::encode(out, w);
     // The Welcome is the first thing written on this socket, so a blocking sendmsg cannot
     // interleave with queued async writes.
-    int fds[2] = {job.arena->fd(), job.staging->fd()};
+    int fds[2] = {job.arena->readonly_fd(), job.staging->readonly_fd()};  // trainers only read
     iovec iov{out.data(), out.size()};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(fds))] = {};
     msghdr msg{};
@@ -276,6 +296,7 @@ class Connection : public std::enable_shared_from_this<Connection>, public Frame
 
   void write(std::vector<std::uint8_t> bytes) {
     if (closed_) return;
+    queued_bytes_ += bytes.size();
     writes_.push_back(std::move(bytes));
     if (writes_.size() == 1) write_next();
   }
@@ -284,11 +305,19 @@ class Connection : public std::enable_shared_from_this<Connection>, public Frame
     auto self = shared_from_this();
     asio::async_write(socket_, asio::buffer(writes_.front()), [self](boost::system::error_code ec, std::size_t) {
       if (ec) return self->on_disconnect(ec);
+      self->queued_bytes_ -= self->writes_.front().size();
       self->writes_.pop_front();
+      if (self->read_paused_ && self->queued_bytes_ <= kMaxQueuedBytes && !self->closed_) {
+        self->read_paused_ = false;
+        self->read_header();
+      }
       if (!self->writes_.empty()) return self->write_next();
       if (self->closing_after_write_) self->close();
     });
   }
+
+  // Replies queued beyond this stop us reading the trainer's requests until they drain.
+  static constexpr std::size_t kMaxQueuedBytes = 64u << 20;
 
   ClientService& service_;
   stream::socket socket_;
@@ -297,6 +326,8 @@ class Connection : public std::enable_shared_from_this<Connection>, public Frame
   proto::FrameHeader header_{};
   std::vector<std::uint8_t> payload_;
   std::deque<std::vector<std::uint8_t>> writes_;
+  std::size_t queued_bytes_ = 0;
+  bool read_paused_ = false;
   std::shared_ptr<TrainerScheduler> scheduler_;
   std::uint32_t trainer_rank_ = 0;
   std::uint32_t peer_pid_ = 0;
@@ -305,7 +336,7 @@ class Connection : public std::enable_shared_from_this<Connection>, public Frame
 };
 
 ClientService::ClientService(asio::io_context& io, ServedJob job, std::string socket_path)
-    : io_(io), job_(std::move(job)), socket_path_(std::move(socket_path)), acceptor_(io) {
+    : io_(io), job_(std::move(job)), socket_path_(std::move(socket_path)), acceptor_(io), accept_backoff_(io) {
   for (std::uint32_t t = 0; t < job_.trainers_per_node; ++t) {
     rings_.push_back(std::make_shared<StagingRing>(t * job_.staging_per_trainer, job_.staging_per_trainer));
   }
@@ -314,9 +345,10 @@ ClientService::ClientService(asio::io_context& io, ServedJob job, std::string so
 
 ClientService::~ClientService() {
   // Runs on the io thread. Close everything now; handlers still queued see closed
-  // objects (Connection::close is idempotent, the accept handler checks for abort first).
+  // objects (TrainerConnection::close is idempotent, the accept handler checks for abort first).
   boost::system::error_code ignored;
   acceptor_.close(ignored);
+  accept_backoff_.cancel();
   auto open = connections_;
   for (const auto& c : open) c->close();
   if (listening_) ::unlink(socket_path_.c_str());
@@ -355,23 +387,28 @@ void ClientService::accept_next() {
   acceptor_.async_accept([this](boost::system::error_code ec, stream::socket socket) {
     if (ec == asio::error::operation_aborted) return;  // the service is closing
     if (ec) {
-      log::get("service")->warn("accept failed: {}", ec.message());
-      if (acceptor_.is_open()) accept_next();
+      // E.g. out of file descriptors: retrying at once would spin; back off.
+      log::get("service")->warn("accept failed: {}; retrying in 100 ms", ec.message());
+      accept_backoff_.expires_after(std::chrono::milliseconds(100));
+      accept_backoff_.async_wait([this](boost::system::error_code wait_ec) {
+        if (!wait_ec && acceptor_.is_open()) accept_next();
+      });
       return;
     }
-    auto connection = std::make_shared<Connection>(*this, std::move(socket));
+    auto connection = std::make_shared<TrainerConnection>(*this, std::move(socket));
     connections_.insert(connection);
     connection->start();
     accept_next();
   });
 }
 
-void ClientService::forget(const std::shared_ptr<Connection>& connection) { connections_.erase(connection); }
+void ClientService::forget(const std::shared_ptr<TrainerConnection>& connection) { connections_.erase(connection); }
 
 void ClientService::stop() {
   asio::post(io_, [this] {
     boost::system::error_code ignored;
     acceptor_.close(ignored);
+    accept_backoff_.cancel();
     auto open = connections_;
     for (const auto& c : open) c->close();
   });

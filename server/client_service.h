@@ -52,7 +52,7 @@ class FabricFetcher : public PeerFetcher {
   fabric::LocalRegion staging_;
 };
 
-class Connection;
+class TrainerConnection;
 
 class ClientService {
  public:
@@ -68,21 +68,22 @@ class ClientService {
   std::size_t connections() const { return connections_.size(); }
 
  private:
-  friend class Connection;
+  friend class TrainerConnection;
   void accept_next();
-  void forget(const std::shared_ptr<Connection>& connection);
+  void forget(const std::shared_ptr<TrainerConnection>& connection);
 
   boost::asio::io_context& io_;
   ServedJob job_;
   std::string socket_path_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
+  boost::asio::steady_timer accept_backoff_;
   // One per local trainer. Shared with schedulers: fetches still in flight when a
   // connection (or the service) goes away must free their bytes into a live ring.
   std::vector<std::shared_ptr<StagingRing>> rings_;
   // The live connection of each local trainer, if any (to tell a restarted trainer
   // from a duplicate when the old connection's hang-up is not processed yet).
-  std::vector<std::weak_ptr<Connection>> trainer_connection_;
-  std::set<std::shared_ptr<Connection>> connections_;
+  std::vector<std::weak_ptr<TrainerConnection>> trainer_connection_;
+  std::set<std::shared_ptr<TrainerConnection>> connections_;
   bool listening_ = false;
 };
 

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -137,12 +138,20 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   auto work = boost::asio::make_work_guard(io);
   StopLatch stop;
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);
-  signals.async_wait([&](const boost::system::error_code& ec, int signo) {
-    if (!ec) {
-      log->info("received signal {}, shutting down", signo);
-      stop.request();
-    }
-  });
+  // First signal: drain and exit cleanly. A second one: the operator insists (e.g. a peer
+  // never reaches the shutdown barrier); exit at once.
+  std::function<void(const boost::system::error_code&, int)> on_signal =
+      [&](const boost::system::error_code& ec, int signo) {
+        if (ec) return;
+        if (stop.requested()) {
+          log->warn("received signal {} again, exiting without draining", signo);
+          std::_Exit(128 + signo);
+        }
+        log->info("received signal {}, shutting down", signo);
+        stop.request();
+        signals.async_wait(on_signal);
+      };
+  signals.async_wait(on_signal);
   std::thread io_thread([&io] { io.run(); });
   struct IoJoiner {
     boost::asio::io_context& io;
@@ -252,6 +261,13 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   log->info("loaded {} samples, {:.1f} MB in {:.2f} s ({:.0f} MB/s)", loaded->samples, loaded->bytes / 1e6,
             loaded->seconds, loaded->seconds > 0 ? loaded->bytes / 1e6 / loaded->seconds : 0.0);
 
+  if (stop.requested()) {  // SIGTERM during the load: do not start serving
+    (void)mpi.barrier();
+    fabric.stop_progress();
+    log->info("stopped during loading; exiting");
+    return 0;
+  }
+
   // 6. Serve trainers.
   FabricFetcher fetcher(io, fabric, staging_region);
   ServedJob served;
@@ -267,6 +283,24 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   served.fetcher = &fetcher;
   const std::string socket_path = run_dir + "/d" + std::to_string(rank) + ".sock";
   auto service = std::make_unique<ClientService>(io, std::move(served), socket_path);
+  // On every way out from here: the service dies on its own thread (it owns Asio objects),
+  // then the progress thread stops, before `fetcher` (used by read callbacks) goes away.
+  struct ServiceTeardown {
+    boost::asio::io_context& io;
+    std::unique_ptr<ClientService>& service;
+    fabric::Fabric& fabric;
+    ~ServiceTeardown() {
+      if (service) {
+        std::promise<void> destroyed;
+        boost::asio::post(io, [&] {
+          service.reset();
+          destroyed.set_value();
+        });
+        destroyed.get_future().wait();
+      }
+      fabric.stop_progress();
+    }
+  } teardown{io, service, fabric};
   Status listen_status;
   {
     std::promise<Status> listened;
@@ -276,7 +310,6 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   s = agree(mpi, listen_status, "opening the trainer socket");
   if (!s.ok()) {
     (void)mpi.barrier();
-    fabric.stop_progress();
     return fail(s);
   }
 
@@ -304,15 +337,6 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   if (rank == 0) ::unlink(ready_path.c_str());
   Status drained = mpi.barrier();
   const fabric::FabricStats fs = fabric.stats();
-  fabric.stop_progress();
-  {
-    std::promise<void> destroyed;
-    boost::asio::post(io, [&] {
-      service.reset();
-      destroyed.set_value();
-    });
-    destroyed.get_future().wait();
-  }
   log->info("fabric {}: {} reads, {} bytes read from peers, {} failed; exiting", fabric.provider_name(),
             fs.reads_completed, fs.bytes_read, fs.reads_failed);
   if (!drained.ok()) return fail(drained);

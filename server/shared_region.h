@@ -1,6 +1,8 @@
-// Anonymous shared memory (memfd) mapped read-write by the daemon. Trainers receive the
-// fd over the Unix socket (SCM_RIGHTS) and map it read-only: no file in /dev/shm, so a
-// crashed daemon leaves nothing behind (pain 7 in shared/reference/peers.md).
+// Anonymous shared memory (memfd) mapped read-write by the daemon. Trainers receive a
+// read-only descriptor of it over the Unix socket (SCM_RIGHTS): no file in /dev/shm, so a
+// crashed daemon leaves nothing behind (pain 7 in shared/reference/peers.md), and a
+// trainer can neither write the cache nor resize it (the size is sealed: a shrink would
+// make the daemon's own accesses fault with SIGBUS).
 // Thread-safety: the mapping itself is plain memory; the object is not synchronised.
 #pragma once
 
@@ -24,11 +26,14 @@ class SharedRegion {
 
   std::uint8_t* data() const { return data_; }
   std::uint64_t length() const { return length_; }
-  int fd() const { return fd_; }
+  // An O_RDONLY descriptor of the same memory: what trainers get.
+  int readonly_fd() const { return readonly_fd_; }
 
  private:
-  SharedRegion(int fd, std::uint8_t* data, std::uint64_t length) : fd_(fd), data_(data), length_(length) {}
+  SharedRegion(int fd, int readonly_fd, std::uint8_t* data, std::uint64_t length)
+      : fd_(fd), readonly_fd_(readonly_fd), data_(data), length_(length) {}
   int fd_;
+  int readonly_fd_;
   std::uint8_t* data_;
   std::uint64_t length_;
 };

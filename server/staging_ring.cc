@@ -30,7 +30,13 @@ void StagingRing::release(std::uint64_t offset) {
       break;
     }
   }
+  const std::size_t before = live_.size();
   while (!live_.empty() && live_.front().released) live_.pop_front();
+  if (live_.size() != before && waiter_) {
+    auto waiter = std::move(waiter_);
+    waiter_ = nullptr;
+    waiter();
+  }
 }
 
 std::uint64_t StagingRing::bytes_in_use() const {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <optional>
 
 namespace shardmix {
@@ -17,8 +18,12 @@ class StagingRing {
   // Returns the absolute offset of `length` free bytes, or nullopt when they do not fit now.
   // length must be > 0.
   std::optional<std::uint64_t> allocate(std::uint64_t length);
-  // Frees the allocation that starts at `offset` (as returned by allocate).
+  // Frees the allocation that starts at `offset` (as returned by allocate). If bytes were
+  // freed and someone waits for them, the waiter is called (once) after the ring is updated.
   void release(std::uint64_t offset);
+  // Registers `waiter` to be called at the next release that frees bytes (replacing an
+  // earlier waiter: one scheduler owns a trainer slot at a time).
+  void wait_for_release(std::function<void()> waiter) { waiter_ = std::move(waiter); }
 
   std::uint64_t capacity() const { return capacity_; }
   std::uint64_t bytes_in_use() const;
@@ -33,6 +38,7 @@ class StagingRing {
   std::uint64_t base_;
   std::uint64_t capacity_;
   std::deque<Span> live_;  // allocation order
+  std::function<void()> waiter_;
 };
 
 }  // namespace shardmix

@@ -15,16 +15,21 @@ TrainerScheduler::TrainerScheduler(const SchedulerContext& context, std::uint32_
                                    std::shared_ptr<StagingRing> ring, PeerFetcher& fetcher, FrameSink& sink)
     : context_(context), local_trainer_(local_trainer), ring_(std::move(ring)), fetcher_(fetcher), sink_(sink) {}
 
-void TrainerScheduler::start_epoch(std::uint64_t epoch) {
+void TrainerScheduler::start_epoch(std::uint64_t epoch, std::uint64_t stream) {
   // Implicitly release what the trainer still held of the previous epoch; batches still
   // being fetched free their staging when the fetches land (retire checks the generation).
-  for (auto& [index, assembly] : live_) {
+  // Our own waiter (if the old pass was blocked on staging) must not fire while we
+  // retire the old pass: it would pump the old plan.
+  ring_->wait_for_release(nullptr);
+  auto previous = std::move(live_);
+  live_.clear();
+  for (auto& [index, assembly] : previous) {
     assembly->released = true;
     if (!assembly->fetching) retire(assembly);
   }
-  live_.clear();
   ++generation_;
   epoch_ = epoch;
+  stream_ = stream;
   auto plans = context_.planner->plan_node(epoch, context_.node);
   plan_ = std::move(plans[local_trainer_]);
   next_to_assemble_ = 0;
@@ -33,15 +38,17 @@ void TrainerScheduler::start_epoch(std::uint64_t epoch) {
   failed_ = false;
   stats_ = proto::EpochStats{};
   stats_.epoch = epoch;
+  stats_.stream = stream;
   pump();
   flush();
 }
 
-Status TrainerScheduler::release(std::uint64_t epoch, std::uint64_t batch) {
-  if (epoch != epoch_) return Status::ok_status();  // a late release of an abandoned epoch
+Status TrainerScheduler::release(std::uint64_t stream, std::uint64_t batch) {
+  if (stream != stream_) return Status::ok_status();  // a late release of an abandoned pass
   auto it = live_.find(batch);
   if (it == live_.end() || !it->second->sent) {
-    return make_error(StatusCode::kProtocol, "release of epoch {} batch {} that is not outstanding", epoch, batch);
+    return make_error(StatusCode::kProtocol, "release of epoch {} batch {} (stream {}) that is not outstanding",
+                      epoch_, batch, stream);
   }
   auto assembly = it->second;
   live_.erase(it);
@@ -53,12 +60,13 @@ Status TrainerScheduler::release(std::uint64_t epoch, std::uint64_t batch) {
 }
 
 void TrainerScheduler::close() {
-  closed_ = true;
-  for (auto& [index, assembly] : live_) {
+  closed_ = true;  // first: a waiter fired by the releases below finds us closed
+  auto previous = std::move(live_);
+  live_.clear();
+  for (auto& [index, assembly] : previous) {
     assembly->released = true;
     if (!assembly->fetching) retire(assembly);
   }
-  live_.clear();
 }
 
 void TrainerScheduler::retire(const std::shared_ptr<Assembly>& assembly) {
@@ -92,12 +100,23 @@ void TrainerScheduler::pump() {
                                       "batch {} needs {} staging bytes but service.staging_bytes_per_trainer is {}",
                                       b, staging_needed, ring_->capacity()));
         }
-        return;  // wait for a release to free staging bytes
+        // Wait for staging bytes. They may be freed by this scheduler's own releases or
+        // by a previous scheduler of the same trainer slot whose reads are still landing
+        // (a restarted trainer): the ring wakes whoever waits.
+        std::weak_ptr<TrainerScheduler> weak = weak_from_this();
+        ring_->wait_for_release([weak] {
+          if (auto self = weak.lock()) {
+            self->pump();
+            self->flush();
+          }
+        });
+        return;
       }
     }
     assembly->generation = generation_;
     assembly->started = std::chrono::steady_clock::now();
     assembly->frame.epoch = epoch_;
+    assembly->frame.stream = stream_;
     assembly->frame.batch = b;
     assembly->frame.samples.reserve(end - begin);
     live_.emplace(b, assembly);

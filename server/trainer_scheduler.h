@@ -67,11 +67,12 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   TrainerScheduler(const SchedulerContext& context, std::uint32_t local_trainer, std::shared_ptr<StagingRing> ring,
                    PeerFetcher& fetcher, FrameSink& sink);
 
-  // Begins streaming `epoch`. Batches of an earlier epoch that were not released are
-  // released implicitly (the client invalidates them when it starts a new epoch).
-  void start_epoch(std::uint64_t epoch);
-  // The trainer is done with this batch; its staging bytes may be reused.
-  Status release(std::uint64_t epoch, std::uint64_t batch);
+  // Begins streaming `epoch` as stream `stream` (the client's id for this pass; frames
+  // carry it back). Batches of an earlier stream that were not released are released
+  // implicitly (the client invalidates them when it starts a new pass).
+  void start_epoch(std::uint64_t epoch, std::uint64_t stream);
+  // The trainer is done with this batch of `stream`; its staging bytes may be reused.
+  Status release(std::uint64_t stream, std::uint64_t batch);
   // The connection is gone: send nothing more; staging is freed as fetches complete.
   void close();
 
@@ -106,6 +107,7 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   bool failed_ = false;
   std::uint64_t generation_ = 0;  // bumps with every start_epoch
   std::uint64_t epoch_ = 0;
+  std::uint64_t stream_ = 0;
   TrainerPlan plan_;
   std::uint64_t next_to_assemble_ = 0;
   std::uint64_t next_to_send_ = 0;

@@ -70,7 +70,7 @@ TEST(TrainerScheduler, DeliversThePlanInOrderWithCredits) {
   FakeFetcher fetcher;
   RecordingSink sink;
   auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
-  scheduler->start_epoch(0);
+  scheduler->start_epoch(0, 1);
   const auto plan = w.planner->plan_node(0, 0)[0];
   EXPECT_LE(scheduler->live_batches(), 3u);
   std::vector<SampleId> delivered;
@@ -92,7 +92,7 @@ TEST(TrainerScheduler, DeliversThePlanInOrderWithCredits) {
           EXPECT_EQ(d.offset, w.placement.arena_offset[d.sample_id]);
         }
       }
-      ASSERT_TRUE(scheduler->release(0, b.batch).ok());
+      ASSERT_TRUE(scheduler->release(1, b.batch).ok());
     }
   }
   EXPECT_EQ(delivered, plan.order);
@@ -108,14 +108,14 @@ TEST(TrainerScheduler, WithoutReleasesStopsAtThePrefetchDepth) {
   FakeFetcher fetcher;
   RecordingSink sink;
   auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
-  scheduler->start_epoch(0);
+  scheduler->start_epoch(0, 1);
   fetcher.complete_all();
   fetcher.complete_all();
   EXPECT_EQ(sink.batches.size(), 2u);
-  ASSERT_TRUE(scheduler->release(0, 0).ok());
+  ASSERT_TRUE(scheduler->release(1, 0).ok());
   fetcher.complete_all();
   EXPECT_EQ(sink.batches.size(), 3u);
-  EXPECT_FALSE(scheduler->release(0, 0).ok());  // not outstanding any more
+  EXPECT_FALSE(scheduler->release(1, 0).ok());  // not outstanding any more
 }
 
 TEST(TrainerScheduler, SmallStagingRingStillDeliversEverything) {
@@ -125,7 +125,7 @@ TEST(TrainerScheduler, SmallStagingRingStillDeliversEverything) {
   FakeFetcher fetcher;
   RecordingSink sink;
   auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
-  scheduler->start_epoch(1);
+  scheduler->start_epoch(1, 2);
   std::size_t released = 0;
   for (int guard = 0; sink.ends.empty() && guard < 10000; ++guard) {
     fetcher.complete_all();
@@ -136,7 +136,7 @@ TEST(TrainerScheduler, SmallStagingRingStillDeliversEverything) {
           EXPECT_LE(d.offset + d.length, 4096u + ring.capacity());
         }
       }
-      ASSERT_TRUE(scheduler->release(1, sink.batches[released].batch).ok());
+      ASSERT_TRUE(scheduler->release(2, sink.batches[released].batch).ok());
     }
   }
   ASSERT_EQ(sink.ends.size(), 1u);
@@ -151,7 +151,7 @@ TEST(TrainerScheduler, FetchErrorReachesTheTrainer) {
   fetcher.fail_with = make_error(StatusCode::kUnavailable, "peer rank 1 is gone");
   RecordingSink sink;
   auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
-  scheduler->start_epoch(0);
+  scheduler->start_epoch(0, 1);
   fetcher.complete_all();
   ASSERT_EQ(sink.errors.size(), 1u);
   EXPECT_NE(sink.errors[0].message().find("peer rank 1"), std::string::npos);
@@ -164,7 +164,7 @@ TEST(TrainerScheduler, ClosingMidEpochFreesStagingWhenFetchesLand) {
   FakeFetcher fetcher;
   RecordingSink sink;
   auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
-  scheduler->start_epoch(0);
+  scheduler->start_epoch(0, 1);
   ASSERT_FALSE(fetcher.pending.empty());
   scheduler->close();
   EXPECT_FALSE(ring.empty());  // reads in flight still target the ring
@@ -180,16 +180,16 @@ TEST(TrainerScheduler, RestartingAnEpochMidwayStartsOver) {
   FakeFetcher fetcher;
   RecordingSink sink;
   auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
-  scheduler->start_epoch(0);
+  scheduler->start_epoch(0, 1);
   fetcher.complete_all();
-  scheduler->start_epoch(1);
+  scheduler->start_epoch(1, 2);
   sink.batches.clear();
   std::size_t released = 0;
   for (int guard = 0; sink.ends.size() < 1 && guard < 1000; ++guard) {
     fetcher.complete_all();
     for (; released < sink.batches.size(); ++released) {
       EXPECT_EQ(sink.batches[released].epoch, 1u);
-      ASSERT_TRUE(scheduler->release(1, sink.batches[released].batch).ok());
+      ASSERT_TRUE(scheduler->release(2, sink.batches[released].batch).ok());
     }
   }
   ASSERT_EQ(sink.ends.size(), 1u);
