@@ -6,8 +6,10 @@
 #   - the baselines measured in the same run: memcpy of the same bytes (1 and 2 threads)
 #     and raw fi_read of the same size distribution on the same provider (4 ranks).
 # Trainers are shardmix-consume --touch copy: every sample is memcpy'd out of the shared
-# region, as a trainer staging data for a GPU would. Figures are medians over epochs
-# 1..E-1 (epoch 0 includes connection set-up) and over --repeat runs.
+# region, as a trainer staging data for a GPU would. An epoch's aggregate rate is all
+# trainers' bytes over the wall-clock span from the first trainer's start to the last
+# one's end. Figures are medians over epochs 1..E-1 (epoch 0 includes connection set-up)
+# and over --repeat runs, with min and max.
 #
 #   bash bench/delivery.sh [--quick] [--providers "tcp shm"] [--repeat 3]
 # Env: SHARDMIX_BUILD_DIR (default build/, configure it Release), SHARDMIX_BENCH_DIR
@@ -105,7 +107,10 @@ for provider in sorted({r["provider"] for r in rows if r.get("bench") == "shardm
                 per_epoch.setdefault((r["run"], r["epoch"]), []).append(r)
         agg_gbps, agg_sps, peer_gbps = [], [], []
         for ranks in per_epoch.values():
-            secs = max(x["seconds"] for x in ranks)
+            # Wall-clock span over all trainers: first start to last end (monotonic clock,
+            # same machine). Using each trainer's own duration would overstate the rate
+            # when the trainers' epochs do not fully overlap.
+            secs = max(x["t_end"] for x in ranks) - min(x["t_start"] for x in ranks)
             agg_gbps.append(sum(x["bytes"] for x in ranks) / secs / 1e9)
             agg_sps.append(sum(x["samples"] for x in ranks) / secs)
             peer_gbps.append(sum(x["peer_bytes"] for x in ranks) / secs / 1e9)

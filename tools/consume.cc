@@ -28,6 +28,13 @@ std::string csv_field(std::string_view s) {
   return out + "\"";
 }
 
+// steady_clock is CLOCK_MONOTONIC on Linux: comparable between processes on one machine,
+// so a benchmark can take the wall-clock span from the first trainer's start to the last
+// trainer's end.
+double monotonic_seconds(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -123,13 +130,14 @@ int main(int argc, char** argv) {
         std::printf(
             "JSON {\"rank\": %d, \"epoch\": %llu, \"samples\": %llu, \"bytes\": %llu, \"batches\": %llu, "
             "\"seconds\": %.6f, \"local_samples\": %llu, \"peer_samples\": %llu, \"peer_bytes\": %llu, "
-            "\"daemon_fetch_wait_us\": %llu}\n",
+            "\"daemon_fetch_wait_us\": %llu, \"t_start\": %.6f, \"t_end\": %.6f}\n",
             rank, static_cast<unsigned long long>(e), static_cast<unsigned long long>(samples),
             static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(batches), secs,
             static_cast<unsigned long long>(stats ? stats->local_samples : 0),
             static_cast<unsigned long long>(stats ? stats->peer_samples : 0),
             static_cast<unsigned long long>(stats ? stats->peer_bytes : 0),
-            static_cast<unsigned long long>(stats ? stats->fetch_wait_us : 0));
+            static_cast<unsigned long long>(stats ? stats->fetch_wait_us : 0), monotonic_seconds(start),
+            monotonic_seconds(start) + secs);
       }
       std::fflush(stdout);
     }
