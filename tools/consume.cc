@@ -51,9 +51,10 @@ int main(int argc, char** argv) {
   app.add_option("--trace", trace_dir, "Write DIR/rank-<R>.csv with one row per delivered sample");
   app.add_option("--daemon", daemon, "Use this node's daemon instead of finding it by rank");
   app.add_option("--touch", touch,
-                 "How every byte is touched: hash (XXH64, needed for --trace) or copy (memcpy into a "
-                 "private buffer, as a trainer staging data for a GPU would)")
-      ->check(CLI::IsMember({"hash", "copy"}));
+                 "How every byte is touched: hash (XXH64, needed for --trace), copy (memcpy into a "
+                 "private buffer, as a trainer staging data for a GPU would) or none (take the zero-copy "
+                 "views without reading them: measures delivery alone, like a raw fi_read benchmark)")
+      ->check(CLI::IsMember({"hash", "copy", "none"}));
   app.add_flag("--json", json, "Also print one 'JSON {...}' line per epoch for scripts");
   app.add_option("--compute-ms", compute_ms, "Simulated compute per batch (sleep), as a training step would take")
       ->check(CLI::NonNegativeNumber);
@@ -77,11 +78,12 @@ int main(int argc, char** argv) {
       std::fputs("epoch,rank,batch,position,sample_id,path,label,bytes,xxh64,tier,owner\n", trace);
       catalog = &client.catalog();
     }
-    if (touch == "copy" && !trace_dir.empty()) {
+    if (touch != "hash" && !trace_dir.empty()) {
       std::fprintf(stderr, "shardmix-consume: --trace needs --touch hash\n");
       return 2;
     }
     const bool copy = touch == "copy";
+    const bool none = touch == "none";
     std::vector<std::byte> sink;
     std::string rows;
     for (std::uint64_t e = first_epoch; e < first_epoch + epochs; ++e) {
@@ -93,7 +95,9 @@ int main(int argc, char** argv) {
         for (const shardmix::Sample& s : batch) {
           const auto view = s.bytes();
           std::uint64_t h = 0;
-          if (copy) {
+          if (none) {
+            h = view.size();
+          } else if (copy) {
             if (sink.size() < view.size()) sink.resize(view.size());
             std::memcpy(sink.data(), view.data(), view.size());
             h = view.empty() ? 0 : static_cast<std::uint64_t>(sink[view.size() / 2]);
