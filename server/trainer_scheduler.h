@@ -3,6 +3,10 @@
 // (no copy); a peer's sample gets room in the trainer's staging ring and is fetched
 // with a one-sided read; a batch is sent once all its fetches completed, in plan order.
 // Flow control by credits: at most `prefetch` batches assembled or unreleased at once.
+// Clairvoyance across epochs: once the current pass has assembled its last batch, spare
+// credits go to the first batches of the next epoch (the plan is known), so the pipeline
+// does not drain at every epoch boundary. A StartEpoch for that epoch adopts them; any
+// other StartEpoch discards them.
 //
 // Transport-free: the fabric and the socket are behind PeerFetcher and FrameSink, so
 // this is tested as pure code (tests/unit/trainer_scheduler_test.cc).
@@ -77,8 +81,9 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   void close();
 
   std::uint32_t local_trainer() const { return local_trainer_; }
-  // Batches assembled or sent but not released (for tests and telemetry).
-  std::size_t live_batches() const { return live_.size(); }
+  // Batches assembled or sent but not released, ahead-of-time ones included (for tests
+  // and telemetry).
+  std::size_t live_batches() const { return current_.live.size() + (ahead_ ? ahead_->live.size() : 0); }
 
  private:
   struct Assembly {
@@ -92,10 +97,23 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
     std::chrono::steady_clock::time_point started;
   };
 
+  // One pass over an epoch's plan for this trainer.
+  struct Pass {
+    std::uint64_t epoch = 0;
+    std::uint64_t generation = 0;
+    TrainerPlan plan;
+    std::uint64_t next_to_assemble = 0;
+    // Batches assembled or unreleased, by batch index.
+    std::map<std::uint64_t, std::shared_ptr<Assembly>> live;
+  };
+
   void pump();
+  // Assembles the next batch of `pass`; false if it must wait for staging bytes.
+  bool assemble_next(Pass& pass);
   void flush();
   void on_fetched(const std::shared_ptr<Assembly>& assembly, const Status& status);
   void retire(const std::shared_ptr<Assembly>& assembly);
+  void abandon(Pass& pass);  // releases its batches; staging is freed as fetches land
 
   SchedulerContext context_;
   std::uint32_t local_trainer_;
@@ -106,15 +124,13 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   bool closed_ = false;
   bool failed_ = false;
   std::uint64_t generation_ = 0;  // bumps with every start_epoch
-  std::uint64_t epoch_ = 0;
   std::uint64_t stream_ = 0;
-  TrainerPlan plan_;
-  std::uint64_t next_to_assemble_ = 0;
+  bool started_ = false;
+  Pass current_;
+  std::optional<Pass> ahead_;  // the next epoch, assembled ahead of its StartEpoch
   std::uint64_t next_to_send_ = 0;
   bool end_sent_ = true;
   proto::EpochStats stats_;
-  // Current generation's batches, assembled or unreleased, by batch index.
-  std::map<std::uint64_t, std::shared_ptr<Assembly>> live_;
 };
 
 }  // namespace shardmix

@@ -99,6 +99,9 @@ TEST(TrainerScheduler, DeliversThePlanInOrderWithCredits) {
   EXPECT_EQ(sink.ends[0].samples, plan.order.size());
   EXPECT_EQ(sink.ends[0].local_samples + sink.ends[0].peer_samples, plan.order.size());
   EXPECT_TRUE(sink.errors.empty());
+  // The next epoch's first batches are assembled ahead; closing frees them too.
+  scheduler->close();
+  fetcher.complete_all();
   EXPECT_TRUE(ring.empty());
 }
 
@@ -141,6 +144,9 @@ TEST(TrainerScheduler, SmallStagingRingStillDeliversEverything) {
   }
   ASSERT_EQ(sink.ends.size(), 1u);
   EXPECT_EQ(sink.ends[0].batches, w.shape.batches_per_trainer);
+  // The next epoch's first batches are assembled ahead; closing frees them too.
+  scheduler->close();
+  fetcher.complete_all();
   EXPECT_TRUE(ring.empty());
 }
 
@@ -194,7 +200,69 @@ TEST(TrainerScheduler, RestartingAnEpochMidwayStartsOver) {
   }
   ASSERT_EQ(sink.ends.size(), 1u);
   EXPECT_EQ(sink.ends[0].epoch, 1u);
+  // The next epoch's first batches are assembled ahead; closing frees them too.
+  scheduler->close();
+  fetcher.complete_all();
   EXPECT_TRUE(ring.empty());
+}
+
+// Consumes the current pass completely (completing fetches, releasing every batch).
+// `from` is the number of batches the sink had before the pass's start_epoch.
+void drain(TrainerScheduler& scheduler, FakeFetcher& fetcher, RecordingSink& sink, std::uint64_t stream,
+           std::size_t from, std::size_t ends, std::vector<SampleId>& delivered) {
+  std::size_t released = from;
+  for (int guard = 0; sink.ends.size() == ends && guard < 100000; ++guard) {
+    fetcher.complete_all();
+    for (; released < sink.batches.size(); ++released) {
+      for (const auto& d : sink.batches[released].samples) delivered.push_back(d.sample_id);
+      ASSERT_TRUE(scheduler.release(stream, sink.batches[released].batch).ok());
+    }
+  }
+}
+
+TEST(TrainerScheduler, WorksAheadAcrossTheEpochBoundaryAndAdoptsIt) {
+  World w(300, 4, 8, 4);
+  auto ring_ptr = std::make_shared<StagingRing>(0, 1 << 20);
+  FakeFetcher fetcher;
+  RecordingSink sink;
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
+  scheduler->start_epoch(0, 1);
+  std::vector<SampleId> e0;
+  drain(*scheduler, fetcher, sink, 1, 0, 0, e0);
+  EXPECT_EQ(e0, w.planner->plan_node(0, 0)[0].order);
+  // Epoch 0 is over and nothing asked for epoch 1 yet, but its reads are under way.
+  EXPECT_FALSE(fetcher.pending.empty());
+  EXPECT_EQ(scheduler->live_batches(), 4u);
+  const std::size_t sent_before = sink.batches.size();
+  scheduler->start_epoch(1, 2);
+  std::vector<SampleId> e1;
+  drain(*scheduler, fetcher, sink, 2, sent_before, 1, e1);
+  EXPECT_EQ(e1, w.planner->plan_node(1, 0)[0].order);  // exactly the plan, in order
+  for (std::size_t i = sent_before; i < sink.batches.size(); ++i) {
+    EXPECT_EQ(sink.batches[i].stream, 2u);
+    EXPECT_EQ(sink.batches[i].epoch, 1u);
+  }
+  EXPECT_EQ(sink.ends.back().samples, e1.size());
+}
+
+TEST(TrainerScheduler, DiscardsAheadWorkWhenAnotherEpochIsAsked) {
+  World w(300, 4, 8, 4);
+  auto ring_ptr = std::make_shared<StagingRing>(0, 1 << 20);
+  FakeFetcher fetcher;
+  RecordingSink sink;
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
+  scheduler->start_epoch(0, 1);
+  std::vector<SampleId> e0;
+  drain(*scheduler, fetcher, sink, 1, 0, 0, e0);
+  ASSERT_FALSE(fetcher.pending.empty());  // epoch 1 work in flight
+  const std::size_t sent_before = sink.batches.size();
+  scheduler->start_epoch(5, 2);             // the trainer skips ahead
+  std::vector<SampleId> e5;
+  drain(*scheduler, fetcher, sink, 2, sent_before, 1, e5);
+  EXPECT_EQ(e5, w.planner->plan_node(5, 0)[0].order);
+  scheduler->close();
+  fetcher.complete_all();
+  EXPECT_TRUE(ring_ptr->empty());
 }
 
 TEST(StagingRing, WrapsAndRefusesWhatDoesNotFit) {
