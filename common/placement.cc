@@ -9,10 +9,6 @@
 namespace shardmix {
 namespace {
 
-std::uint64_t align_up(std::uint64_t value) {
-  return (value + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
-}
-
 std::vector<std::uint32_t> place_sorted(std::size_t n, const PlanShape& shape) {
   std::vector<std::uint32_t> owner(n);
   std::size_t id = 0;
@@ -69,7 +65,7 @@ Placement make_placement(const std::vector<std::uint64_t>& sizes, const PlanShap
     const std::uint32_t k = p.owner[id];
     p.owned[k].push_back(id);
     p.arena_offset[id] = p.arena_bytes[k];
-    p.arena_bytes[k] = align_up(p.arena_bytes[k] + sizes[id]);
+    p.arena_bytes[k] = align_to_arena(p.arena_bytes[k] + sizes[id]);
     p.sample_bytes[k] += sizes[id];
   }
   return p;

@@ -24,6 +24,12 @@ namespace shardmix {
 // Samples start at multiples of this in the arena (cache-line aligned copies and reads).
 inline constexpr std::uint64_t kArenaAlignment = 64;
 
+// Rounds a byte count up to kArenaAlignment: the space a sample takes in an arena or in
+// a staging slot.
+constexpr std::uint64_t align_to_arena(std::uint64_t bytes) {
+  return (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+}
+
 struct Placement {
   std::vector<std::uint32_t> owner;          // sample -> node
   std::vector<std::uint64_t> arena_offset;   // sample -> offset in its owner's arena

@@ -48,15 +48,13 @@ Status agree(const MpiSession& mpi, const Status& mine, std::string_view step) {
   return Status::ok_status();
 }
 
-std::uint64_t align_up(std::uint64_t v) { return (v + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment; }
-
 // Upper bound on one batch's peer bytes: its batch.size largest samples.
 std::uint64_t largest_batch_bytes(const Catalog& catalog, std::uint32_t batch_size) {
   std::vector<std::uint64_t> sizes = catalog.sizes();
   const std::size_t k = std::min<std::size_t>(batch_size, sizes.size());
   std::partial_sort(sizes.begin(), sizes.begin() + static_cast<std::ptrdiff_t>(k), sizes.end(), std::greater<>());
   std::uint64_t total = 0;
-  for (std::size_t i = 0; i < k; ++i) total += align_up(sizes[i]);
+  for (std::size_t i = 0; i < k; ++i) total += align_to_arena(sizes[i]);
   return total;
 }
 

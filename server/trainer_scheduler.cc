@@ -3,13 +3,6 @@
 #include <fmt/format.h>
 
 namespace shardmix {
-namespace {
-
-std::uint64_t align_up(std::uint64_t value) {
-  return (value + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
-}
-
-}  // namespace
 
 TrainerScheduler::TrainerScheduler(const SchedulerContext& context, std::uint32_t local_trainer,
                                    std::shared_ptr<StagingRing> ring, PeerFetcher& fetcher, FrameSink& sink)
@@ -112,7 +105,7 @@ bool TrainerScheduler::assemble_next(Pass& pass) {
   std::uint64_t staging_needed = 0;
   for (std::uint64_t i = begin; i < end; ++i) {
     const SampleId id = pass.plan.order[i];
-    if (placement.owner[id] != context_.node) staging_needed += align_up(catalog.sample_bytes(id));
+    if (placement.owner[id] != context_.node) staging_needed += align_to_arena(catalog.sample_bytes(id));
   }
   auto assembly = std::make_shared<Assembly>();
   if (staging_needed > 0) {
@@ -166,7 +159,7 @@ bool TrainerScheduler::assemble_next(Pass& pass) {
       d.tier = static_cast<std::uint8_t>(proto::Tier::kPeer);
       d.offset = staging_cursor;
       if (length > 0) reads.push_back({owner, placement.arena_offset[id], length, staging_cursor});
-      staging_cursor += align_up(length);
+      staging_cursor += align_to_arena(length);
     }
     assembly->frame.samples.push_back(d);
   }
