@@ -28,11 +28,11 @@ extern char** environ;
 namespace shardmix {
 namespace {
 
-enum class KeyType { kString, kInt, kUint, kBool, kDouble, kSize, kCapacity, kEnum };
+enum class KeyType { kString, kInt, kUint, kBool, kDouble, kSize, kDuration, kCapacity, kEnum };
 
 // A value after parsing from TOML or text, before it is stored in Config:
 // kString/kEnum/kCapacity -> std::string (kCapacity: canonical text), kInt -> int64,
-// kUint/kSize -> uint64, kBool -> bool, kDouble -> double.
+// kUint/kSize -> uint64, kDuration -> uint64 microseconds, kBool -> bool, kDouble -> double.
 using Value = std::variant<std::string, std::int64_t, std::uint64_t, bool, double>;
 
 constexpr std::uint64_t kU32Max = std::numeric_limits<std::uint32_t>::max();
@@ -75,6 +75,9 @@ Result<Capacity> parse_capacity(std::string_view text);
   [](Config& c, const Value& v) { c.field = as_u32(v); }, [](const Config& c) -> Value { return std::uint64_t{c.field}; }
 #define SHARDMIX_U64_KEY(field) \
   [](Config& c, const Value& v) { c.field = as_u64(v); }, [](const Config& c) -> Value { return std::uint64_t{c.field}; }
+#define SHARDMIX_USEC_KEY(field)                                                      \
+  [](Config& c, const Value& v) { c.field = std::chrono::microseconds(as_u64(v)); },   \
+      [](const Config& c) -> Value { return static_cast<std::uint64_t>(c.field.count()); }
 #define SHARDMIX_STR_KEY(field) \
   [](Config& c, const Value& v) { c.field = as_str(v); }, [](const Config& c) -> Value { return c.field; }
 
@@ -123,9 +126,15 @@ const KeySpec kKeys[] = {
    [](Config& c, const Value& v) { c.shuffle.exchange_fraction = std::get<double>(v); },
    [](const Config& c) -> Value { return c.shuffle.exchange_fraction; }},
   {"shuffle.window", KeyType::kUint, "0",
-   "W: the scheduler may complete a batch with any ready sample from the next W planned positions. 0 = exact planned order. Not implemented yet: only 0 is accepted, other values are refused at start-up.",
-   "0 is bit-for-bit reproducible but one slow remote read stalls the trainer; a small window (e.g. 64) hides stragglers at the cost of a slightly different order every run.",
+   "W, opportunistic ordering: when the trainer is about to starve, batch j may be completed with any ready sample from the undelivered planned positions before batch_begin(j) + size(j) + W. Batch sizes and exactly-once delivery do not change. 0 = exact planned order.",
+   "0 is bit-for-bit reproducible but one slow remote read stalls the trainer; a window (e.g. 64 to 1024) lets fast samples overtake a slow one, at the cost of a run-dependent order within the window and W more samples of staging per trainer.",
    "", 0, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(shuffle.window)},
+  {"shuffle.min_entropy", KeyType::kDouble, "0.0",
+   "Entropy-aware mode: a floor in [0, 1] on the mean per-trainer micro-batch label entropy (docs/shuffle-quality.md). When > 0, each epoch uses the smallest exchange fraction, up to shuffle.exchange_fraction, whose planned batches reach the floor; 0 = off (exchange_fraction is used as is).",
+   "A higher floor buys better-mixed micro-batches with network traffic; a lower one keeps more samples local. The chosen fraction is logged and reported per epoch.",
+   "", 0, 0, 0.0, 1.0, false,
+   [](Config& c, const Value& v) { c.shuffle.min_entropy = std::get<double>(v); },
+   [](const Config& c) -> Value { return c.shuffle.min_entropy; }},
 
   {"cache.capacity", KeyType::kCapacity, "0.8",
    "RAM per node for the cache arena: integer bytes, a size such as \"8GiB\", or a fraction 0 < x <= 1 of physical RAM written with a decimal point (0.5). 0 = no limit beyond RAM.",
@@ -150,6 +159,10 @@ const KeySpec kKeys[] = {
    "Remote reads (fi_read) in flight per daemon.",
    "More overlaps more network latency but uses more staging memory and completion-queue space; beyond ~8 gave nothing on the development machines.",
    "", 1, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(fabric.max_outstanding_reads)},
+  {"fabric.netns", KeyType::kString, "",
+   "Network namespace (a name under /run/netns) each daemon joins after MPI start-up and before opening the fabric; \"{rank}\" is replaced by the daemon's rank. \"\" = stay. For emulating a cluster on one machine (deploy/netns-cluster.sh).",
+   "Lets one machine stand in for several nodes linked by a shaped network; leave empty on a real cluster.",
+   "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(fabric.netns)},
 
   {"service.run_dir", KeyType::kString, "",
    "Directory for the daemon's socket and shared-memory names; \"\" = $SHARDMIX_RUN_DIR or /tmp/shardmix-<uid>.",
@@ -172,6 +185,17 @@ const KeySpec kKeys[] = {
    "More threads hide parallel-file-system latency; too many compete with the trainers for CPU and the metadata server.",
    "", 1, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(service.loader_threads)},
 
+  {"inject.slow_peer_rank", KeyType::kInt, "-1",
+   "Fault injection for tests and benchmarks: reads of samples owned by this daemon rank complete inject.slow_peer_delay late, as if that node were slow. -1 = none.",
+   "None in production; it exists to show what shuffle.window buys under a straggling peer.",
+   "", 0, 0, 0, 0, false,
+   [](Config& c, const Value& v) { c.inject.slow_peer_rank = std::get<std::int64_t>(v); },
+   [](const Config& c) -> Value { return c.inject.slow_peer_rank; }},
+  {"inject.slow_peer_delay", KeyType::kDuration, "0ms",
+   "Fault injection: the extra delay of each fetch from inject.slow_peer_rank (a duration such as \"20ms\").",
+   "Larger delays make the straggler worse; 0 disables the injection.",
+   "", 0, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_USEC_KEY(inject.slow_peer_delay)},
+
   {"log.level", KeyType::kEnum, "info",
    "Daemon log level.",
    "debug/trace explain every decision but are verbose on many nodes; warn keeps logs short.",
@@ -182,6 +206,7 @@ const KeySpec kKeys[] = {
 #undef SHARDMIX_U32_KEY
 #undef SHARDMIX_U64_KEY
 #undef SHARDMIX_STR_KEY
+#undef SHARDMIX_USEC_KEY
 
 std::string_view section_of(std::string_view name) { return name.substr(0, name.find('.')); }
 std::string_view leaf_of(std::string_view name) { return name.substr(name.find('.') + 1); }
@@ -255,6 +280,7 @@ std::string_view type_name(KeyType type) {
     case KeyType::kBool: return "bool";
     case KeyType::kDouble: return "double";
     case KeyType::kSize: return "size";
+    case KeyType::kDuration: return "duration";
     case KeyType::kCapacity: return "size or fraction";
     case KeyType::kEnum: return "enum";
   }
@@ -270,6 +296,7 @@ std::string expectation(const KeySpec& key) {
     case KeyType::kBool: return "a boolean (true or false)";
     case KeyType::kDouble: return "a number";
     case KeyType::kSize: return "a size (integer bytes or a string such as \"64MiB\")";
+    case KeyType::kDuration: return "a duration with a unit (a string such as \"250ms\", \"1.5s\", \"100us\")";
     case KeyType::kCapacity:
       return "integer bytes, a size string such as \"8GiB\", or a fraction of RAM such as 0.5";
     case KeyType::kEnum: {
@@ -397,6 +424,51 @@ std::variant<std::uint64_t, std::string> size_or_reason(std::string_view text) {
   return static_cast<std::uint64_t>(bytes);
 }
 
+constexpr std::string_view kDurationUnitsHelp = "write a number with a unit: us, ms, s, min, h";
+
+// Microseconds (rounded down), or why `text` is not a duration. A unit is required except
+// for a bare 0: "20" could mean seconds or milliseconds, and guessing wrong is silent.
+std::variant<std::uint64_t, std::string> duration_or_reason(std::string_view text) {
+  const std::string_view s = trim(text);
+  std::size_t unit_start = 0;
+  while (unit_start < s.size() && ((s[unit_start] >= '0' && s[unit_start] <= '9') || s[unit_start] == '.')) {
+    ++unit_start;
+  }
+  const std::string_view number = s.substr(0, unit_start);
+  const std::string unit = lower(trim(s.substr(unit_start)));
+  if (number.empty()) return std::string(s.starts_with('-') ? "negative" : "no number");
+  const auto decimal = parse_decimal(number);
+  if (!decimal) return std::string("malformed number");
+  static constexpr std::pair<std::string_view, std::uint64_t> kUnits[] = {
+      {"us", 1}, {"ms", 1000}, {"s", 1000000}, {"min", 60000000}, {"h", 3600000000ull}};
+  std::uint64_t multiplier = 0;
+  for (const auto& [name, mult] : kUnits) {
+    if (unit == name) multiplier = mult;
+  }
+  if (unit.empty() && decimal->integer == 0 && decimal->fraction == 0) return std::uint64_t{0};
+  if (unit.empty()) return std::string("missing unit");
+  if (multiplier == 0) return fmt::format("unknown unit '{}'", unit);
+  using U128 = unsigned __int128;
+  constexpr U128 kMax = std::numeric_limits<std::uint64_t>::max();
+  if (static_cast<U128>(decimal->integer) * multiplier > kMax) return std::string("too large");
+  const U128 usec =
+      (static_cast<U128>(decimal->integer) * decimal->fraction_scale + decimal->fraction) * multiplier /
+      decimal->fraction_scale;
+  if (usec > kMax) return std::string("too large");
+  return static_cast<std::uint64_t>(usec);
+}
+
+// A duration as printed back: the largest unit that divides it exactly.
+std::string duration_text(std::uint64_t usec) {
+  static constexpr std::pair<std::uint64_t, std::string_view> kUnits[] = {
+      {3600000000ull, "h"}, {60000000, "min"}, {1000000, "s"}, {1000, "ms"}};
+  if (usec == 0) return "0ms";
+  for (const auto& [unit, name] : kUnits) {
+    if (usec % unit == 0) return fmt::format("{}{}", usec / unit, name);
+  }
+  return fmt::format("{}us", usec);
+}
+
 bool is_fraction_text(std::string_view s) {
   // A number with a decimal point or exponent and no unit: "0.5", "1.0", "5e-1".
   s = trim(s);
@@ -480,6 +552,7 @@ std::string value_toml(const KeySpec& key, const Value& v) {
     case KeyType::kBool: return std::get<bool>(v) ? "true" : "false";
     case KeyType::kDouble: return double_text(std::get<double>(v));
     case KeyType::kSize: return size_toml(as_u64(v));
+    case KeyType::kDuration: return toml_quote(duration_text(as_u64(v)));
     case KeyType::kCapacity: {
       const std::string& text = as_str(v);
       if (all_digits(text)) return text;                  // integer bytes
@@ -507,10 +580,35 @@ Status wrong_value(const KeySpec& key, std::string_view where, std::string_view 
 }
 
 // Parses a value written as text (env var, --set, table default).
+// Well-formed UTF-8 (RFC 3629: no overlong forms, surrogates or code points above U+10FFFF).
+bool is_utf8(std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    std::uint32_t cp = n == 1 ? c : c & (0x7f >> n);
+    for (std::size_t k = 1; k < n; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    constexpr std::uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += n;
+  }
+  return true;
+}
+
 Result<Value> value_from_text(const KeySpec& key, std::string_view text, std::string_view where) {
   const auto got = [&] { return fmt::format("'{}'", text); };
   switch (key.type) {
-    case KeyType::kString: return Value(std::string(text));
+    case KeyType::kString:
+      // TOML holds only UTF-8, so anything else could not be printed back (--print-config).
+      if (!is_utf8(text)) {
+        return make_error(StatusCode::kInvalidArgument, "config key '{}' {}: the value is not valid UTF-8",
+                          key.name, where);
+      }
+      return Value(std::string(text));
     case KeyType::kEnum: {
       const std::string v(trim(text));
       if (!enum_allows(key, v)) return wrong_value(key, where, got());
@@ -545,6 +643,14 @@ Result<Value> value_from_text(const KeySpec& key, std::string_view text, std::st
       }
       if (std::get<std::uint64_t>(size) > key.max_uint) return wrong_value(key, where, got());
       return Value(std::get<std::uint64_t>(size));
+    }
+    case KeyType::kDuration: {
+      auto usec = duration_or_reason(text);
+      if (auto* why = std::get_if<std::string>(&usec)) {
+        return make_error(StatusCode::kInvalidArgument, "config key '{}' {}: '{}' is not a duration: {} ({})",
+                          key.name, where, text, *why, kDurationUnitsHelp);
+      }
+      return Value(std::get<std::uint64_t>(usec));
     }
     case KeyType::kCapacity: {
       auto cap = parse_capacity(text);
@@ -604,6 +710,10 @@ Result<Value> value_from_toml(const KeySpec& key, const toml::node& node, std::s
       return wrong();
     case KeyType::kSize:
       if (auto i = node.as_integer(); i && i->get() >= 0) return Value(static_cast<std::uint64_t>(i->get()));
+      if (auto s = node.as_string()) return value_from_text(key, s->get(), where);
+      return wrong();
+    case KeyType::kDuration:
+      if (auto i = node.as_integer(); i && i->get() == 0) return Value(std::uint64_t{0});
       if (auto s = node.as_string()) return value_from_text(key, s->get(), where);
       return wrong();
     case KeyType::kCapacity:
@@ -743,6 +853,7 @@ Status validate(const Config& config, const Origins& origins) {
         break;
       case KeyType::kUint:
       case KeyType::kSize:
+      case KeyType::kDuration:
         if (as_u64(value) < key.min_uint) {
           return make_error(StatusCode::kInvalidArgument, "config key '{}' must be >= {}, got {} ({})", key.name,
                             key.min_uint, as_u64(value), origin);
@@ -765,13 +876,9 @@ Status validate(const Config& config, const Origins& origins) {
       default: break;
     }
   }
-  // Reserved public name whose scheduler is not built yet: refuse rather than ignore it.
-  if (config.shuffle.window != 0) {
-    const auto it = origins.find("shuffle.window");
-    return make_error(StatusCode::kInvalidArgument,
-                      "config key 'shuffle.window' = {} ({}): opportunistic ordering is not implemented yet; only 0 "
-                      "(exact planned order) is accepted",
-                      config.shuffle.window, it == origins.end() ? "default" : it->second);
+  if (config.inject.slow_peer_rank < -1) {
+    return make_error(StatusCode::kInvalidArgument, "config key 'inject.slow_peer_rank' must be -1 (none) or a rank, got {}",
+                      config.inject.slow_peer_rank);
   }
   return Status::ok_status();
 }
@@ -785,6 +892,15 @@ Result<std::uint64_t> parse_size(std::string_view text, std::string_view key) {
                       kSizeUnitsHelp);
   }
   return std::get<std::uint64_t>(size);
+}
+
+Result<std::chrono::microseconds> parse_duration(std::string_view text, std::string_view key) {
+  auto usec = duration_or_reason(text);
+  if (auto* why = std::get_if<std::string>(&usec)) {
+    return make_error(StatusCode::kInvalidArgument, "config key '{}': '{}' is not a duration: {} ({})", key, text,
+                      *why, kDurationUnitsHelp);
+  }
+  return std::chrono::microseconds(std::get<std::uint64_t>(usec));
 }
 
 Result<Config> load_config(const std::string& file, const std::map<std::string, std::string>& env,

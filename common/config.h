@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -40,6 +41,7 @@ struct ShuffleConfig {
   std::uint64_t seed = 0;              // shuffle.seed
   double exchange_fraction = 1.0;      // shuffle.exchange_fraction (Q)
   std::uint32_t window = 0;            // shuffle.window (W)
+  double min_entropy = 0.0;            // shuffle.min_entropy (0 = off)
 
   bool operator==(const ShuffleConfig&) const = default;
 };
@@ -57,6 +59,7 @@ struct FabricConfig {
   std::string provider = "auto";       // fabric.provider = auto | tcp | shm | verbs | <any>
   std::string interface;               // fabric.interface: domain/interface name filter, "" = any
   std::uint32_t max_outstanding_reads = 8;  // fabric.max_outstanding_reads
+  std::string netns;                   // fabric.netns: network namespace to join, "" = stay; {rank} expands
 
   bool operator==(const FabricConfig&) const = default;
 };
@@ -69,6 +72,14 @@ struct ServiceConfig {
   std::uint32_t loader_threads = 4;    // service.loader_threads
 
   bool operator==(const ServiceConfig&) const = default;
+};
+
+// Fault injection, for tests and benchmarks only.
+struct InjectConfig {
+  std::int64_t slow_peer_rank = -1;    // inject.slow_peer_rank: -1 = none
+  std::chrono::microseconds slow_peer_delay{0};  // inject.slow_peer_delay
+
+  bool operator==(const InjectConfig&) const = default;
 };
 
 struct LogConfig {
@@ -84,6 +95,7 @@ struct Config {
   CacheConfig cache;
   FabricConfig fabric;
   ServiceConfig service;
+  InjectConfig inject;
   LogConfig log;
 
   bool operator==(const Config&) const = default;
@@ -103,6 +115,9 @@ std::string config_to_toml(const Config& config);
 
 // Parses "4096", "8KiB", "1.5GiB", "2MB" into bytes. Error names `key`.
 Result<std::uint64_t> parse_size(std::string_view text, std::string_view key);
+// Parses "250ms", "1.5s", "100us", "2min", "1h" (a unit is required; "0" alone is allowed)
+// into microseconds, rounded down. Error names `key`.
+Result<std::chrono::microseconds> parse_duration(std::string_view text, std::string_view key);
 
 // SHARDMIX_* environment variables that are not config keys; load_config ignores them
 // (every other SHARDMIX_* name must be a key's env name). SHARDMIX_LOG_LEVEL is also the

@@ -448,7 +448,7 @@ TEST_F(ConfigTest, PrintedConfigListsSectionsInTableOrderWithEveryKey) {
 
 TEST(ConfigKeysTest, TableIsWellFormed) {
   const auto keys = config_keys();
-  EXPECT_EQ(keys.size(), 19u);  // update with config.h when adding a key
+  EXPECT_EQ(keys.size(), 23u);  // update with config.h when adding a key
   std::set<std::string> names;
   for (const ConfigKeyInfo& key : keys) {
     EXPECT_TRUE(names.insert(key.name).second) << "duplicate " << key.name;
@@ -496,14 +496,49 @@ TEST(ConfigDocsTest, ConfigurationMdDocumentsEveryKey) {
 namespace shardmix {
 namespace {
 
-// shuffle.window is public surface but its scheduler is not built yet: a non-zero value
-// must be refused with a message that says so, not silently ignored.
-TEST(ConfigWindowTest, NonZeroWindowIsRefusedUntilImplemented) {
-  auto c = load_config("", {}, {"dataset.path=/d", "shuffle.window=64"});
-  ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.status().message().find("shuffle.window"), std::string::npos) << c.status().message();
-  EXPECT_NE(c.status().message().find("not implemented"), std::string::npos) << c.status().message();
-  EXPECT_TRUE(load_config("", {}, {"dataset.path=/d", "shuffle.window=0"}).ok());
+TEST(ConfigWindowTest, WindowAndMinEntropyAreAccepted) {
+  auto c = load_config("", {}, {"dataset.path=/d", "shuffle.window=64", "shuffle.min_entropy=0.6"});
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->shuffle.window, 64u);
+  EXPECT_DOUBLE_EQ(c->shuffle.min_entropy, 0.6);
+  auto bad = load_config("", {}, {"dataset.path=/d", "shuffle.min_entropy=1.5"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("shuffle.min_entropy"), std::string::npos) << bad.status().message();
+}
+
+TEST(ConfigDurationTest, ParsesUnitsAndRefusesBareNumbers) {
+  EXPECT_EQ(parse_duration("250ms", "k").value(), std::chrono::milliseconds(250));
+  EXPECT_EQ(parse_duration("1.5s", "k").value(), std::chrono::milliseconds(1500));
+  EXPECT_EQ(parse_duration(" 100us ", "k").value(), std::chrono::microseconds(100));
+  EXPECT_EQ(parse_duration("2min", "k").value(), std::chrono::minutes(2));
+  EXPECT_EQ(parse_duration("1h", "k").value(), std::chrono::hours(1));
+  EXPECT_EQ(parse_duration("0", "k").value(), std::chrono::microseconds(0));
+  for (const char* bad : {"20", "-5ms", "5 parsecs", "ms", "1.2.3s", ""}) {
+    auto d = parse_duration(bad, "inject.slow_peer_delay");
+    ASSERT_FALSE(d.ok()) << bad;
+    EXPECT_NE(d.status().message().find("inject.slow_peer_delay"), std::string::npos) << d.status().message();
+  }
+}
+
+TEST(ConfigDurationTest, DurationKeyRoundTripsThroughPrintedToml) {
+  auto c = load_config("", {{"SHARDMIX_INJECT_SLOW_PEER_DELAY", "1500us"}},
+                       {"dataset.path=/d", "inject.slow_peer_rank=2"});
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->inject.slow_peer_delay, std::chrono::microseconds(1500));
+  EXPECT_EQ(c->inject.slow_peer_rank, 2);
+  const std::string toml = config_to_toml(*c);
+  EXPECT_NE(toml.find("slow_peer_delay = \"1500us\""), std::string::npos) << toml;
+  const std::string path = ::testing::TempDir() + "/duration_roundtrip.toml";
+  {
+    std::ofstream out(path);
+    out << toml;
+  }
+  auto again = load_config(path, {}, {});
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(*again, *c);
+  auto bare = load_config("", {}, {"dataset.path=/d", "inject.slow_peer_delay=20"});
+  ASSERT_FALSE(bare.ok());
+  EXPECT_NE(bare.status().message().find("missing unit"), std::string::npos) << bare.status().message();
 }
 
 }  // namespace
