@@ -6,6 +6,7 @@
 
 #include "common/placement.h"
 #include "common/rng.h"
+#include "common/shuffle_metrics.h"
 
 namespace shardmix {
 namespace {
@@ -21,7 +22,19 @@ std::uint64_t kept_count(std::uint64_t node_quota, double exchange_fraction) {
   return std::min<std::uint64_t>(node_quota, static_cast<std::uint64_t>(std::max(0.0, keep)));
 }
 
+constexpr double kExchangeGrid[] = {0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0};
+
 }  // namespace
+
+std::vector<double> exchange_candidates(double ceiling) {
+  ceiling = std::isnan(ceiling) ? 1.0 : std::clamp(ceiling, 0.0, 1.0);
+  std::vector<double> out;
+  for (double q : kExchangeGrid) {
+    if (q < ceiling) out.push_back(q);
+  }
+  out.push_back(ceiling);
+  return out;
+}
 
 PlanShape make_plan_shape(std::uint64_t n, const JobShape& job) {
   PlanShape shape;
@@ -67,11 +80,30 @@ std::uint64_t PlanShape::batch_length(std::uint32_t trainer, std::uint64_t batch
 }
 
 EpochPlanner::EpochPlanner(const PlanShape& shape, const Placement& placement,
-                           const ShuffleConfig& shuffle)
-    : shape_(shape), placement_(placement), shuffle_(shuffle) {}
+                           const ShuffleConfig& shuffle, std::span<const std::int32_t> labels)
+    : shape_(shape), placement_(placement), shuffle_(shuffle) {
+  if (shuffle_.min_entropy > 0) {
+    candidates_ = exchange_candidates(shuffle_.exchange_fraction);
+    if (labels.size() == shape_.num_samples) {
+      // Dense class indices 0..C-1 (label values are opaque), so scoring a batch counts
+      // classes in a small array instead of sorting labels.
+      std::vector<std::int32_t> distinct(labels.begin(), labels.end());
+      std::sort(distinct.begin(), distinct.end());
+      distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+      num_classes_ = distinct.size();
+      class_of_.resize(labels.size());
+      for (std::size_t i = 0; i < labels.size(); ++i) {
+        class_of_[i] = static_cast<std::uint32_t>(std::lower_bound(distinct.begin(), distinct.end(), labels[i]) -
+                                                  distinct.begin());
+      }
+    }
+  } else {
+    candidates_ = {shuffle_.exchange_fraction};
+  }
+}
 
-std::vector<std::vector<SampleId>> EpochPlanner::node_streams(std::uint64_t epoch,
-                                                              std::int64_t only_node) const {
+std::vector<std::vector<SampleId>> EpochPlanner::node_streams(std::uint64_t epoch, std::int64_t only_node,
+                                                              double q) const {
   const std::uint32_t nodes = shape_.job.nodes;
   std::vector<std::vector<SampleId>> streams(nodes);
   std::vector<SampleId> pool;
@@ -81,7 +113,7 @@ std::vector<std::vector<SampleId>> EpochPlanner::node_streams(std::uint64_t epoc
   // 1. Each node keeps a seeded (1-Q) share of its quota; the rest goes to the pool.
   for (std::uint32_t k = 0; k < nodes; ++k) {
     const auto& owned = placement_.owned[k];
-    kept[k] = kept_count(shape_.node_quota[k], shuffle_.exchange_fraction);
+    kept[k] = kept_count(shape_.node_quota[k], q);
     if (kept[k] == 0) {
       pool.insert(pool.end(), owned.begin(), owned.end());
       continue;
@@ -114,11 +146,15 @@ std::vector<std::vector<SampleId>> EpochPlanner::node_streams(std::uint64_t epoc
   return streams;
 }
 
+void EpochPlanner::shuffle_node(std::uint64_t epoch, std::uint32_t node, std::vector<SampleId>& samples) const {
+  Rng rng = Rng::for_stream(shuffle_.seed, {epoch, kStreamNode, node});
+  shuffle(std::span<SampleId>(samples), rng);
+}
+
 std::vector<TrainerPlan> EpochPlanner::deal_to_trainers(std::uint64_t epoch, std::uint32_t node,
                                                         std::vector<SampleId> samples) const {
   // 3. Mix kept and received samples, then give each local trainer a contiguous slice.
-  Rng rng = Rng::for_stream(shuffle_.seed, {epoch, kStreamNode, node});
-  shuffle(std::span<SampleId>(samples), rng);
+  shuffle_node(epoch, node, samples);
   const std::uint32_t per_node = shape_.job.trainers_per_node;
   std::vector<TrainerPlan> plans(per_node);
   std::uint64_t cursor = 0;
@@ -140,13 +176,85 @@ std::vector<TrainerPlan> EpochPlanner::deal_to_trainers(std::uint64_t epoch, std
   return plans;
 }
 
+EpochChoice EpochPlanner::choose(std::uint64_t epoch) const {
+  const bool have_labels = class_of_.size() == shape_.num_samples;
+  EpochChoice out;
+  out.entropy_aware = true;
+  std::vector<std::uint32_t> class_count(num_classes_, 0);  // per batch, reset after use
+  std::vector<std::uint32_t> touched;                       // classes present in the batch
+  std::vector<std::uint64_t> counts;                        // their counts
+  for (double q : candidates_) {
+    // Plan every node at q exactly as plan_all does, then score each planned micro-batch
+    // (the trainer slices of deal_to_trainers) without building TrainerPlans.
+    LabelEntropySummary summary;
+    if (have_labels) {
+      BatchLabelEntropy scorer(num_classes_);
+      auto streams = node_streams(epoch, -1, q);
+      for (std::uint32_t k = 0; k < shape_.job.nodes; ++k) {
+        std::vector<SampleId>& samples = streams[k];
+        shuffle_node(epoch, k, samples);
+        std::uint64_t cursor = 0;
+        for (std::uint32_t local = 0; local < shape_.job.trainers_per_node; ++local) {
+          const std::uint32_t trainer = shape_.job.first_trainer_of_node(k) + local;
+          for (std::uint64_t b = 0; b < shape_.batches_per_trainer; ++b) {
+            const std::uint64_t length = shape_.batch_length(trainer, b);
+            if (length == 0) continue;  // an empty batch is not delivered, so not measured
+            touched.clear();
+            for (std::uint64_t i = cursor; i < cursor + length; ++i) {
+              const std::uint32_t cls = class_of_[samples[i]];
+              if (class_count[cls]++ == 0) touched.push_back(cls);
+            }
+            counts.clear();
+            for (std::uint32_t cls : touched) {
+              counts.push_back(class_count[cls]);
+              class_count[cls] = 0;
+            }
+            scorer.add_counts(counts, length);
+            cursor += length;
+          }
+        }
+      }
+      summary = scorer.summary();
+    } else {
+      summary.mean = summary.p5 = std::numeric_limits<double>::quiet_NaN();
+    }
+    ++out.candidates_evaluated;
+    out.exchange_fraction = q;
+    out.planned_label_entropy_mean = summary.mean;
+    out.planned_label_entropy_p5 = summary.p5;
+    // NaN (nothing to score) never reaches a floor.
+    out.floor_reached = summary.mean >= shuffle_.min_entropy;
+    if (out.floor_reached) break;
+  }
+  return out;
+}
+
+EpochChoice EpochPlanner::choice(std::uint64_t epoch) const {
+  if (!(shuffle_.min_entropy > 0)) {
+    EpochChoice fixed;
+    fixed.exchange_fraction = shuffle_.exchange_fraction;
+    return fixed;
+  }
+  {
+    std::lock_guard<std::mutex> lock(memo_mutex_);
+    if (auto it = memo_.find(epoch); it != memo_.end()) return it->second;
+  }
+  // Computed outside the lock: two threads asking for the same new epoch both compute it
+  // (the results are equal), and lookups of other epochs are never blocked for that long.
+  const EpochChoice chosen = choose(epoch);
+  std::lock_guard<std::mutex> lock(memo_mutex_);
+  memo_.emplace(epoch, chosen);
+  while (memo_.size() > kMemoisedEpochs) memo_.erase(memo_.begin());  // forget the oldest epochs
+  return chosen;
+}
+
 std::vector<TrainerPlan> EpochPlanner::plan_node(std::uint64_t epoch, std::uint32_t node) const {
-  auto streams = node_streams(epoch, node);
+  auto streams = node_streams(epoch, node, choice(epoch).exchange_fraction);
   return deal_to_trainers(epoch, node, std::move(streams[node]));
 }
 
 std::vector<TrainerPlan> EpochPlanner::plan_all(std::uint64_t epoch) const {
-  auto streams = node_streams(epoch, -1);
+  auto streams = node_streams(epoch, -1, choice(epoch).exchange_fraction);
   std::vector<TrainerPlan> all;
   all.reserve(shape_.job.trainers());
   for (std::uint32_t k = 0; k < shape_.job.nodes; ++k) {

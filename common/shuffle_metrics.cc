@@ -108,23 +108,79 @@ double shannon_entropy(std::span<const std::uint64_t> counts) {
   return static_cast<double>(std::max<long double>(h, 0));
 }
 
-namespace {
-
-// The normalised entropy of a batch of n labels with the given histogram; NaN if skipped.
-double normalized_entropy_of_counts(std::span<const std::uint64_t> counts, std::uint64_t n,
-                                    std::uint64_t num_classes) {
-  const std::uint64_t k = std::min<std::uint64_t>(n, num_classes);
-  if (n < 2 || k < 2) return kNaN;
-  return clamp01(shannon_entropy(counts) / std::log(static_cast<double>(k)));
+double normalized_label_entropy(std::span<const std::int32_t> labels, std::uint64_t num_classes) {
+  // The per-batch figure of compute_epoch_metrics, bit for bit (a mean of one value is it).
+  BatchLabelEntropy one(num_classes);
+  one.add_batch(labels);
+  const LabelEntropySummary summary = one.summary();
+  return summary.scored == 1 ? summary.mean : kNaN;
 }
 
-}  // namespace
+void BatchLabelEntropy::add_counts(std::span<const std::uint64_t> counts, std::uint64_t n) {
+  const std::uint64_t k = std::min<std::uint64_t>(n, num_classes_);
+  if (n < 2 || k < 2) {
+    ++skipped_;
+    return;
+  }
+  // shannon_entropy(counts), summed in ascending count order (so the figure depends only on
+  // the multiset of counts, not on label values or their order) with the terms
+  // p ln p, p = c / n, computed once per (c, n): the same operations on the same values.
+  counts_.assign(counts.begin(), counts.end());
+  std::sort(counts_.begin(), counts_.end());
+  if (n != terms_n_) {
+    terms_n_ = n;
+    terms_.assign(std::min<std::uint64_t>(n, kMaxCachedBatch) + 1, kNaN);
+  }
+  long double h = 0;
+  for (std::uint64_t c : counts_) {
+    if (c == 0) continue;
+    if (c < terms_.size()) {
+      long double& term = terms_[c];
+      if (std::isnan(term)) {
+        const long double p = static_cast<long double>(c) / static_cast<long double>(n);
+        term = p * std::log(p);
+      }
+      h -= term;
+    } else {
+      const long double p = static_cast<long double>(c) / static_cast<long double>(n);
+      h -= p * std::log(p);
+    }
+  }
+  const double entropy = static_cast<double>(std::max<long double>(h, 0));
+  values_.push_back(clamp01(entropy / std::log(static_cast<double>(k))));
+}
 
-double normalized_label_entropy(std::span<const std::int32_t> labels, std::uint64_t num_classes) {
-  std::vector<std::int32_t> sorted(labels.begin(), labels.end());
-  std::sort(sorted.begin(), sorted.end());
-  const std::vector<std::uint64_t> counts = run_lengths(sorted);
-  return normalized_entropy_of_counts(counts, labels.size(), num_classes);
+void BatchLabelEntropy::add_batch(std::span<const std::int32_t> labels) {
+  sorted_.assign(labels.begin(), labels.end());
+  std::sort(sorted_.begin(), sorted_.end());
+  std::vector<std::uint64_t>& counts = batch_counts_;
+  counts.clear();
+  for (std::size_t i = 0; i < sorted_.size(); ++i) {
+    if (i == 0 || sorted_[i] != sorted_[i - 1]) counts.push_back(0);
+    ++counts.back();
+  }
+  add_counts(counts, sorted_.size());
+}
+
+LabelEntropySummary BatchLabelEntropy::summary() {
+  LabelEntropySummary out;
+  out.scored = values_.size();
+  out.skipped = skipped_;
+  if (values_.empty()) {
+    out.mean = kNaN;
+    out.p5 = kNaN;
+    return out;
+  }
+  // Summed in ascending order, so the figure does not depend on the order batches came in.
+  std::sort(values_.begin(), values_.end());
+  long double sum = 0;
+  for (double h : values_) sum += h;
+  out.mean = clamp01(static_cast<double>(sum / values_.size()));
+  // Nearest rank: the smallest value with at least 5% of the values at or below it.
+  const std::size_t count = values_.size();
+  const std::size_t nearest_rank = std::max<std::size_t>(1, (5 * count + 99) / 100);
+  out.p5 = values_[nearest_rank - 1];
+  return out;
 }
 
 double gap_entropy(std::span<const std::uint64_t> ids) {
@@ -239,7 +295,7 @@ Result<EpochMetrics> compute_epoch_metrics(const EpochDelivery& per_trainer, con
 
   // 1. Per (trainer, batch) label entropy.
   // A batch is every sample of a trainer with the same batch index, contiguous or not.
-  std::vector<double> batch_entropies;
+  BatchLabelEntropy batch_entropy(m.classes);
   std::vector<std::pair<std::uint64_t, std::int32_t>> keyed;  // (batch, label), sorted
   std::vector<std::uint64_t> counts;
   for (const TrainerStream& s : per_trainer) {
@@ -254,29 +310,15 @@ Result<EpochMetrics> compute_epoch_metrics(const EpochDelivery& per_trainer, con
         ++counts.back();
         ++end;
       }
-      const double h = normalized_entropy_of_counts(counts, end - begin, m.classes);
-      if (std::isnan(h)) {
-        ++m.batches_skipped;
-      } else {
-        batch_entropies.push_back(h);
-      }
+      batch_entropy.add_counts(counts, end - begin);
       begin = end;
     }
   }
-  m.batches_scored = batch_entropies.size();
-  if (batch_entropies.empty()) {
-    m.batch_label_entropy_mean = kNaN;
-    m.batch_label_entropy_p5 = kNaN;
-  } else {
-    std::sort(batch_entropies.begin(), batch_entropies.end());
-    long double sum = 0;
-    for (double h : batch_entropies) sum += h;
-    m.batch_label_entropy_mean = clamp01(static_cast<double>(sum / batch_entropies.size()));
-    // Nearest rank: the smallest value with at least 5% of the values at or below it.
-    const std::size_t count = batch_entropies.size();
-    const std::size_t nearest_rank = std::max<std::size_t>(1, (5 * count + 99) / 100);
-    m.batch_label_entropy_p5 = batch_entropies[nearest_rank - 1];
-  }
+  const LabelEntropySummary label_summary = batch_entropy.summary();
+  m.batches_scored = label_summary.scored;
+  m.batches_skipped = label_summary.skipped;
+  m.batch_label_entropy_mean = label_summary.mean;
+  m.batch_label_entropy_p5 = label_summary.p5;
 
   // 2, 3. Order entropy and randomization level.
   m.order_entropy = order_entropy(per_trainer, ctx.seed, ctx.epoch);

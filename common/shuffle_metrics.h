@@ -103,6 +103,50 @@ double shannon_entropy(std::span<const std::uint64_t> counts);
 // min(n, C) < 2 (the batch is skipped).
 double normalized_label_entropy(std::span<const std::int32_t> labels, std::uint64_t num_classes);
 
+// The batch label entropy figures of §1 over a set of micro-batches.
+struct LabelEntropySummary {
+  double mean = 0;  // NaN if no batch was scored
+  double p5 = 0;    // nearest-rank 5th percentile; NaN if no batch was scored
+  std::uint64_t scored = 0;
+  std::uint64_t skipped = 0;  // n < 2 or min(n, C) < 2
+};
+
+// Accumulates micro-batches one at a time and summarises them exactly as
+// compute_epoch_metrics does (it uses this class): the same per-batch formula, the same
+// summation order, the same percentile. The epoch planner's entropy-aware mode scores
+// planned batches with it, so a planned figure and the figure measured on the same batches
+// are bit-identical. A batch's entropy is summed over its label counts in ascending count
+// order, and the summary over batches in ascending value order, so the result does not
+// depend on label values, on the order of samples in a batch or on the order batches are
+// added. The terms p ln p are cached per batch size. Not thread-safe (a value with
+// scratch buffers; use one per thread).
+class BatchLabelEntropy {
+ public:
+  // C as in MetricsContext::num_classes, but already resolved (no "0 = distinct delivered").
+  explicit BatchLabelEntropy(std::uint64_t num_classes) : num_classes_(num_classes) {}
+
+  // One micro-batch, its labels in any order.
+  void add_batch(std::span<const std::int32_t> labels);
+  // One micro-batch given as its label histogram (counts in any order; zeros are ignored)
+  // and its size n = sum of counts.
+  void add_counts(std::span<const std::uint64_t> counts, std::uint64_t n);
+
+  // Mean and p5 over the batches added so far. Sorts the collected values in place.
+  LabelEntropySummary summary();
+
+ private:
+  static constexpr std::uint64_t kMaxCachedBatch = 4096;  // larger counts are not cached
+
+  std::uint64_t num_classes_;
+  std::vector<double> values_;  // scored batches
+  std::uint64_t skipped_ = 0;
+  std::uint64_t terms_n_ = 0;           // the batch size terms_ holds
+  std::vector<long double> terms_;      // terms_[c] = (c/n) ln(c/n) or NaN if not computed yet
+  std::vector<std::uint64_t> counts_;   // scratch: sorted counts
+  std::vector<std::int32_t> sorted_;    // scratch for add_batch
+  std::vector<std::uint64_t> batch_counts_;  // scratch for add_batch
+};
+
 // Entropy in nats of the histogram of exact |id[i+1] - id[i]| values; 0 for fewer than 2 ids.
 double gap_entropy(std::span<const std::uint64_t> ids);
 

@@ -189,7 +189,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
                      config.batch.drop_last};
   const PlanShape shape = make_plan_shape(catalog.size(), job);
   const Placement placement = make_placement(catalog.sizes(), shape, config.dataset.placement, config.shuffle.seed);
-  const EpochPlanner planner(shape, placement, config.shuffle);
+  const EpochPlanner planner(shape, placement, config.shuffle, catalog.labels());
 
   Status limits;
   const std::uint64_t arena_bytes = placement.arena_bytes[rank];

@@ -12,6 +12,7 @@
 #include "common/epoch_plan.h"
 #include "common/placement.h"
 #include "common/rng.h"
+#include "common/shuffle_metrics.h"
 
 namespace shardmix {
 namespace {
@@ -216,6 +217,46 @@ TEST(EpochPlan, ExchangeFractionSetsTheRemoteShare) {
   }
   // Q of the samples enter the global pool; 3/4 of those land on another node.
   EXPECT_NEAR(static_cast<double>(remote) / 8000.0, 0.25 * 0.75, 0.02);
+}
+
+// The knob's promise on the worst case for local shuffles: with class-sorted placement
+// (each node holds a few classes), less exchange means less mixed micro-batches. Mean
+// per-trainer batch label entropy (shuffle-quality.md §1) for Q = 1, 0.5, 0.25, 0.1, 0,
+// for several seeds and epochs: it falls at every step.
+TEST(EpochPlan, LabelEntropyFallsAsExchangeFractionFallsOnClassSortedPlacement) {
+  constexpr std::uint32_t kClasses = 16;
+  for (const std::uint64_t seed : {1u, 2u, 3u, 4u, 5u}) {
+    Case c = fixed_case(3200, 8, 1, 16, false, 1.0);
+    c.shuffle.seed = seed;
+    c.policy = PlacementPolicy::kSorted;
+    std::vector<std::int32_t> labels(c.sizes.size());
+    for (std::size_t i = 0; i < labels.size(); ++i) {
+      labels[i] = static_cast<std::int32_t>(i * kClasses / labels.size());  // ids are class-sorted
+    }
+    const Built b = build(c);
+    for (const std::uint64_t epoch : {0u, 3u}) {
+      double previous = 2.0;
+      for (const double q : {1.0, 0.5, 0.25, 0.1, 0.0}) {
+        ShuffleConfig shuffle = c.shuffle;
+        shuffle.exchange_fraction = q;
+        EpochPlanner planner(b.shape, b.placement, shuffle);
+        BatchLabelEntropy entropy(kClasses);
+        for (const TrainerPlan& plan : planner.plan_all(epoch)) {
+          for (std::uint64_t j = 0; j < plan.num_batches(); ++j) {
+            std::vector<std::int32_t> batch;
+            for (std::uint64_t i = plan.batch_begin[j]; i < plan.batch_begin[j + 1]; ++i) {
+              batch.push_back(labels[plan.order[i]]);
+            }
+            entropy.add_batch(batch);
+          }
+        }
+        const double mean = entropy.summary().mean;
+        EXPECT_LT(mean, previous) << "seed " << seed << " epoch " << epoch << " Q " << q;
+        previous = mean;
+      }
+      EXPECT_LT(previous, 0.35) << "Q = 0 on 2 classes per node must stay poorly mixed (seed " << seed << ")";
+    }
+  }
 }
 
 TEST(EpochPlan, KeptShareChangesEveryEpoch) {
