@@ -618,4 +618,10 @@ std::string sample_file_path(const DatasetConfig& dataset, std::string_view rela
   return join_path(dataset.path, relative_path);
 }
 
+std::uint64_t Catalog::num_classes() const {
+  std::vector<std::int32_t> labels = labels_;
+  std::sort(labels.begin(), labels.end());
+  return static_cast<std::uint64_t>(std::unique(labels.begin(), labels.end()) - labels.begin());
+}
+
 }  // namespace shardmix

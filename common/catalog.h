@@ -43,6 +43,10 @@ class Catalog {
   const std::vector<std::uint64_t>& sizes() const { return sizes_; }
   const std::vector<std::int32_t>& labels() const { return labels_; }
   const std::vector<std::string>& class_names() const { return class_names_; }
+  // C for the label-entropy figures: the number of distinct labels (an empty class folder
+  // is not a class anyone can receive; the planner's entropy-aware mode counts the same
+  // way). O(n log n); call once.
+  std::uint64_t num_classes() const;
   std::uint64_t total_bytes() const { return total_bytes_; }
   std::uint64_t max_sample_bytes() const { return max_sample_bytes_; }
   // Bytes this object holds per sample (for the overhead benchmark).

@@ -462,4 +462,8 @@ stop_daemons
 if ((trainer_rc == 0 && daemons_died)); then
   sm_die "trainers exited 0 but the daemons died while they ran" 3
 fi
+# A daemon that crashes on its way out (after SIGTERM) is a bug, not a clean stop.
+if ((trainer_rc == 0 && stop_rc != 0)); then
+  sm_die "the daemons' mpirun exited with code $stop_rc after SIGTERM (a daemon did not exit cleanly)" 3
+fi
 exit "$trainer_rc"

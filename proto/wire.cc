@@ -166,6 +166,13 @@ void encode(std::vector<std::uint8_t>& out, const EpochStats& m) {
   w.put(m.storage_samples);
   w.put(m.peer_bytes);
   w.put(m.fetch_wait_us);
+  w.put(m.substituted_samples);
+  w.put(m.exchange_fraction);
+  w.put(m.window);
+  w.put(m.batches_scored);
+  w.put(m.label_entropy_mean);
+  w.put(m.label_entropy_p5);
+  w.put(m.affinity);
 }
 
 void encode_get_catalog(std::vector<std::uint8_t>& out) { Writer w(out, FrameType::kGetCatalog); }
@@ -303,6 +310,13 @@ std::string decode(std::span<const std::uint8_t> payload, EpochStats& out) {
   r.get(out.storage_samples, "storage_samples");
   r.get(out.peer_bytes, "peer_bytes");
   r.get(out.fetch_wait_us, "fetch_wait_us");
+  r.get(out.substituted_samples, "substituted_samples");
+  r.get(out.exchange_fraction, "exchange_fraction");
+  r.get(out.window, "window");
+  r.get(out.batches_scored, "batches_scored");
+  r.get(out.label_entropy_mean, "label_entropy_mean");
+  r.get(out.label_entropy_p5, "label_entropy_p5");
+  r.get(out.affinity, "affinity");
   return r.finish();
 }
 

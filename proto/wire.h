@@ -25,7 +25,7 @@
 namespace shardmix::proto {
 
 inline constexpr std::uint32_t kMagic = 0x31584d53;  // "SMX1" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 2;  // 2: stream ids on epoch frames
+inline constexpr std::uint16_t kProtocolVersion = 3;  // 2: stream ids on epoch frames; 3: quality figures
 // Upper bound on any payload we accept; the catalog frame is the largest.
 inline constexpr std::uint32_t kMaxPayloadBytes = 1u << 30;
 inline constexpr std::uint32_t kMaxBatchSamples = 1u << 20;
@@ -123,6 +123,17 @@ struct EpochStats {
   std::uint64_t storage_samples = 0;
   std::uint64_t peer_bytes = 0;
   std::uint64_t fetch_wait_us = 0;   // time batches waited on fabric reads in the daemon
+  // shuffle.window at work: samples delivered in another batch than planned.
+  std::uint64_t substituted_samples = 0;
+  // The trade-off actually made this epoch (shuffle.min_entropy may lower Q per epoch).
+  double exchange_fraction = 0;
+  std::uint32_t window = 0;
+  // Shuffle quality of what this trainer received (docs/shuffle-quality.md); NaN when
+  // there is nothing to score.
+  std::uint64_t batches_scored = 0;  // batches with >= 2 samples and >= 2 possible classes
+  double label_entropy_mean = 0;
+  double label_entropy_p5 = 0;
+  double affinity = 0;               // share of this epoch's samples also received last epoch
 };
 
 // Exact payload size of a request frame type, checked before its payload is read, so a

@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <atomic>
@@ -31,16 +32,31 @@ void FabricFetcher::fetch(std::vector<PeerRead> reads, std::function<void(const 
   auto group = std::make_shared<Group>();
   group->remaining = reads.size();
   group->done = std::move(done);
+  // An injected straggler delays the whole fetch: the io thread learns of it late, as it
+  // would if the peer's NIC or memory were slow.
+  const bool slow = slow_peer_.delay.count() > 0 &&
+                    std::any_of(reads.begin(), reads.end(), [&](const PeerRead& r) {
+                      return static_cast<std::int64_t>(r.peer) == slow_peer_.rank;
+                    });
+  const auto delay = slow ? slow_peer_.delay : std::chrono::microseconds(0);
   for (const PeerRead& r : reads) {
     fabric_.read(static_cast<int>(r.peer), r.remote_offset, r.length, staging_, r.staging_offset,
-                 [this, group](const Status& status) {
+                 [this, group, delay](const Status& status) {
                    if (!status.ok()) {
                      std::lock_guard lock(group->mutex);
                      if (group->first_error.ok()) group->first_error = status;
                    }
-                   if (group->remaining.fetch_sub(1) == 1) {
+                   if (group->remaining.fetch_sub(1) != 1) return;
+                   if (delay.count() == 0) {
                      asio::post(io_, [group] { group->done(group->first_error); });
+                     return;
                    }
+                   asio::post(io_, [this, group, delay] {
+                     auto timer = std::make_shared<asio::steady_timer>(io_, delay);
+                     timer->async_wait([timer, group](const boost::system::error_code&) {
+                       group->done(group->first_error);
+                     });
+                   });
                  });
   }
 }
@@ -84,6 +100,15 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     write(std::move(out));
   }
   void send_epoch_end(const proto::EpochStats& stats) override {
+    // The per-epoch report of this trainer's delivery (docs/shuffle-quality.md).
+    const double n = stats.samples > 0 ? static_cast<double>(stats.samples) : 1.0;
+    log_->info(
+        "trainer {} epoch {}: {} samples in {} batches, local {:.3f} peer {:.3f}, {:.0f} peer bytes/sample, "
+        "Q {:.3f}, window {} ({} substituted), label entropy mean {:.3f} p5 {:.3f}, affinity {:.3f}, "
+        "fetch wait {:.3f} s",
+        trainer_rank_, stats.epoch, stats.samples, stats.batches, stats.local_samples / n, stats.peer_samples / n,
+        stats.peer_bytes / n, stats.exchange_fraction, stats.window, stats.substituted_samples,
+        stats.label_entropy_mean, stats.label_entropy_p5, stats.affinity, stats.fetch_wait_us / 1e6);
     std::vector<std::uint8_t> out;
     proto::encode(out, stats);
     write(std::move(out));
@@ -176,6 +201,7 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
       case proto::FrameType::kStartEpoch: {
         proto::StartEpoch m;
         if (auto err = proto::decode(payload_, m); !err.empty()) return protocol_error(err), false;
+        service_.report_epoch_choice(m.epoch);
         scheduler_->start_epoch(m.epoch, m.stream);
         return !closed_;
       }
@@ -232,7 +258,7 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
       previous->close();
     }
     service_.trainer_connection_[local] = weak_from_this();
-    scheduler_ = std::make_shared<TrainerScheduler>(job.context, local, service_.rings_[local], *job.fetcher, *this);
+    scheduler_ = std::make_shared<TrainerScheduler>(job.context, local, service_.staging_[local], *job.fetcher, *this);
     log_->info("trainer rank {} (pid {}) connected", hello.trainer_rank, peer_pid_);
 
     proto::Welcome w;
@@ -338,9 +364,28 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
 ClientService::ClientService(asio::io_context& io, ServedJob job, std::string socket_path)
     : io_(io), job_(std::move(job)), socket_path_(std::move(socket_path)), acceptor_(io), accept_backoff_(io) {
   for (std::uint32_t t = 0; t < job_.trainers_per_node; ++t) {
-    rings_.push_back(std::make_shared<StagingRing>(t * job_.staging_per_trainer, job_.staging_per_trainer));
+    staging_.push_back(std::make_shared<StagingAllocator>(t * job_.staging_per_trainer, job_.staging_per_trainer));
   }
   trainer_connection_.resize(job_.trainers_per_node);
+}
+
+void ClientService::report_epoch_choice(std::uint64_t epoch) {
+  if (reported_epochs_.count(epoch) != 0) return;
+  reported_epochs_.insert(epoch);
+  if (reported_epochs_.size() > 64) reported_epochs_.erase(reported_epochs_.begin());
+  const EpochChoice choice = job_.context.planner->choice(epoch);
+  if (!choice.entropy_aware) return;
+  auto log = log::get("service");
+  if (choice.floor_reached) {
+    log->info("epoch {}: shuffle.min_entropy chose exchange_fraction {} (planned label entropy mean {:.3f}, p5 {:.3f}; "
+              "{} candidates)",
+              epoch, choice.exchange_fraction, choice.planned_label_entropy_mean, choice.planned_label_entropy_p5,
+              choice.candidates_evaluated);
+  } else {
+    log->warn("epoch {}: no exchange_fraction up to the configured ceiling reaches shuffle.min_entropy; using {} "
+              "(planned label entropy mean {:.3f})",
+              epoch, choice.exchange_fraction, choice.planned_label_entropy_mean);
+  }
 }
 
 ClientService::~ClientService() {

@@ -20,7 +20,7 @@
 #include "common/fabric/fabric.h"
 #include "common/status.h"
 #include "server/shared_region.h"
-#include "server/staging_ring.h"
+#include "server/staging_allocator.h"
 #include "server/trainer_scheduler.h"
 
 namespace shardmix {
@@ -38,18 +38,26 @@ struct ServedJob {
   PeerFetcher* fetcher = nullptr;
 };
 
+// Fault injection (inject.slow_peer_*): fetches that read from `rank` complete `delay` late.
+struct SlowPeer {
+  std::int64_t rank = -1;  // -1: none
+  std::chrono::microseconds delay{0};
+};
+
 // PeerFetcher over the libfabric adapter: completions hop from the fabric progress
 // thread to the io_context thread.
 class FabricFetcher : public PeerFetcher {
  public:
-  FabricFetcher(boost::asio::io_context& io, fabric::Fabric& fabric, fabric::LocalRegion staging)
-      : io_(io), fabric_(fabric), staging_(staging) {}
+  FabricFetcher(boost::asio::io_context& io, fabric::Fabric& fabric, fabric::LocalRegion staging,
+                SlowPeer slow_peer = {})
+      : io_(io), fabric_(fabric), staging_(staging), slow_peer_(slow_peer) {}
   void fetch(std::vector<PeerRead> reads, std::function<void(const Status&)> done) override;
 
  private:
   boost::asio::io_context& io_;
   fabric::Fabric& fabric_;
   fabric::LocalRegion staging_;
+  SlowPeer slow_peer_;
 };
 
 class TrainerConnection;
@@ -66,6 +74,9 @@ class ClientService {
   void stop();
 
   std::size_t connections() const { return connections_.size(); }
+  // Logs, once per epoch and node, what shuffle.min_entropy chose for `epoch` (nothing
+  // when the mode is off).
+  void report_epoch_choice(std::uint64_t epoch);
 
  private:
   friend class TrainerConnection;
@@ -78,13 +89,14 @@ class ClientService {
   boost::asio::local::stream_protocol::acceptor acceptor_;
   boost::asio::steady_timer accept_backoff_;
   // One per local trainer. Shared with schedulers: fetches still in flight when a
-  // connection (or the service) goes away must free their bytes into a live ring.
-  std::vector<std::shared_ptr<StagingRing>> rings_;
+  // connection (or the service) goes away must free their bytes into a live allocator.
+  std::vector<std::shared_ptr<StagingAllocator>> staging_;
   // The live connection of each local trainer, if any (to tell a restarted trainer
   // from a duplicate when the old connection's hang-up is not processed yet).
   std::vector<std::weak_ptr<TrainerConnection>> trainer_connection_;
   std::set<std::shared_ptr<TrainerConnection>> connections_;
   bool listening_ = false;
+  std::set<std::uint64_t> reported_epochs_;  // epochs whose choice report_epoch_choice logged
 };
 
 }  // namespace shardmix

@@ -267,10 +267,15 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   }
 
   // 6. Serve trainers.
-  FabricFetcher fetcher(io, fabric, staging_region);
+  SlowPeer slow_peer{config.inject.slow_peer_rank, config.inject.slow_peer_delay};
+  if (slow_peer.rank >= 0 && slow_peer.delay.count() > 0) {
+    log->warn("fault injection: fetches from rank {} complete {} us late (inject.slow_peer_*)", slow_peer.rank,
+              slow_peer.delay.count());
+  }
+  FabricFetcher fetcher(io, fabric, staging_region, slow_peer);
   ServedJob served;
   served.context = SchedulerContext{&catalog, &placement, &planner, static_cast<std::uint32_t>(rank),
-                                    config.service.prefetch};
+                                    config.service.prefetch, config.shuffle.window, catalog.num_classes()};
   served.shape = &shape;
   served.nodes = static_cast<std::uint32_t>(nodes);
   served.trainers_per_node = config.service.trainers_per_node;

@@ -1,38 +1,63 @@
 #include "server/trainer_scheduler.h"
 
+#include <algorithm>
+#include <limits>
+
 #include <fmt/format.h>
 
 namespace shardmix {
 
 TrainerScheduler::TrainerScheduler(const SchedulerContext& context, std::uint32_t local_trainer,
-                                   std::shared_ptr<StagingRing> ring, PeerFetcher& fetcher, FrameSink& sink)
-    : context_(context), local_trainer_(local_trainer), ring_(std::move(ring)), fetcher_(fetcher), sink_(sink) {}
+                                   std::shared_ptr<StagingAllocator> staging, PeerFetcher& fetcher, FrameSink& sink)
+    : context_(context), local_trainer_(local_trainer), staging_(std::move(staging)), fetcher_(fetcher), sink_(sink) {}
 
-void TrainerScheduler::abandon(Pass& pass) {
-  auto previous = std::move(pass.live);
-  pass.live.clear();
-  for (auto& [index, assembly] : previous) {
-    assembly->released = true;
-    if (!assembly->fetching) retire(assembly);
+std::shared_ptr<TrainerScheduler::Pass> TrainerScheduler::new_pass(std::uint64_t epoch) {
+  auto pass = std::make_shared<Pass>();
+  pass->epoch = epoch;
+  pass->plan = std::move(context_.planner->plan_node(epoch, context_.node)[local_trainer_]);
+  return pass;
+}
+
+std::uint64_t TrainerScheduler::staged_samples() const {
+  return (current_ ? current_->undelivered : 0) + (ahead_ ? ahead_->undelivered : 0);
+}
+
+std::uint64_t TrainerScheduler::budget_used() const { return staged_samples() + sent_samples_; }
+
+void TrainerScheduler::abandon(const std::shared_ptr<Pass>& pass) {
+  pass->abandoned = true;
+  // Delivered slots belong to sent batches (freed with sent_); slots still being fetched
+  // are freed by on_fetched once their reads have landed.
+  for (Slot& slot : pass->slots) {
+    if (slot.state == SlotState::kReady && slot.staged_bytes > 0) {
+      const std::uint64_t bytes = std::exchange(slot.staged_bytes, 0);
+      staging_->release(slot.descriptor.offset, bytes);
+    }
+  }
+}
+
+void TrainerScheduler::free_sent() {
+  auto sent = std::move(sent_);
+  sent_.clear();
+  sent_samples_ = 0;
+  for (const auto& [index, batch] : sent) {
+    for (const auto& [offset, bytes] : batch.staging) staging_->release(offset, bytes);
   }
 }
 
 void TrainerScheduler::start_epoch(std::uint64_t epoch, std::uint64_t stream) {
   // Our own waiter (if the old pass was blocked on staging) must not fire while we
   // retire the old pass: it would pump the old plan.
-  ring_->wait_for_release(nullptr);
-  // Implicitly release what the trainer still held of the previous pass; batches still
+  staging_->wait_for_release(nullptr);
+  // Implicitly release what the trainer still held of the previous pass; samples still
   // being fetched free their staging when the fetches land.
-  abandon(current_);
-  ++generation_;
+  free_sent();
+  if (current_) abandon(current_);
   if (ahead_ && ahead_->epoch == epoch) {
-    current_ = std::move(*ahead_);  // assembled ahead with generation_ + 1: now current
+    current_ = std::move(ahead_);  // staged ahead of its StartEpoch: adopt it
   } else {
-    if (ahead_) abandon(*ahead_);
-    current_ = Pass{};
-    current_.epoch = epoch;
-    current_.generation = generation_;
-    current_.plan = std::move(context_.planner->plan_node(epoch, context_.node)[local_trainer_]);
+    if (ahead_) abandon(ahead_);
+    current_ = new_pass(epoch);
   }
   ahead_.reset();
   started_ = true;
@@ -43,109 +68,100 @@ void TrainerScheduler::start_epoch(std::uint64_t epoch, std::uint64_t stream) {
   stats_ = proto::EpochStats{};
   stats_.epoch = epoch;
   stats_.stream = stream;
+  stats_.window = context_.window;
+  stats_.exchange_fraction = context_.planner->choice(epoch).exchange_fraction;
+  label_entropy_.emplace(context_.num_classes);
+  received_.assign(context_.catalog->size(), false);
+  received_again_ = 0;
   pump();
-  flush();
 }
 
 Status TrainerScheduler::release(std::uint64_t stream, std::uint64_t batch) {
   if (stream != stream_) return Status::ok_status();  // a late release of an abandoned pass
-  auto it = current_.live.find(batch);
-  if (it == current_.live.end() || !it->second->sent) {
+  auto it = sent_.find(batch);
+  if (it == sent_.end()) {
     return make_error(StatusCode::kProtocol, "release of epoch {} batch {} (stream {}) that is not outstanding",
-                      current_.epoch, batch, stream);
+                      current_ ? current_->epoch : 0, batch, stream);
   }
-  auto assembly = it->second;
-  current_.live.erase(it);
-  assembly->released = true;
-  retire(assembly);
+  const SentBatch done = std::move(it->second);
+  sent_.erase(it);
+  sent_samples_ -= done.samples;
+  for (const auto& [offset, bytes] : done.staging) staging_->release(offset, bytes);
   pump();
-  flush();
   return Status::ok_status();
 }
 
 void TrainerScheduler::close() {
   closed_ = true;  // first: a waiter fired by the releases below finds us closed
-  abandon(current_);
-  if (ahead_) abandon(*ahead_);
+  free_sent();
+  if (current_) abandon(current_);
+  if (ahead_) abandon(ahead_);
 }
 
-void TrainerScheduler::retire(const std::shared_ptr<Assembly>& assembly) {
-  if (assembly->staging_offset) {
-    ring_->release(*assembly->staging_offset);
-    assembly->staging_offset.reset();
-  }
+void TrainerScheduler::fail(const Status& status) {
+  failed_ = true;
+  sink_.send_error(status);
 }
 
 void TrainerScheduler::pump() {
-  if (closed_ || failed_ || !started_) return;
-  while (live_batches() < context_.prefetch) {
-    if (current_.next_to_assemble < current_.plan.num_batches()) {
-      if (!assemble_next(current_)) return;
-      continue;
+  if (closed_ || failed_ || !started_ || pumping_) return;
+  pumping_ = true;
+  const std::uint64_t budget =
+      std::uint64_t{context_.prefetch} * context_.planner->shape().job.batch_size + context_.window;
+  bool progress = true;
+  while (progress && !closed_ && !failed_) {
+    progress = false;
+    if (!current_->error.ok()) {
+      fail(current_->error.with_context(
+          fmt::format("epoch {} plan position {}", current_->epoch, current_->error_position)));
+      break;
     }
-    // The current pass is fully assembled: work ahead on the next epoch.
-    if (!ahead_) {
-      ahead_.emplace();
-      ahead_->epoch = current_.epoch + 1;
-      ahead_->generation = generation_ + 1;
-      ahead_->plan = std::move(context_.planner->plan_node(ahead_->epoch, context_.node)[local_trainer_]);
+    while (!failed_ && deliver_next()) progress = true;
+    // Stage planned batches within the budget: the current pass first, then the next epoch.
+    while (!failed_) {
+      std::shared_ptr<Pass> pass = current_;
+      if (pass->next_to_stage >= pass->plan.num_batches()) {
+        if (!ahead_) ahead_ = new_pass(current_->epoch + 1);
+        pass = ahead_;
+        if (pass->next_to_stage >= pass->plan.num_batches()) break;
+      }
+      const std::uint64_t b = pass->next_to_stage;
+      const std::uint64_t length = pass->plan.batch_begin[b + 1] - pass->plan.batch_begin[b];
+      const std::uint64_t used = budget_used();
+      if (used > 0 && used + length > budget) break;
+      if (!stage_next(pass)) break;
+      progress = true;
     }
-    if (ahead_->next_to_assemble >= ahead_->plan.num_batches()) return;
-    if (!assemble_next(*ahead_)) return;
+  }
+  pumping_ = false;
+  if (!closed_ && !failed_ && !end_sent_ && next_to_send_ == current_->plan.num_batches()) {
+    end_sent_ = true;
+    finish_quality_figures();
+    sink_.send_epoch_end(stats_);
   }
 }
 
-bool TrainerScheduler::assemble_next(Pass& pass) {
-  const std::uint64_t b = pass.next_to_assemble;
-  const std::uint64_t begin = pass.plan.batch_begin[b];
-  const std::uint64_t end = pass.plan.batch_begin[b + 1];
+bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
+  Pass& p = *pass;
+  const std::uint64_t b = p.next_to_stage;
+  const std::uint64_t begin = p.plan.batch_begin[b];
+  const std::uint64_t end = p.plan.batch_begin[b + 1];
   const Catalog& catalog = *context_.catalog;
   const Placement& placement = *context_.placement;
 
-  std::uint64_t staging_needed = 0;
+  std::vector<Slot> slots;
+  slots.reserve(end - begin);
+  // With a window, one fetch per owner, so that a slow peer holds back only its own
+  // samples; without one the batch waits for all its reads anyway, and one completion
+  // per batch means fewer wake-ups of the service thread.
+  std::map<std::uint32_t, std::vector<PeerRead>> reads;
+  std::map<std::uint32_t, std::vector<std::uint64_t>> positions;
   for (std::uint64_t i = begin; i < end; ++i) {
-    const SampleId id = pass.plan.order[i];
-    if (placement.owner[id] != context_.node) staging_needed += align_to_arena(catalog.sample_bytes(id));
-  }
-  auto assembly = std::make_shared<Assembly>();
-  if (staging_needed > 0) {
-    assembly->staging_offset = ring_->allocate(staging_needed);
-    if (!assembly->staging_offset) {
-      if (live_batches() == 0 && ring_->empty()) {
-        failed_ = true;
-        sink_.send_error(make_error(StatusCode::kResourceExhausted,
-                                    "batch {} needs {} staging bytes but service.staging_bytes_per_trainer is {}",
-                                    b, staging_needed, ring_->capacity()));
-        return false;
-      }
-      // Wait for staging bytes. They may be freed by this scheduler's own releases or
-      // by a previous scheduler of the same trainer slot whose reads are still landing
-      // (a restarted trainer): the ring wakes whoever waits.
-      std::weak_ptr<TrainerScheduler> weak = weak_from_this();
-      ring_->wait_for_release([weak] {
-        if (auto self = weak.lock()) {
-          self->pump();
-          self->flush();
-        }
-      });
-      return false;
-    }
-  }
-  assembly->generation = pass.generation;
-  assembly->started = std::chrono::steady_clock::now();
-  assembly->frame.epoch = pass.epoch;
-  assembly->frame.batch = b;
-  assembly->frame.samples.reserve(end - begin);
-  pass.live.emplace(b, assembly);
-  ++pass.next_to_assemble;
-
-  std::uint64_t staging_cursor = assembly->staging_offset.value_or(0);
-  std::vector<PeerRead> reads;
-  for (std::uint64_t i = begin; i < end; ++i) {
-    const SampleId id = pass.plan.order[i];
+    const SampleId id = p.plan.order[i];
     const std::uint32_t owner = placement.owner[id];
     const std::uint64_t length = catalog.sample_bytes(id);
-    proto::SampleDescriptor d{};
+    Slot slot;
+    proto::SampleDescriptor& d = slot.descriptor;
     d.sample_id = id;
     d.label = catalog.label(id);
     d.owner = owner;
@@ -157,69 +173,184 @@ bool TrainerScheduler::assemble_next(Pass& pass) {
     } else {
       d.region = static_cast<std::uint8_t>(proto::Region::kStaging);
       d.tier = static_cast<std::uint8_t>(proto::Tier::kPeer);
-      d.offset = staging_cursor;
-      if (length > 0) reads.push_back({owner, placement.arena_offset[id], length, staging_cursor});
-      staging_cursor += align_to_arena(length);
+      if (length > 0) {
+        const std::uint64_t bytes = align_to_arena(length);
+        const auto offset = staging_->allocate(bytes);
+        if (!offset) break;
+        d.offset = *offset;
+        slot.staged_bytes = bytes;
+        slot.state = SlotState::kFetching;
+        const std::uint32_t group = context_.window > 0 ? owner : 0;
+        reads[group].push_back({owner, placement.arena_offset[id], length, *offset});
+        positions[group].push_back(i);
+      }
     }
-    assembly->frame.samples.push_back(d);
+    slots.push_back(slot);
   }
-  if (!reads.empty()) {
-    assembly->fetching = true;
+  if (slots.size() < end - begin) {
+    // Not enough staging now: undo this batch and wait for bytes. They may be freed by
+    // this scheduler's own releases or by a previous scheduler of the same trainer slot
+    // whose reads are still landing (a restarted trainer): the allocator wakes whoever waits.
+    staging_->wait_for_release(nullptr);
+    for (const Slot& slot : slots) {
+      if (slot.staged_bytes > 0) staging_->release(slot.descriptor.offset, slot.staged_bytes);
+    }
+    std::uint64_t held = 0;
+    bool in_flight = false;
+    for (const auto& q : {current_, ahead_}) {
+      if (!q) continue;
+      in_flight = in_flight || q->fetches_in_flight > 0;
+      for (const Slot& slot : q->slots) {
+        if (slot.state != SlotState::kDelivered) held += slot.staged_bytes;
+      }
+    }
+    if (pass == current_ && sent_.empty() && !in_flight && staging_->bytes_in_use() == held) {
+      // Nothing can free bytes: the trainer holds no batch, no read is landing, and what
+      // is staged cannot make a batch on its own.
+      std::uint64_t needed = 0;
+      for (std::uint64_t i = begin; i < end; ++i) {
+        const SampleId id = p.plan.order[i];
+        if (placement.owner[id] != context_.node) needed += align_to_arena(catalog.sample_bytes(id));
+      }
+      fail(make_error(StatusCode::kResourceExhausted,
+                      "epoch {} batch {} needs {} staging bytes, {} are held by samples staged ahead "
+                      "(shuffle.window = {}), and service.staging_bytes_per_trainer is {}: raise it or lower "
+                      "shuffle.window",
+                      p.epoch, b, needed, held, context_.window, staging_->capacity()));
+      return false;
+    }
+    std::weak_ptr<TrainerScheduler> weak = weak_from_this();
+    staging_->wait_for_release([weak] {
+      if (auto self = weak.lock()) self->pump();
+    });
+    return false;
+  }
+  for (Slot& slot : slots) p.slots.push_back(slot);
+  p.undelivered += slots.size();
+  ++p.next_to_stage;
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& [group, group_reads] : reads) {
+    ++p.fetches_in_flight;
     auto self = shared_from_this();
-    fetcher_.fetch(std::move(reads), [self, assembly](const Status& status) { self->on_fetched(assembly, status); });
+    fetcher_.fetch(std::move(group_reads), [self, pass, where = std::move(positions[group]), now](const Status& s) {
+      self->on_fetched(pass, where, now, s);
+    });
   }
   return true;
 }
 
-void TrainerScheduler::on_fetched(const std::shared_ptr<Assembly>& assembly, const Status& status) {
-  assembly->error = status;
-  assembly->fetching = false;
-  if (assembly->released || closed_) {
-    retire(assembly);  // abandoned pass or gone trainer: only the staging bytes matter
-    pump();            // the freed bytes may unblock the current pass
-    flush();
-    return;
+bool TrainerScheduler::deliver_next() {
+  Pass& p = *current_;
+  const std::uint64_t j = next_to_send_;
+  if (j >= p.plan.num_batches() || sent_.size() >= context_.prefetch) return false;
+  const std::uint64_t plan_begin = p.plan.batch_begin[j];
+  const std::uint64_t n = p.plan.batch_begin[j + 1] - plan_begin;
+
+  // Planned composition: the first n undelivered positions, if they are all ready.
+  std::vector<std::size_t> chosen;  // indices into p.slots
+  chosen.reserve(n);
+  bool ready = true;
+  for (std::size_t k = 0; k < p.slots.size() && chosen.size() < n; ++k) {
+    if (p.slots[k].state == SlotState::kDelivered) continue;
+    if (p.slots[k].state != SlotState::kReady) {
+      ready = false;
+      break;
+    }
+    chosen.push_back(k);
   }
-  if (assembly->generation != generation_) return;  // assembled ahead: waits for its StartEpoch
-  stats_.fetch_wait_us += static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - assembly->started)
-          .count());
-  flush();
-  pump();
-  flush();
+  if (chosen.size() < n) ready = false;
+  if (!ready) {
+    // Opportunistic: only when the trainer is about to starve, so that an unhurried
+    // pipeline keeps the planned order.
+    if (context_.window == 0 || sent_.size() > 1) return false;
+    const std::uint64_t window_end = std::min<std::uint64_t>(plan_begin + n + context_.window, p.plan.order.size());
+    chosen.clear();
+    for (std::size_t k = 0; k < p.slots.size() && chosen.size() < n && p.base + k < window_end; ++k) {
+      if (p.slots[k].state == SlotState::kReady) chosen.push_back(k);
+    }
+    if (chosen.size() < n) return false;
+  }
+
+  proto::BatchFrame frame;
+  frame.epoch = p.epoch;
+  frame.batch = j;
+  frame.stream = stream_;
+  frame.samples.reserve(n);
+  SentBatch sent;
+  sent.samples = n;
+  for (const std::size_t k : chosen) {
+    Slot& slot = p.slots[k];
+    slot.state = SlotState::kDelivered;
+    const proto::SampleDescriptor& d = slot.descriptor;
+    frame.samples.push_back(d);
+    if (slot.staged_bytes > 0) sent.staging.emplace_back(d.offset, std::exchange(slot.staged_bytes, 0));
+    const std::uint64_t position = p.base + k;
+    if (position < plan_begin || position >= plan_begin + n) ++stats_.substituted_samples;
+    ++stats_.samples;
+    stats_.bytes += d.length;
+    if (d.tier == static_cast<std::uint8_t>(proto::Tier::kLocal)) {
+      ++stats_.local_samples;
+    } else {
+      ++stats_.peer_samples;
+      stats_.peer_bytes += d.length;
+    }
+  }
+  labels_scratch_.clear();
+  for (const auto& d : frame.samples) {
+    labels_scratch_.push_back(d.label);
+    if (!previous_epoch_ || *previous_epoch_ + 1 != p.epoch) continue;
+    if (received_before_[d.sample_id]) ++received_again_;
+  }
+  for (const auto& d : frame.samples) received_[d.sample_id] = true;
+  label_entropy_->add_batch(labels_scratch_);
+  p.undelivered -= n;
+  while (!p.slots.empty() && p.slots.front().state == SlotState::kDelivered) {
+    p.slots.pop_front();
+    ++p.base;
+  }
+  ++stats_.batches;
+  sent_.emplace(j, std::move(sent));
+  sent_samples_ += n;
+  ++next_to_send_;
+  sink_.send_batch(frame);
+  return true;
 }
 
-void TrainerScheduler::flush() {
-  if (closed_ || failed_ || !started_) return;
-  while (true) {
-    auto it = current_.live.find(next_to_send_);
-    if (it == current_.live.end() || it->second->fetching) break;
-    Assembly& a = *it->second;
-    if (!a.error.ok()) {
-      failed_ = true;
-      sink_.send_error(a.error.with_context(fmt::format("epoch {} batch {}", current_.epoch, next_to_send_)));
-      return;
+void TrainerScheduler::finish_quality_figures() {
+  const LabelEntropySummary summary = label_entropy_->summary();
+  stats_.batches_scored = summary.scored;
+  stats_.label_entropy_mean = summary.mean;
+  stats_.label_entropy_p5 = summary.p5;
+  const bool has_previous = previous_epoch_ && *previous_epoch_ + 1 == current_->epoch;
+  stats_.affinity = has_previous && stats_.samples > 0
+                        ? static_cast<double>(received_again_) / static_cast<double>(stats_.samples)
+                        : std::numeric_limits<double>::quiet_NaN();
+  received_before_.swap(received_);
+  previous_epoch_ = current_->epoch;
+}
+
+void TrainerScheduler::on_fetched(const std::shared_ptr<Pass>& pass, const std::vector<std::uint64_t>& positions,
+                                  std::chrono::steady_clock::time_point started, const Status& status) {
+  --pass->fetches_in_flight;
+  if (pass->abandoned || closed_) {
+    // Abandoned pass or gone trainer: only the staging bytes matter now.
+    for (const std::uint64_t position : positions) {
+      Slot& slot = pass->slot(position);
+      if (slot.staged_bytes > 0) staging_->release(slot.descriptor.offset, std::exchange(slot.staged_bytes, 0));
     }
-    for (const auto& d : a.frame.samples) {
-      ++stats_.samples;
-      stats_.bytes += d.length;
-      if (d.tier == static_cast<std::uint8_t>(proto::Tier::kLocal)) {
-        ++stats_.local_samples;
-      } else {
-        ++stats_.peer_samples;
-        stats_.peer_bytes += d.length;
-      }
-    }
-    ++stats_.batches;
-    a.sent = true;
-    a.frame.stream = stream_;  // known only now for batches assembled ahead of their pass
-    sink_.send_batch(a.frame);
-    ++next_to_send_;
+    pump();  // the freed bytes may unblock the current pass
+    return;
   }
-  if (!end_sent_ && next_to_send_ == current_.plan.num_batches()) {
-    end_sent_ = true;
-    sink_.send_epoch_end(stats_);
+  for (const std::uint64_t position : positions) pass->slot(position).state = SlotState::kReady;
+  if (!status.ok() && pass->error.ok()) {
+    pass->error = status;
+    pass->error_position = positions.front();
   }
+  if (pass == current_) {
+    stats_.fetch_wait_us += static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started).count());
+  }
+  pump();
 }
 
 }  // namespace shardmix

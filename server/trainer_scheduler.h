@@ -1,12 +1,24 @@
-// The per-trainer scheduler: walks one trainer's epoch plan ahead by `service.prefetch`
-// batches. A locally cached sample becomes a descriptor pointing into the cache arena
-// (no copy); a peer's sample gets room in the trainer's staging ring and is fetched
-// with a one-sided read; a batch is sent once all its fetches completed, in plan order.
-// Flow control by credits: at most `prefetch` batches assembled or unreleased at once.
-// Clairvoyance across epochs: once the current pass has assembled its last batch, spare
-// credits go to the first batches of the next epoch (the plan is known), so the pipeline
-// does not drain at every epoch boundary. A StartEpoch for that epoch adopts them; any
-// other StartEpoch discards them.
+// The per-trainer scheduler: walks one trainer's epoch plan ahead and turns it into
+// batch frames. A locally cached sample becomes a descriptor pointing into the cache arena
+// (no copy); a peer's sample gets room in the trainer's staging area and is fetched with
+// a one-sided read.
+//
+// Two steps per planned position: *staging* (descriptor made, peer read posted; done a
+// planned batch at a time, in plan order, ahead of need) and *delivery* (the sample is put
+// in an outgoing batch once it is ready). Output batch j always has the planned size of
+// batch j, so batch counts and sizes never change. Which samples fill it:
+//  - window W = 0: exactly planned batch j, in plan order (bit-for-bit reproducible);
+//  - W > 0 (opportunistic ordering): the first n_j undelivered positions if all are ready;
+//    otherwise, when the trainer is about to starve (at most one batch in its hands), any
+//    n_j ready samples among the undelivered positions before plan position
+//    batch_begin[j] + n_j + W, earliest first. So a slow read is overtaken instead of
+//    stalling the trainer, composition changes only inside the window, and a sample is
+//    never skipped: the last batch's window holds every position still undelivered.
+// Flow control: at most `prefetch` batches sent and unreleased (the trainer's credits),
+// and at most prefetch x batch.size + W samples staged or in the trainer's hands.
+// Clairvoyance across epochs: once the current pass is fully staged, spare budget stages
+// the first batches of the next epoch (the plan is known), so the pipeline does not drain
+// at every epoch boundary. A StartEpoch for that epoch adopts them; any other discards them.
 //
 // Transport-free: the fabric and the socket are behind PeerFetcher and FrameSink, so
 // this is tested as pure code (tests/unit/trainer_scheduler_test.cc).
@@ -15,6 +27,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -25,9 +38,10 @@
 #include "common/catalog.h"
 #include "common/epoch_plan.h"
 #include "common/placement.h"
+#include "common/shuffle_metrics.h"
 #include "common/status.h"
 #include "proto/wire.h"
-#include "server/staging_ring.h"
+#include "server/staging_allocator.h"
 
 namespace shardmix {
 
@@ -64,12 +78,14 @@ struct SchedulerContext {
   const EpochPlanner* planner = nullptr;
   std::uint32_t node = 0;
   std::uint32_t prefetch = 1;
+  std::uint32_t window = 0;  // shuffle.window (W)
+  std::uint64_t num_classes = 0;  // C for the label-entropy figure (0: distinct labels seen)
 };
 
 class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
  public:
-  TrainerScheduler(const SchedulerContext& context, std::uint32_t local_trainer, std::shared_ptr<StagingRing> ring,
-                   PeerFetcher& fetcher, FrameSink& sink);
+  TrainerScheduler(const SchedulerContext& context, std::uint32_t local_trainer,
+                   std::shared_ptr<StagingAllocator> staging, PeerFetcher& fetcher, FrameSink& sink);
 
   // Begins streaming `epoch` as stream `stream` (the client's id for this pass; frames
   // carry it back). Batches of an earlier stream that were not released are released
@@ -81,56 +97,83 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   void close();
 
   std::uint32_t local_trainer() const { return local_trainer_; }
-  // Batches assembled or sent but not released, ahead-of-time ones included (for tests
-  // and telemetry).
-  std::size_t live_batches() const { return current_.live.size() + (ahead_ ? ahead_->live.size() : 0); }
+  // Batches sent and not yet released (for tests and telemetry).
+  std::size_t outstanding_batches() const { return sent_.size(); }
+  // Samples staged (fetched or being fetched, or local and ready) and not yet delivered,
+  // next epoch's included (for tests and telemetry).
+  std::uint64_t staged_samples() const;
 
  private:
-  struct Assembly {
-    std::uint64_t generation = 0;
-    proto::BatchFrame frame;
-    std::optional<std::uint64_t> staging_offset;
-    bool fetching = false;  // the batch's peer reads are in flight
-    Status error;
-    bool sent = false;
-    bool released = false;
-    std::chrono::steady_clock::time_point started;
+  enum class SlotState : std::uint8_t { kFetching, kReady, kDelivered };
+  // One planned position of a pass, from staging to delivery.
+  struct Slot {
+    proto::SampleDescriptor descriptor{};
+    std::uint64_t staged_bytes = 0;  // bytes held in the staging area (aligned), 0 if local
+    SlotState state = SlotState::kReady;
   };
 
-  // One pass over an epoch's plan for this trainer.
+  // One pass over an epoch's plan for this trainer. Shared with fetch completions, which
+  // must know whether their pass was abandoned meanwhile.
   struct Pass {
     std::uint64_t epoch = 0;
-    std::uint64_t generation = 0;
     TrainerPlan plan;
-    std::uint64_t next_to_assemble = 0;
-    // Batches assembled or unreleased, by batch index.
-    std::map<std::uint64_t, std::shared_ptr<Assembly>> live;
+    bool abandoned = false;
+    std::uint64_t next_to_stage = 0;  // planned batch
+    std::uint64_t base = 0;           // plan position of slots.front()
+    std::deque<Slot> slots;           // positions [base, base + slots.size())
+    std::uint64_t undelivered = 0;    // staged slots not yet delivered
+    std::uint64_t fetches_in_flight = 0;
+    Status error;                     // first fetch error
+    std::uint64_t error_position = 0;
+
+    Slot& slot(std::uint64_t position) { return slots[position - base]; }
   };
 
+  struct SentBatch {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> staging;  // (offset, bytes) to free
+    std::uint64_t samples = 0;
+  };
+
+  std::shared_ptr<Pass> new_pass(std::uint64_t epoch);
   void pump();
-  // Assembles the next batch of `pass`; false if it must wait for staging bytes.
-  bool assemble_next(Pass& pass);
-  void flush();
-  void on_fetched(const std::shared_ptr<Assembly>& assembly, const Status& status);
-  void retire(const std::shared_ptr<Assembly>& assembly);
-  void abandon(Pass& pass);  // releases its batches; staging is freed as fetches land
+  // Stages the next planned batch of `pass`; false if it must wait for staging bytes.
+  bool stage_next(const std::shared_ptr<Pass>& pass);
+  // Sends the next batch if its samples are ready; false otherwise.
+  bool deliver_next();
+  void on_fetched(const std::shared_ptr<Pass>& pass, const std::vector<std::uint64_t>& positions,
+                  std::chrono::steady_clock::time_point started, const Status& status);
+  void abandon(const std::shared_ptr<Pass>& pass);  // frees its staging (in-flight: when it lands)
+  void free_sent();
+  std::uint64_t budget_used() const;
+  void fail(const Status& status);
+  // Fills the quality figures of stats_ at the end of the current pass.
+  void finish_quality_figures();
 
   SchedulerContext context_;
   std::uint32_t local_trainer_;
-  std::shared_ptr<StagingRing> ring_;
+  std::shared_ptr<StagingAllocator> staging_;
   PeerFetcher& fetcher_;
   FrameSink& sink_;
 
   bool closed_ = false;
   bool failed_ = false;
-  std::uint64_t generation_ = 0;  // bumps with every start_epoch
-  std::uint64_t stream_ = 0;
   bool started_ = false;
-  Pass current_;
-  std::optional<Pass> ahead_;  // the next epoch, assembled ahead of its StartEpoch
+  std::uint64_t stream_ = 0;
+  std::shared_ptr<Pass> current_;
+  std::shared_ptr<Pass> ahead_;  // the next epoch, staged ahead of its StartEpoch
   std::uint64_t next_to_send_ = 0;
+  std::map<std::uint64_t, SentBatch> sent_;  // current pass, by batch index
+  std::uint64_t sent_samples_ = 0;
   bool end_sent_ = true;
+  bool pumping_ = false;
   proto::EpochStats stats_;
+  // Shuffle quality of what this trainer received this epoch (EpochStats figures).
+  std::optional<BatchLabelEntropy> label_entropy_;
+  std::vector<bool> received_;           // sample ids received in this epoch's pass
+  std::vector<bool> received_before_;    // ... in the previous epoch's completed pass
+  std::optional<std::uint64_t> previous_epoch_;  // the epoch received_before_ describes
+  std::uint64_t received_again_ = 0;     // samples also in received_before_
+  std::vector<std::int32_t> labels_scratch_;
 };
 
 }  // namespace shardmix

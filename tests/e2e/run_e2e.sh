@@ -11,7 +11,10 @@
 # $SHARDMIX_BUILD_DIR (default <repo>/build) or PATH. Everything it writes lives in one
 # temp dir, removed at the end (SHARDMIX_E2E_KEEP=1 keeps it for a post-mortem).
 # Knobs: SHARDMIX_E2E_SAMPLES (default 1000), SHARDMIX_E2E_TRAINERS_PER_NODE (default 2),
-# SHARDMIX_E2E_TIMEOUT (seconds for the whole run, default 240; stays under ctest's 300).
+# SHARDMIX_E2E_TIMEOUT (seconds for the whole run, default 240; stays under ctest's 300),
+# SHARDMIX_E2E_WINDOW (shuffle.window, default 0), SHARDMIX_E2E_SLOW_PEER (a daemon rank
+# whose fetches are delayed 5 ms, so that a window has stragglers to overtake; default none),
+# SHARDMIX_E2E_REPEAT=1 (run the job twice and require byte-identical traces: W = 0 only).
 set -euo pipefail
 
 SM_PROG=run_e2e
@@ -32,6 +35,10 @@ batch=8
 epochs=2
 seed=20240611
 timeout_s=${SHARDMIX_E2E_TIMEOUT:-240}
+window=${SHARDMIX_E2E_WINDOW:-0}
+slow_peer=${SHARDMIX_E2E_SLOW_PEER:--1}
+repeat=${SHARDMIX_E2E_REPEAT:-0}
+if ((repeat == 1 && window != 0)); then sm_die "SHARDMIX_E2E_REPEAT=1 needs SHARDMIX_E2E_WINDOW=0" 2; fi
 trainers=$((nodes * per_node))
 
 for exe in shardmixd shardmix-consume shardmix-gen; do
@@ -92,26 +99,39 @@ config=$tmp/e2e.toml
   echo "[shuffle]"
   echo "seed = $seed"
   echo "exchange_fraction = 1.0"
+  echo "window = $window"
   echo "[fabric]"
   echo "provider = \"$provider\""
   if [[ $provider == tcp ]]; then echo 'interface = "lo"'; fi
   echo "[service]"
   echo "trainers_per_node = $per_node"
   echo "prefetch = 4"
+  echo "[inject]"
+  echo "slow_peer_rank = $slow_peer"
+  echo 'slow_peer_delay = "5ms"'
   echo "[log]"
   echo 'level = "info"'
 } >"$config"
 
 # ---------------------------------------------------------------- run
-sm_section "run: $nodes daemons ($provider), $trainers trainers, $epochs epochs, batch $batch"
-rc=0
-# Our own deadline, below ctest's TIMEOUT, so launch.sh's traps stop the daemons.
-timeout -s TERM -k 30 "$timeout_s" \
-  bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "$config" --trainers-per-node "$per_node" \
-  --daemon-log "$tmp/daemons.log" -- "$consume" --epochs "$epochs" --trace "$trace" || rc=$?
-if ((rc != 0)); then
-  ((rc == 124)) && sm_log "timed out after ${timeout_s} s"
-  sm_die "launch.sh failed with exit code $rc" 1
+run_job() { # TRACE_DIR LOG
+  local rc=0
+  # Our own deadline, below ctest's TIMEOUT, so launch.sh's traps stop the daemons.
+  timeout -s TERM -k 30 "$timeout_s" \
+    bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "$config" --trainers-per-node "$per_node" \
+    --daemon-log "$2" -- "$consume" --epochs "$epochs" --trace "$1" || rc=$?
+  if ((rc != 0)); then
+    ((rc == 124)) && sm_log "timed out after ${timeout_s} s"
+    sm_die "launch.sh failed with exit code $rc" 1
+  fi
+}
+sm_section "run: $nodes daemons ($provider), $trainers trainers, $epochs epochs, batch $batch, window $window"
+run_job "$trace" "$tmp/daemons.log"
+if ((repeat == 1)); then
+  sm_section "run again: window 0 must give byte-identical traces"
+  run_job "$tmp/trace-again" "$tmp/daemons-again.log"
+  diff -r -q -- "$trace" "$tmp/trace-again" || sm_die "two runs with window = 0 delivered different traces" 1
+  echo "traces identical: $(find "$trace" -name 'rank-*.csv' | wc -l) rank files"
 fi
 
 # ---------------------------------------------------------------- verdict
@@ -127,12 +147,14 @@ rc=0
 # per trainer (the daemons read the next epoch's first batches ahead of its StartEpoch,
 # which never comes after the last epoch). And every daemon must have shut down cleanly.
 sm_section "fabric and shutdown"
-"$python" - "$tmp/daemons.log" "$trace" "$nodes" "$trainers" "$batch" 4 "$data" <<'PY'
+"$python" - "$tmp/daemons.log" "$trace" "$nodes" "$trainers" "$batch" 4 "$data" "$window" <<'PY'
 import csv, glob, os, re, sys
 log, trace, nodes = sys.argv[1], sys.argv[2], int(sys.argv[3])
 trainers, batch, prefetch, data = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
+window = int(sys.argv[8])
 largest = max(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(data) for f in fs)
-ahead_bound = trainers * prefetch * batch * largest
+# Staged ahead per trainer: prefetch batches plus the window (trainer_scheduler.h).
+ahead_bound = trainers * (prefetch * batch + window) * largest
 text = open(log, encoding="utf-8", errors="replace").read()
 fabric = [int(m) for m in re.findall(r"\]\[daemon\] fabric \S+: \d+ reads, (\d+) bytes read from peers", text)]
 peer = 0

@@ -1,7 +1,10 @@
 // The per-trainer scheduler against a fake fabric and a recording socket.
 #include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
 
+#include <cmath>
 #include <deque>
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
@@ -47,7 +50,7 @@ struct World {
   std::unique_ptr<EpochPlanner> planner;
   SchedulerContext context;
 
-  World(std::size_t n, std::uint32_t nodes, std::uint32_t batch, std::uint32_t prefetch) {
+  World(std::size_t n, std::uint32_t nodes, std::uint32_t batch, std::uint32_t prefetch, std::uint32_t window = 0) {
     std::vector<CatalogEntry> entries;
     Rng rng(3);
     for (std::size_t i = 0; i < n; ++i) {
@@ -59,20 +62,20 @@ struct World {
     ShuffleConfig shuffle;
     shuffle.seed = 5;
     planner = std::make_unique<EpochPlanner>(shape, placement, shuffle);
-    context = SchedulerContext{&catalog, &placement, planner.get(), 0, prefetch};
+    context = SchedulerContext{&catalog, &placement, planner.get(), 0, prefetch, window, 7};
   }
 };
 
 TEST(TrainerScheduler, DeliversThePlanInOrderWithCredits) {
   World w(200, 4, 8, 3);
-  auto ring_ptr = std::make_shared<StagingRing>(0, 1 << 20);
-  StagingRing& ring = *ring_ptr;
+  auto ring_ptr = std::make_shared<StagingAllocator>(0, 1 << 20);
+  StagingAllocator& ring = *ring_ptr;
   FakeFetcher fetcher;
   RecordingSink sink;
   auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
   scheduler->start_epoch(0, 1);
   const auto plan = w.planner->plan_node(0, 0)[0];
-  EXPECT_LE(scheduler->live_batches(), 3u);
+  EXPECT_LE(scheduler->outstanding_batches(), 3u);
   std::vector<SampleId> delivered;
   while (sink.ends.empty()) {
     fetcher.complete_all();
@@ -107,7 +110,7 @@ TEST(TrainerScheduler, DeliversThePlanInOrderWithCredits) {
 
 TEST(TrainerScheduler, WithoutReleasesStopsAtThePrefetchDepth) {
   World w(400, 2, 4, 2);
-  auto ring_ptr = std::make_shared<StagingRing>(0, 1 << 20);
+  auto ring_ptr = std::make_shared<StagingAllocator>(0, 1 << 20);
   FakeFetcher fetcher;
   RecordingSink sink;
   auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
@@ -121,10 +124,10 @@ TEST(TrainerScheduler, WithoutReleasesStopsAtThePrefetchDepth) {
   EXPECT_FALSE(scheduler->release(1, 0).ok());  // not outstanding any more
 }
 
-TEST(TrainerScheduler, SmallStagingRingStillDeliversEverything) {
+TEST(TrainerScheduler, SmallStagingAllocatorStillDeliversEverything) {
   World w(300, 4, 6, 4);
-  auto ring_ptr = std::make_shared<StagingRing>(4096, 6 * 5200);
-  StagingRing& ring = *ring_ptr;  // room for about one batch of peer samples
+  auto ring_ptr = std::make_shared<StagingAllocator>(4096, 6 * 5200);
+  StagingAllocator& ring = *ring_ptr;  // room for about one batch of peer samples
   FakeFetcher fetcher;
   RecordingSink sink;
   auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
@@ -152,7 +155,7 @@ TEST(TrainerScheduler, SmallStagingRingStillDeliversEverything) {
 
 TEST(TrainerScheduler, FetchErrorReachesTheTrainer) {
   World w(100, 2, 10, 2);
-  auto ring_ptr = std::make_shared<StagingRing>(0, 1 << 20);
+  auto ring_ptr = std::make_shared<StagingAllocator>(0, 1 << 20);
   FakeFetcher fetcher;
   fetcher.fail_with = make_error(StatusCode::kUnavailable, "peer rank 1 is gone");
   RecordingSink sink;
@@ -165,8 +168,8 @@ TEST(TrainerScheduler, FetchErrorReachesTheTrainer) {
 
 TEST(TrainerScheduler, ClosingMidEpochFreesStagingWhenFetchesLand) {
   World w(200, 4, 8, 4);
-  auto ring_ptr = std::make_shared<StagingRing>(0, 1 << 20);
-  StagingRing& ring = *ring_ptr;
+  auto ring_ptr = std::make_shared<StagingAllocator>(0, 1 << 20);
+  StagingAllocator& ring = *ring_ptr;
   FakeFetcher fetcher;
   RecordingSink sink;
   auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
@@ -181,8 +184,8 @@ TEST(TrainerScheduler, ClosingMidEpochFreesStagingWhenFetchesLand) {
 
 TEST(TrainerScheduler, RestartingAnEpochMidwayStartsOver) {
   World w(200, 2, 8, 2);
-  auto ring_ptr = std::make_shared<StagingRing>(0, 1 << 20);
-  StagingRing& ring = *ring_ptr;
+  auto ring_ptr = std::make_shared<StagingAllocator>(0, 1 << 20);
+  StagingAllocator& ring = *ring_ptr;
   FakeFetcher fetcher;
   RecordingSink sink;
   auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
@@ -222,7 +225,7 @@ void drain(TrainerScheduler& scheduler, FakeFetcher& fetcher, RecordingSink& sin
 
 TEST(TrainerScheduler, WorksAheadAcrossTheEpochBoundaryAndAdoptsIt) {
   World w(300, 4, 8, 4);
-  auto ring_ptr = std::make_shared<StagingRing>(0, 1 << 20);
+  auto ring_ptr = std::make_shared<StagingAllocator>(0, 1 << 20);
   FakeFetcher fetcher;
   RecordingSink sink;
   auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
@@ -232,7 +235,7 @@ TEST(TrainerScheduler, WorksAheadAcrossTheEpochBoundaryAndAdoptsIt) {
   EXPECT_EQ(e0, w.planner->plan_node(0, 0)[0].order);
   // Epoch 0 is over and nothing asked for epoch 1 yet, but its reads are under way.
   EXPECT_FALSE(fetcher.pending.empty());
-  EXPECT_EQ(scheduler->live_batches(), 4u);
+  EXPECT_EQ(scheduler->staged_samples(), 4u * 8u);
   const std::size_t sent_before = sink.batches.size();
   scheduler->start_epoch(1, 2);
   std::vector<SampleId> e1;
@@ -247,7 +250,7 @@ TEST(TrainerScheduler, WorksAheadAcrossTheEpochBoundaryAndAdoptsIt) {
 
 TEST(TrainerScheduler, DiscardsAheadWorkWhenAnotherEpochIsAsked) {
   World w(300, 4, 8, 4);
-  auto ring_ptr = std::make_shared<StagingRing>(0, 1 << 20);
+  auto ring_ptr = std::make_shared<StagingAllocator>(0, 1 << 20);
   FakeFetcher fetcher;
   RecordingSink sink;
   auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
@@ -265,24 +268,296 @@ TEST(TrainerScheduler, DiscardsAheadWorkWhenAnotherEpochIsAsked) {
   EXPECT_TRUE(ring_ptr->empty());
 }
 
-TEST(StagingRing, WrapsAndRefusesWhatDoesNotFit) {
-  auto ring_ptr = std::make_shared<StagingRing>(100, 1000);
-  StagingRing& ring = *ring_ptr;
-  auto a = ring.allocate(400);
-  auto b = ring.allocate(400);
+// The quality figures of EpochEnd are those of the batches actually sent: label entropy
+// as shuffle_metrics computes it, affinity against the previous epoch (none before).
+TEST(TrainerScheduler, EpochEndCarriesTheQualityOfWhatWasSent) {
+  World w(300, 3, 8, 3);
+  auto staging = std::make_shared<StagingAllocator>(0, 1 << 24);
+  FakeFetcher fetcher;
+  RecordingSink sink;
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, fetcher, sink);
+  std::vector<std::set<SampleId>> received(2);
+  for (std::uint64_t e = 0; e < 2; ++e) {
+    const std::size_t from = sink.batches.size();
+    scheduler->start_epoch(e, e + 1);
+    std::vector<SampleId> ids;
+    drain(*scheduler, fetcher, sink, e + 1, from, e, ids);
+    ASSERT_EQ(sink.ends.size(), e + 1);
+    received[e].insert(ids.begin(), ids.end());
+    BatchLabelEntropy expected(7);
+    for (std::size_t i = from; i < sink.batches.size(); ++i) {
+      if (sink.batches[i].epoch != e) continue;
+      std::vector<std::int32_t> labels;
+      for (const auto& d : sink.batches[i].samples) labels.push_back(d.label);
+      expected.add_batch(labels);
+    }
+    const LabelEntropySummary want = expected.summary();
+    const proto::EpochStats& got = sink.ends[e];
+    EXPECT_EQ(got.batches_scored, want.scored);
+    EXPECT_DOUBLE_EQ(got.label_entropy_mean, want.mean);
+    EXPECT_DOUBLE_EQ(got.label_entropy_p5, want.p5);
+    EXPECT_GT(got.label_entropy_mean, 0.5);  // 7 classes spread over every node
+    EXPECT_DOUBLE_EQ(got.exchange_fraction, 1.0);
+  }
+  EXPECT_TRUE(std::isnan(sink.ends[0].affinity));
+  std::size_t again = 0;
+  for (SampleId id : received[1]) again += received[0].count(id);
+  EXPECT_DOUBLE_EQ(sink.ends[1].affinity, static_cast<double>(again) / static_cast<double>(received[1].size()));
+  EXPECT_LT(sink.ends[1].affinity, 0.9);  // a fresh global permutation every epoch
+}
+
+// --- shuffle.window: opportunistic ordering ---
+
+// The plan position of every sample of a trainer's plan.
+std::map<SampleId, std::uint64_t> positions_of(const TrainerPlan& plan) {
+  std::map<SampleId, std::uint64_t> at;
+  for (std::uint64_t i = 0; i < plan.order.size(); ++i) at[plan.order[i]] = i;
+  return at;
+}
+
+// Any fetch completion order, any release pattern, any window: every planned sample is
+// delivered exactly once, batch j has the planned size of batch j, and a sample delivered
+// in batch j sits before plan position batch_begin[j] + size(j) + W.
+RC_GTEST_PROP(TrainerSchedulerWindow, DeliversEveryPlannedSampleOnceWithinTheWindow, ()) {
+  const auto n = *rc::gen::inRange<std::size_t>(1, 260);
+  const auto nodes = *rc::gen::inRange<std::uint32_t>(1, 5);
+  const auto batch = *rc::gen::inRange<std::uint32_t>(1, 12);
+  const auto prefetch = *rc::gen::inRange<std::uint32_t>(1, 5);
+  const auto window = *rc::gen::element<std::uint32_t>(0, 1, 3, 16, 64, 1000);
+  const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+  World w(n, nodes, batch, prefetch, window);
+  // Enough staging that nothing can run out: everything staged ahead plus two batches.
+  const std::uint64_t capacity = (std::uint64_t{prefetch} * batch + window + 2 * batch) * 5200;
+  auto staging = std::make_shared<StagingAllocator>(0, capacity);
+  FakeFetcher fetcher;
+  RecordingSink sink;
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, fetcher, sink);
+  const TrainerPlan plan = w.planner->plan_node(2, 0)[0];
+  const auto at = positions_of(plan);
+  scheduler->start_epoch(2, 7);
+  Rng choices(seed);
+  std::deque<std::uint64_t> held;  // batches the trainer has and has not released
+  std::size_t seen = 0;
+  for (int guard = 0; sink.ends.empty() && guard < 100000; ++guard) {
+    for (; seen < sink.batches.size(); ++seen) held.push_back(sink.batches[seen].batch);
+    const bool can_complete = !fetcher.pending.empty();
+    if (can_complete && (held.empty() || choices.below(3) != 0)) {
+      // Complete a random pending fetch: later reads may land first.
+      const std::size_t k = choices.below(fetcher.pending.size());
+      auto call = std::move(fetcher.pending[k]);
+      fetcher.pending.erase(fetcher.pending.begin() + static_cast<std::ptrdiff_t>(k));
+      call.done(Status::ok_status());
+    } else {
+      RC_ASSERT(!held.empty());  // otherwise nothing can move: a hang
+      RC_ASSERT(scheduler->release(7, held.front()).ok());
+      held.pop_front();
+    }
+  }
+  for (; seen < sink.batches.size(); ++seen) held.push_back(sink.batches[seen].batch);
+  RC_ASSERT(sink.errors.empty());
+  RC_ASSERT(sink.ends.size() == 1u);
+  RC_ASSERT(sink.batches.size() == plan.num_batches());
+  std::multiset<SampleId> delivered;
+  std::uint64_t substituted = 0;
+  for (std::uint64_t j = 0; j < sink.batches.size(); ++j) {
+    const auto& b = sink.batches[j];
+    RC_ASSERT(b.batch == j);
+    RC_ASSERT(b.stream == 7u);
+    const std::uint64_t begin = plan.batch_begin[j];
+    const std::uint64_t size = plan.batch_begin[j + 1] - begin;
+    RC_ASSERT(b.samples.size() == size);
+    for (const auto& d : b.samples) {
+      RC_ASSERT(at.count(d.sample_id) == 1u);
+      const std::uint64_t position = at.at(d.sample_id);
+      RC_ASSERT(position < begin + size + window);
+      if (position < begin || position >= begin + size) ++substituted;
+      delivered.insert(d.sample_id);
+    }
+  }
+  RC_ASSERT(delivered == std::multiset<SampleId>(plan.order.begin(), plan.order.end()));
+  RC_ASSERT(sink.ends[0].substituted_samples == substituted);
+  RC_ASSERT(sink.ends[0].window == window);
+  if (window == 0) RC_ASSERT(substituted == 0u);
+  scheduler->close();
+  fetcher.complete_all();
+  RC_ASSERT(staging->empty());
+}
+
+// Finds a world whose trainer 0 has, in its first batch, a sample owned by node 1.
+TEST(TrainerSchedulerWindow, ASlowPeerIsOvertakenOnlyWithAWindow) {
+  for (const std::uint32_t window : {0u, 64u}) {
+    World w(400, 4, 8, 2, window);
+    auto staging = std::make_shared<StagingAllocator>(0, 1 << 24);
+    FakeFetcher fetcher;
+    RecordingSink sink;
+    auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, fetcher, sink);
+    scheduler->start_epoch(0, 1);
+    // Every read from node 1 hangs; the others land.
+    auto complete_fast = [&] {
+      for (bool more = true; more;) {
+        more = false;
+        for (std::size_t k = 0; k < fetcher.pending.size(); ++k) {
+          const bool slow = std::any_of(fetcher.pending[k].reads.begin(), fetcher.pending[k].reads.end(),
+                                        [](const PeerRead& r) { return r.peer == 1; });
+          if (slow) continue;
+          auto call = std::move(fetcher.pending[k]);
+          fetcher.pending.erase(fetcher.pending.begin() + static_cast<std::ptrdiff_t>(k));
+          call.done(Status::ok_status());
+          more = true;
+          break;
+        }
+      }
+    };
+    std::size_t released = 0;
+    for (int round = 0; round < 6; ++round) {
+      complete_fast();
+      for (; released < sink.batches.size(); ++released) {
+        ASSERT_TRUE(scheduler->release(1, sink.batches[released].batch).ok());
+      }
+    }
+    const auto plan = w.planner->plan_node(0, 0)[0];
+    bool first_batch_needs_node_1 = false;
+    for (std::uint64_t i = plan.batch_begin[0]; i < plan.batch_begin[1]; ++i) {
+      first_batch_needs_node_1 = first_batch_needs_node_1 || w.placement.owner[plan.order[i]] == 1;
+    }
+    ASSERT_TRUE(first_batch_needs_node_1) << "pick another world: the test needs a node-1 sample in batch 0";
+    if (window == 0) {
+      EXPECT_TRUE(sink.batches.empty()) << "W = 0 must wait for the slow read";
+    } else {
+      EXPECT_GE(sink.batches.size(), 3u) << "W > 0 must overtake the slow read";
+      for (const auto& b : sink.batches) {
+        for (const auto& d : b.samples) EXPECT_NE(d.owner, 1u);
+      }
+    }
+    // Once the slow peer answers, the epoch completes with every sample.
+    std::vector<SampleId> all;
+    for (const auto& b : sink.batches) {
+      for (const auto& d : b.samples) all.push_back(d.sample_id);
+    }
+    drain(*scheduler, fetcher, sink, 1, released, 0, all);
+    std::sort(all.begin(), all.end());
+    std::vector<SampleId> expected = plan.order;
+    std::sort(expected.begin(), expected.end());
+    EXPECT_EQ(all, expected);
+    ASSERT_EQ(sink.ends.size(), 1u);
+    if (window > 0) {
+      EXPECT_GT(sink.ends[0].substituted_samples, 0u);
+    }
+  }
+}
+
+// Two runs with the same inputs and W = 0 give identical batches, whatever the order in
+// which reads land.
+TEST(TrainerSchedulerWindow, ZeroWindowIsIndependentOfReadTiming) {
+  std::vector<std::vector<SampleId>> runs;
+  for (const std::uint64_t seed : {1u, 2u}) {
+    World w(300, 3, 7, 3, 0);
+    auto staging = std::make_shared<StagingAllocator>(0, 1 << 24);
+    FakeFetcher fetcher;
+    RecordingSink sink;
+    auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, fetcher, sink);
+    scheduler->start_epoch(0, 1);
+    Rng choices(seed);
+    std::size_t released = 0;
+    for (int guard = 0; sink.ends.empty() && guard < 100000; ++guard) {
+      if (!fetcher.pending.empty() && choices.below(2) == 0) {
+        const std::size_t k = choices.below(fetcher.pending.size());
+        auto call = std::move(fetcher.pending[k]);
+        fetcher.pending.erase(fetcher.pending.begin() + static_cast<std::ptrdiff_t>(k));
+        call.done(Status::ok_status());
+      } else if (released < sink.batches.size()) {
+        ASSERT_TRUE(scheduler->release(1, sink.batches[released++].batch).ok());
+      } else {
+        fetcher.complete_all();
+      }
+    }
+    std::vector<SampleId> order;
+    for (const auto& b : sink.batches) {
+      for (const auto& d : b.samples) order.push_back(d.sample_id);
+    }
+    runs.push_back(order);
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+  EXPECT_FALSE(runs[0].empty());
+}
+
+// Too little staging for what the window holds back: a clear error, not a hang.
+TEST(TrainerSchedulerWindow, StagingTooSmallForTheWindowIsAnErrorNotAHang) {
+  World w(400, 4, 8, 1, 64);
+  // About one and a half batches of peer samples.
+  auto staging = std::make_shared<StagingAllocator>(0, 12 * 5200);
+  FakeFetcher fetcher;
+  RecordingSink sink;
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, fetcher, sink);
+  scheduler->start_epoch(0, 1);
+  std::size_t released = 0;
+  // Reads from node 1 hang until nothing else can move, then land.
+  for (int guard = 0; sink.ends.empty() && sink.errors.empty() && guard < 100000; ++guard) {
+    bool moved = false;
+    for (std::size_t k = 0; k < fetcher.pending.size(); ++k) {
+      if (fetcher.pending[k].reads.front().peer == 1) continue;
+      auto call = std::move(fetcher.pending[k]);
+      fetcher.pending.erase(fetcher.pending.begin() + static_cast<std::ptrdiff_t>(k));
+      call.done(Status::ok_status());
+      moved = true;
+      break;
+    }
+    for (; released < sink.batches.size(); ++released) {
+      ASSERT_TRUE(scheduler->release(1, sink.batches[released].batch).ok());
+      moved = true;
+    }
+    if (!moved) fetcher.complete_all();
+  }
+  // Either it got through (the slow reads landed in time) or it said why it could not.
+  if (!sink.errors.empty()) {
+    EXPECT_NE(sink.errors[0].message().find("staging_bytes_per_trainer"), std::string::npos)
+        << sink.errors[0].message();
+  } else {
+    EXPECT_EQ(sink.ends.size(), 1u);
+  }
+}
+
+TEST(StagingAllocator, AllocatesNextFitAndRefusesWhatDoesNotFit) {
+  StagingAllocator staging(100, 1000);
+  auto a = staging.allocate(400);
+  auto b = staging.allocate(400);
   ASSERT_TRUE(a && b);
   EXPECT_EQ(*a, 100u);
   EXPECT_EQ(*b, 500u);
-  EXPECT_FALSE(ring.allocate(300));  // 200 left at the end, 0 at the start
-  ring.release(*a);
-  auto c = ring.allocate(300);  // wraps to the start
+  EXPECT_FALSE(staging.allocate(300));  // 200 left
+  staging.release(*a, 400);
+  auto c = staging.allocate(300);  // wraps to the start
   ASSERT_TRUE(c);
   EXPECT_EQ(*c, 100u);
-  EXPECT_FALSE(ring.allocate(150));  // only 100 between c and b
-  ring.release(*b);
-  ring.release(*c);
-  EXPECT_TRUE(ring.empty());
-  EXPECT_FALSE(ring.allocate(1001));
+  EXPECT_FALSE(staging.allocate(250));  // free: 100 between c and b, 200 after b
+  staging.release(*b, 400);
+  staging.release(*c, 300);
+  EXPECT_TRUE(staging.empty());
+  EXPECT_FALSE(staging.allocate(1001));
+  auto whole = staging.allocate(1000);  // everything coalesced again
+  ASSERT_TRUE(whole);
+  EXPECT_EQ(*whole, 100u);
+}
+
+TEST(StagingAllocator, FreesSubRangesOutOfOrderAndWakesTheWaiter) {
+  StagingAllocator staging(0, 1000);
+  auto a = staging.allocate(600);
+  ASSERT_TRUE(a);
+  int woken = 0;
+  staging.wait_for_release([&] { ++woken; });
+  staging.release(*a + 200, 200);  // the middle of the allocation
+  EXPECT_EQ(woken, 1);
+  EXPECT_EQ(staging.bytes_in_use(), 400u);
+  auto b = staging.allocate(500);  // 400 at the end + 200 in the middle: neither fits 500
+  EXPECT_FALSE(b);
+  auto c = staging.allocate(200);
+  ASSERT_TRUE(c);
+  staging.release(*a, 200);
+  staging.release(*a + 400, 200);
+  staging.release(*c, 200);
+  EXPECT_EQ(woken, 1);  // the waiter fires once
+  EXPECT_TRUE(staging.empty());
+  EXPECT_TRUE(staging.allocate(1000));
 }
 
 }  // namespace

@@ -1,0 +1,75 @@
+#include "server/staging_allocator.h"
+
+#include <cassert>
+
+namespace shardmix {
+
+StagingAllocator::StagingAllocator(std::uint64_t base, std::uint64_t capacity) : base_(base), capacity_(capacity) {
+  if (capacity_ > 0) free_.emplace(0, capacity_);
+}
+
+std::optional<std::uint64_t> StagingAllocator::allocate(std::uint64_t length) {
+  if (length == 0 || length > capacity_ - in_use_) return std::nullopt;
+  // Next-fit: the first extent that ends after the cursor, then wrap around once.
+  auto start = free_.upper_bound(cursor_);
+  if (start != free_.begin() && std::prev(start)->second > cursor_) start = std::prev(start);
+  auto take = free_.end();
+  for (auto it = start; it != free_.end(); ++it) {
+    if (it->second - std::max(it->first, cursor_) >= length) {
+      take = it;
+      break;
+    }
+  }
+  std::uint64_t begin = 0;
+  if (take != free_.end()) {
+    begin = std::max(take->first, cursor_);
+  } else {
+    for (auto it = free_.begin(); it != free_.end(); ++it) {  // wrap: whole extents, from the start
+      if (it->second - it->first >= length) {
+        take = it;
+        break;
+      }
+    }
+    if (take == free_.end()) return std::nullopt;
+    begin = take->first;
+  }
+  const std::uint64_t extent_begin = take->first;
+  const std::uint64_t extent_end = take->second;
+  free_.erase(take);
+  if (extent_begin < begin) free_.emplace(extent_begin, begin);
+  if (begin + length < extent_end) free_.emplace(begin + length, extent_end);
+  in_use_ += length;
+  cursor_ = begin + length == capacity_ ? 0 : begin + length;
+  return base_ + begin;
+}
+
+void StagingAllocator::release(std::uint64_t offset, std::uint64_t length) {
+  if (length == 0) return;
+  std::uint64_t begin = offset - base_;
+  std::uint64_t end = begin + length;
+  assert(end <= capacity_);
+  // Coalesce with the neighbours.
+  auto next = free_.lower_bound(begin);
+  assert(next == free_.end() || next->first >= end);  // not already free
+  if (next != free_.end() && next->first == end) {
+    end = next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    assert(prev->second <= begin);
+    if (prev->second == begin) {
+      begin = prev->first;
+      free_.erase(prev);
+    }
+  }
+  free_.emplace(begin, end);
+  in_use_ -= length;
+  if (waiter_) {
+    auto waiter = std::move(waiter_);
+    waiter_ = nullptr;
+    waiter();
+  }
+}
+
+}  // namespace shardmix
