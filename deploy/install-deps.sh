@@ -17,6 +17,9 @@ packages=(
   libgtest-dev libgmock-dev           # unit tests
   librapidcheck-dev                   # property tests (shrinking counterexamples)
   python3 python3-xxhash              # e2e trace checker (XXH64 of the sample files)
+  # emulated cluster and the entropy-vs-locality sweep (deploy/netns-cluster.sh, bench/sweep.sh)
+  iproute2                            # ip netns, veth, bridge; tc tbf
+  python3-matplotlib                  # bench/sweep_report.py draws the PNG
 )
 
 missing=()

@@ -26,6 +26,7 @@
 #include "common/placement.h"
 #include "server/cache_loader.h"
 #include "server/client_service.h"
+#include "server/netns.h"
 #include "server/shared_region.h"
 
 namespace shardmix {
@@ -217,13 +218,17 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   s = agree(mpi, staging.status(), "allocating the cache arena");
   if (!s.ok()) return fail(s);
 
-  // 4. Fabric: expose the arena once; exchange addresses and keys over MPI.
+  // 4. Fabric: expose the arena once; exchange addresses and keys over MPI. An emulated
+  //    node first joins its network namespace (server/netns.h: this thread and the threads
+  //    it starts from here on, such as the fabric's progress thread).
+  s = agree(mpi, join_netns(config.fabric.netns, rank), "joining the network namespace (fabric.netns)");
+  if (!s.ok()) return fail(s);
   const std::string my_host = mpi.hostname();
   auto hosts = mpi.allgather(to_bytes(my_host));
   if (!hosts.ok()) return fail(hosts.status());
   const bool single_host = std::all_of(hosts->begin(), hosts->end(),
                                        [&](const auto& h) { return to_string(h) == my_host; });
-  if (single_host && config.fabric.interface.empty()) {
+  if (single_host && config.fabric.interface.empty() && config.fabric.netns.empty()) {
     ::setenv("FI_TCP_IFACE", "lo", 0);  // all daemons on one host: keep tcp on loopback
   }
   fabric::FabricOptions fabric_options{config.fabric.provider, config.fabric.interface,

@@ -1,8 +1,10 @@
 // shardmix-consume: a trainer stand-in. Touches every byte of every sample (XXH64),
-// prints per-epoch samples/s and GB/s, and with --trace writes DIR/rank-<R>.csv:
+// prints per-epoch samples/s, GB/s and stall time (waiting for batches), and with
+// --trace writes DIR/rank-<R>.csv:
 //   epoch,rank,batch,position,sample_id,path,label,bytes,xxh64,tier,owner
 // (path relative to dataset.path, CSV-quoted when needed; xxh64 seed 0, 16 hex digits).
 // Run it as the trainer ranks, e.g. under deploy/launch.sh.
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -89,7 +91,13 @@ int main(int argc, char** argv) {
     for (std::uint64_t e = first_epoch; e < first_epoch + epochs; ++e) {
       std::uint64_t samples = 0, bytes = 0, batches = 0, checksum = 0;
       const auto start = std::chrono::steady_clock::now();
+      // Stall: time spent waiting for a batch, from the end of the previous batch's body
+      // (touching its bytes and --compute-ms) or from the epoch's start, until the batch
+      // is in hand. The wait that only ends the epoch (no batch) is not counted.
+      std::chrono::steady_clock::duration stall{0};
+      auto waiting_since = start;
       for (const shardmix::Batch& batch : client.epoch(e)) {
+        stall += std::chrono::steady_clock::now() - waiting_since;
         ++batches;
         std::size_t position = 0;
         for (const shardmix::Sample& s : batch) {
@@ -119,28 +127,30 @@ int main(int argc, char** argv) {
           std::fwrite(rows.data(), 1, rows.size(), trace);
           rows.clear();
         }
+        waiting_since = std::chrono::steady_clock::now();
       }
+      const double stall_seconds = std::chrono::duration<double>(stall).count();
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const auto& stats = client.last_epoch_stats();
       std::printf(
-          "rank %d epoch %llu: %llu samples in %llu batches, %.3f s, %.0f samples/s, %.3f GB/s "
+          "rank %d epoch %llu: %llu samples in %llu batches, %.3f s, %.0f samples/s, %.3f GB/s, stalled %.3f s "
           "(local %llu, peer %llu; checksum %016llx)\n",
           rank, static_cast<unsigned long long>(e), static_cast<unsigned long long>(samples),
           static_cast<unsigned long long>(batches), secs, secs > 0 ? samples / secs : 0.0,
-          secs > 0 ? bytes / secs / 1e9 : 0.0,
+          secs > 0 ? bytes / secs / 1e9 : 0.0, stall_seconds,
           static_cast<unsigned long long>(stats ? stats->local_samples : 0),
           static_cast<unsigned long long>(stats ? stats->peer_samples : 0), static_cast<unsigned long long>(checksum));
       if (json) {
         std::printf(
             "JSON {\"rank\": %d, \"epoch\": %llu, \"samples\": %llu, \"bytes\": %llu, \"batches\": %llu, "
             "\"seconds\": %.6f, \"local_samples\": %llu, \"peer_samples\": %llu, \"peer_bytes\": %llu, "
-            "\"daemon_fetch_wait_us\": %llu, \"t_start\": %.6f, \"t_end\": %.6f}\n",
+            "\"daemon_fetch_wait_us\": %llu, \"stall_seconds\": %.6f, \"t_start\": %.6f, \"t_end\": %.6f}\n",
             rank, static_cast<unsigned long long>(e), static_cast<unsigned long long>(samples),
             static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(batches), secs,
             static_cast<unsigned long long>(stats ? stats->local_samples : 0),
             static_cast<unsigned long long>(stats ? stats->peer_samples : 0),
             static_cast<unsigned long long>(stats ? stats->peer_bytes : 0),
-            static_cast<unsigned long long>(stats ? stats->fetch_wait_us : 0), monotonic_seconds(start),
+            static_cast<unsigned long long>(stats ? stats->fetch_wait_us : 0), stall_seconds, monotonic_seconds(start),
             monotonic_seconds(start) + secs);
       }
       std::fflush(stdout);

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2317  # (whole file) cleanup() runs from a trap
+# End-to-end test of the emulated cluster: 4 shardmixd daemons, each in its own network
+# namespace (fabric.netns = "smxe{rank}", made by deploy/netns-cluster.sh with 1 Gbit/s
+# links), 4 trainers in the root namespace talking to them over their Unix sockets; two
+# epochs traced; check_traces.py judges exactly-once delivery, bytes and tiers; the peer
+# bytes must have crossed the namespaces' links (veth counters), not loopback.
+#
+#   tests/e2e/netns_e2e.sh
+#
+# Exits 77 (ctest SKIP_RETURN_CODE) where network namespaces cannot be made: not root,
+# no ip/tc, or `ip netns add` refused (e.g. in an unprivileged container).
+# Uses its own prefix (smxe, 10.78.0.0/24) so it never touches bench/sweep.sh's cluster.
+# Builds nothing: shardmixd, shardmix-consume and shardmix-gen come from
+# $SHARDMIX_BUILD_DIR (default <repo>/build) or PATH. SHARDMIX_E2E_KEEP=1 keeps the temp dir.
+set -euo pipefail
+
+SM_PROG=netns_e2e
+here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
+# shellcheck source=deploy/lib.sh
+source "$here/../../deploy/lib.sh"
+
+skip() {
+  sm_log "SKIP: $*"
+  exit 77
+}
+(($(id -u) == 0)) || skip "network namespaces need root"
+if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then skip "ip/tc (iproute2) not installed"; fi
+probe=smxeprobe$$
+ip netns add "$probe" >/dev/null 2>&1 || skip "'ip netns add' is not permitted here"
+ip netns del "$probe" >/dev/null 2>&1 || true
+
+nodes=4
+samples=600
+batch=8
+epochs=2
+prefix=smxe
+timeout_s=${SHARDMIX_E2E_TIMEOUT:-100}
+
+for exe in shardmixd shardmix-consume shardmix-gen; do
+  sm_find_exe "$exe" >/dev/null ||
+    sm_die "$exe not found in $(sm_build_dir)/{server,tools} or PATH; build first (cmake --build build) or set SHARDMIX_BUILD_DIR"
+done
+gen=$(sm_find_exe shardmix-gen)
+consume=$(sm_find_exe shardmix-consume)
+python=$(sm_python) || sm_die "python3 not found"
+cluster=$SM_REPO/deploy/netns-cluster.sh
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardmix-netns.XXXXXX")
+cleanup() {
+  bash "$cluster" down "$nodes" --prefix "$prefix" >/dev/null 2>&1 || true
+  if [[ ${SHARDMIX_E2E_KEEP:-0} == 1 ]]; then
+    sm_log "kept $tmp"
+  else
+    rm -rf -- "$tmp"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+sm_section "cluster: $nodes namespaces ${prefix}0..${prefix}$((nodes - 1)), 1 Gbit/s links"
+bash "$cluster" up "$nodes" 1gbit --prefix "$prefix" --subnet 10.78.0
+# The up command is idempotent: a second run must succeed and change nothing that matters.
+bash "$cluster" up "$nodes" 1gbit --prefix "$prefix" --subnet 10.78.0
+
+data=$tmp/data
+trace=$tmp/trace
+"$gen" --out "$data" --samples "$samples" --classes 8 --median-kib 16 --seed 11 --quiet
+config=$tmp/netns.toml
+cat >"$config" <<EOF
+# written by tests/e2e/netns_e2e.sh
+[dataset]
+path = "$data"
+placement = "sorted"
+[batch]
+size = $batch
+[shuffle]
+seed = 5
+exchange_fraction = 1.0
+[fabric]
+provider = "tcp"
+netns = "${prefix}{rank}"
+interface = "${prefix}eth"
+[log]
+level = "info"
+EOF
+
+wire_bytes() { # bytes the namespaces received over their links so far
+  local i total=0 b
+  for ((i = 0; i < nodes; i++)); do
+    b=$(<"/sys/class/net/${prefix}h$i/statistics/tx_bytes")
+    total=$((total + b))
+  done
+  echo "$total"
+}
+
+sm_section "run: $nodes daemons in namespaces, $nodes trainers in the root namespace, $epochs epochs"
+before=$(wire_bytes)
+rc=0
+timeout -s TERM -k 20 "$timeout_s" \
+  bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "$config" --trainers-per-node 1 \
+  --daemon-log "$tmp/daemons.log" -- "$consume" --epochs "$epochs" --trace "$trace" || rc=$?
+after=$(wire_bytes)
+if ((rc != 0)); then
+  ((rc == 124)) && sm_log "timed out after ${timeout_s} s"
+  tail -n 20 -- "$tmp/daemons.log" >&2 || true
+  sm_die "launch.sh failed with exit code $rc" 1
+fi
+
+sm_section "verdict"
+"$python" "$here/check_traces.py" "$trace" --dataset "$data" --epochs "$epochs" \
+  --trainers "$nodes" --trainers-per-node 1 --batch-size "$batch" --expect-peer
+
+# Every daemon joined its namespace and used its link: the fabric domain is the
+# namespace's interface, and the links carried at least the peer bytes the traces show.
+"$python" - "$tmp/daemons.log" "$trace" "$nodes" "$prefix" "$((after - before))" <<'PY'
+import csv, glob, re, sys
+log, trace, nodes, prefix, wire = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+text = open(log, encoding="utf-8", errors="replace").read()
+domains = re.findall(r"\[rank (\d+)\]\[fabric\] provider \S+ domain (\S+)", text)
+peer = 0
+for path in glob.glob(trace + "/rank-*.csv"):
+    with open(path, newline="", encoding="utf-8") as f:
+        peer += sum(int(r["bytes"]) for r in csv.DictReader(f) if r["tier"] == "peer")
+problems = []
+if sorted(int(r) for r, _ in domains) != list(range(nodes)):
+    problems.append(f"fabric domain lines for ranks {sorted(r for r, _ in domains)}, expected 0..{nodes - 1}")
+if any(d != prefix + "eth" for _, d in domains):
+    problems.append(f"fabric domains {sorted(set(d for _, d in domains))}, expected {prefix}eth")
+if peer == 0 or wire < peer:
+    problems.append(f"the namespaces' links carried {wire} bytes, less than the {peer} peer bytes delivered")
+errors = [l for l in text.splitlines() if re.search(r" E \[rank", l)]
+if errors:
+    problems.append("daemon errors: " + "; ".join(errors[:3]))
+if problems:
+    print("netns check: FAIL\n  " + "\n  ".join(problems))
+    sys.exit(1)
+print(f"netns check: PASS  {nodes} daemons on domain {prefix}eth; links carried {wire} bytes "
+      f"for {peer} peer bytes delivered")
+PY
