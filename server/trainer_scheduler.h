@@ -9,9 +9,11 @@
 // batch j, so batch counts and sizes never change. Which samples fill it:
 //  - window W = 0: exactly planned batch j, in plan order (bit-for-bit reproducible);
 //  - W > 0 (opportunistic ordering): the first n_j undelivered positions if all are ready;
-//    otherwise, when the trainer is about to starve (at most one batch in its hands), any
-//    n_j ready samples among the undelivered positions before plan position
-//    batch_begin[j] + n_j + W, earliest first. So a slow read is overtaken instead of
+//    otherwise, when the trainer is about to starve (at most one batch in its hands), n_j
+//    ready samples among the undelivered positions before plan position
+//    batch_begin[j] + n_j + W: the ready planned ones, and for each late one (a read
+//    posted after it has already landed) a ready stand-in of the same label if any, else
+//    the earliest ready one. So a slow read is overtaken instead of
 //    stalling the trainer, composition changes only inside the window, and a sample is
 //    never skipped: the last batch's window holds every position still undelivered.
 // Flow control: at most `prefetch` batches sent and unreleased (the trainer's credits),
@@ -109,6 +111,7 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   struct Slot {
     proto::SampleDescriptor descriptor{};
     std::uint64_t staged_bytes = 0;  // bytes held in the staging area (aligned), 0 if local
+    std::uint64_t fetch_seq = 0;     // the fetch that brings it (posting order), 0 if none
     SlotState state = SlotState::kReady;
   };
 
@@ -123,6 +126,9 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
     std::deque<Slot> slots;           // positions [base, base + slots.size())
     std::uint64_t undelivered = 0;    // staged slots not yet delivered
     std::uint64_t fetches_in_flight = 0;
+    // Highest fetch_seq completed in this pass: a slot still fetching with a lower seq has
+    // been overtaken by a read posted after it, i.e. it is late (no timer needed).
+    std::uint64_t max_completed_seq = 0;
     Status error;                     // first fetch error
     std::uint64_t error_position = 0;
 
@@ -140,8 +146,11 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   bool stage_next(const std::shared_ptr<Pass>& pass);
   // Sends the next batch if its samples are ready; false otherwise.
   bool deliver_next();
+  // Opportunistic composition of a batch of n samples whose plan starts at plan_begin:
+  // indices into current_->slots, or false if fewer than n candidates are ready.
+  bool substitute(std::uint64_t n, std::uint64_t plan_begin, std::vector<std::size_t>& chosen);
   void on_fetched(const std::shared_ptr<Pass>& pass, const std::vector<std::uint64_t>& positions,
-                  std::chrono::steady_clock::time_point started, const Status& status);
+                  std::uint64_t seq, std::chrono::steady_clock::time_point started, const Status& status);
   void abandon(const std::shared_ptr<Pass>& pass);  // frees its staging (in-flight: when it lands)
   void free_sent();
   std::uint64_t budget_used() const;
@@ -166,6 +175,7 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   std::uint64_t sent_samples_ = 0;
   bool end_sent_ = true;
   bool pumping_ = false;
+  std::uint64_t next_fetch_seq_ = 1;
   proto::EpochStats stats_;
   // Shuffle quality of what this trainer received this epoch (EpochStats figures).
   std::optional<BatchLabelEntropy> label_entropy_;

@@ -392,6 +392,7 @@ TEST(TrainerSchedulerWindow, ASlowPeerIsOvertakenOnlyWithAWindow) {
     RecordingSink sink;
     auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, fetcher, sink);
     scheduler->start_epoch(0, 1);
+    const auto plan = w.planner->plan_node(0, 0)[0];
     // Every read from node 1 hangs; the others land.
     auto complete_fast = [&] {
       for (bool more = true; more;) {
@@ -415,7 +416,6 @@ TEST(TrainerSchedulerWindow, ASlowPeerIsOvertakenOnlyWithAWindow) {
         ASSERT_TRUE(scheduler->release(1, sink.batches[released].batch).ok());
       }
     }
-    const auto plan = w.planner->plan_node(0, 0)[0];
     bool first_batch_needs_node_1 = false;
     for (std::uint64_t i = plan.batch_begin[0]; i < plan.batch_begin[1]; ++i) {
       first_batch_needs_node_1 = first_batch_needs_node_1 || w.placement.owner[plan.order[i]] == 1;
@@ -428,6 +428,17 @@ TEST(TrainerSchedulerWindow, ASlowPeerIsOvertakenOnlyWithAWindow) {
       for (const auto& b : sink.batches) {
         for (const auto& d : b.samples) EXPECT_NE(d.owner, 1u);
       }
+      // Stand-ins carry the late samples' labels: batch 0 keeps its planned label mix
+      // (7 labels, dozens of ready candidates in a window of 64: a match exists for each).
+      std::vector<std::int32_t> planned_labels, delivered_labels;
+      for (std::uint64_t i = plan.batch_begin[0]; i < plan.batch_begin[1]; ++i) {
+        planned_labels.push_back(w.catalog.label(plan.order[i]));
+      }
+      ASSERT_FALSE(sink.batches.empty());
+      for (const auto& d : sink.batches[0].samples) delivered_labels.push_back(d.label);
+      std::sort(planned_labels.begin(), planned_labels.end());
+      std::sort(delivered_labels.begin(), delivered_labels.end());
+      EXPECT_EQ(delivered_labels, planned_labels);
     }
     // Once the slow peer answers, the epoch completes with every sample.
     std::vector<SampleId> all;
