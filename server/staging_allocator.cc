@@ -1,6 +1,7 @@
 #include "server/staging_allocator.h"
 
-#include <cassert>
+#include <cstdio>
+#include <cstdlib>
 
 namespace shardmix {
 
@@ -10,6 +11,7 @@ StagingAllocator::StagingAllocator(std::uint64_t base, std::uint64_t capacity) :
 
 std::optional<std::uint64_t> StagingAllocator::allocate(std::uint64_t length) {
   if (length == 0 || length > capacity_ - in_use_) return std::nullopt;
+  if (in_use_ == 0) cursor_ = 0;  // one whole extent: start at 0 so anything that fits, fits
   // Next-fit: the first extent that ends after the cursor, then wrap around once.
   auto start = free_.upper_bound(cursor_);
   if (start != free_.begin() && std::prev(start)->second > cursor_) start = std::prev(start);
@@ -43,21 +45,27 @@ std::optional<std::uint64_t> StagingAllocator::allocate(std::uint64_t length) {
   return base_ + begin;
 }
 
-void StagingAllocator::release(std::uint64_t offset, std::uint64_t length) {
+void StagingAllocator::free_range(std::uint64_t offset, std::uint64_t length) {
   if (length == 0) return;
   std::uint64_t begin = offset - base_;
   std::uint64_t end = begin + length;
-  assert(end <= capacity_);
-  // Coalesce with the neighbours.
   auto next = free_.lower_bound(begin);
-  assert(next == free_.end() || next->first >= end);  // not already free
+  const bool overlaps_next = next != free_.end() && next->first < end;
+  const bool overlaps_prev = next != free_.begin() && std::prev(next)->second > begin;
+  if (offset < base_ || end > capacity_ || length > in_use_ || overlaps_next || overlaps_prev) {
+    // A scheduler bug: the same bytes would be handed to two samples. Stop loudly.
+    std::fprintf(stderr, "shardmix: staging release of [%llu, +%llu) (base %llu, capacity %llu) frees free bytes\n",
+                 static_cast<unsigned long long>(offset), static_cast<unsigned long long>(length),
+                 static_cast<unsigned long long>(base_), static_cast<unsigned long long>(capacity_));
+    std::abort();
+  }
+  // Coalesce with the neighbours.
   if (next != free_.end() && next->first == end) {
     end = next->second;
     next = free_.erase(next);
   }
   if (next != free_.begin()) {
     auto prev = std::prev(next);
-    assert(prev->second <= begin);
     if (prev->second == begin) {
       begin = prev->first;
       free_.erase(prev);
@@ -65,11 +73,30 @@ void StagingAllocator::release(std::uint64_t offset, std::uint64_t length) {
   }
   free_.emplace(begin, end);
   in_use_ -= length;
+}
+
+void StagingAllocator::notify() {
   if (waiter_) {
     auto waiter = std::move(waiter_);
     waiter_ = nullptr;
     waiter();
   }
+}
+
+void StagingAllocator::release(std::uint64_t offset, std::uint64_t length) {
+  if (length == 0) return;
+  free_range(offset, length);
+  notify();
+}
+
+void StagingAllocator::release_all(std::span<const std::pair<std::uint64_t, std::uint64_t>> ranges) {
+  bool freed = false;
+  for (const auto& [offset, length] : ranges) {
+    if (length == 0) continue;
+    free_range(offset, length);
+    freed = true;
+  }
+  if (freed) notify();
 }
 
 }  // namespace shardmix

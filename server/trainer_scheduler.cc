@@ -28,21 +28,20 @@ void TrainerScheduler::abandon(const std::shared_ptr<Pass>& pass) {
   pass->abandoned = true;
   // Delivered slots belong to sent batches (freed with sent_); slots still being fetched
   // are freed by on_fetched once their reads have landed.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
   for (Slot& slot : pass->slots) {
     if (slot.state == SlotState::kReady && slot.staged_bytes > 0) {
-      const std::uint64_t bytes = std::exchange(slot.staged_bytes, 0);
-      staging_->release(slot.descriptor.offset, bytes);
+      ranges.emplace_back(slot.descriptor.offset, std::exchange(slot.staged_bytes, 0));
     }
   }
+  staging_->release_all(ranges);
 }
 
 void TrainerScheduler::free_sent() {
   auto sent = std::move(sent_);
   sent_.clear();
   sent_samples_ = 0;
-  for (const auto& [index, batch] : sent) {
-    for (const auto& [offset, bytes] : batch.staging) staging_->release(offset, bytes);
-  }
+  for (const auto& [index, batch] : sent) staging_->release_all(batch.staging);
 }
 
 void TrainerScheduler::start_epoch(std::uint64_t epoch, std::uint64_t stream) {
@@ -86,7 +85,7 @@ Status TrainerScheduler::release(std::uint64_t stream, std::uint64_t batch) {
   const SentBatch done = std::move(it->second);
   sent_.erase(it);
   sent_samples_ -= done.samples;
-  for (const auto& [offset, bytes] : done.staging) staging_->release(offset, bytes);
+  staging_->release_all(done.staging);
   pump();
   return Status::ok_status();
 }
@@ -104,13 +103,19 @@ void TrainerScheduler::fail(const Status& status) {
 }
 
 void TrainerScheduler::pump() {
-  if (closed_ || failed_ || !started_ || pumping_) return;
+  if (closed_ || failed_ || !started_) return;
+  if (pumping_) {
+    repump_ = true;  // e.g. a fetch that completed inline: go round once more
+    return;
+  }
   pumping_ = true;
   const std::uint64_t budget =
       std::uint64_t{context_.prefetch} * context_.planner->shape().job.batch_size + context_.window;
   bool progress = true;
-  while (progress && !closed_ && !failed_) {
+  while ((progress || repump_) && !closed_ && !failed_) {
     progress = false;
+    repump_ = false;
+    staging_blocked_ = false;
     if (!current_->error.ok()) {
       fail(current_->error.with_context(
           fmt::format("epoch {} plan position {}", current_->epoch, current_->error_position)));
@@ -129,16 +134,51 @@ void TrainerScheduler::pump() {
       const std::uint64_t length = pass->plan.batch_begin[b + 1] - pass->plan.batch_begin[b];
       const std::uint64_t used = budget_used();
       if (used > 0 && used + length > budget) break;
-      if (!stage_next(pass)) break;
+      if (!stage_next(pass)) {
+        staging_blocked_ = pass == current_;
+        break;
+      }
       progress = true;
     }
   }
   pumping_ = false;
-  if (!closed_ && !failed_ && !end_sent_ && next_to_send_ == current_->plan.num_batches()) {
+  if (closed_ || failed_) return;
+  if (staging_blocked_) fail_if_stuck();
+  if (!failed_ && !end_sent_ && next_to_send_ == current_->plan.num_batches()) {
     end_sent_ = true;
     finish_quality_figures();
     sink_.send_epoch_end(stats_);
   }
+}
+
+void TrainerScheduler::fail_if_stuck() {
+  // Quiescent and the current pass cannot stage its next batch. Stuck if nothing can free
+  // bytes: the trainer holds no batch, no read of ours is landing, and no one else (a
+  // previous scheduler of this trainer slot) holds bytes that will come back.
+  if (!sent_.empty()) return;
+  for (const auto& q : {current_, ahead_}) {
+    if (q && q->fetches_in_flight > 0) return;
+  }
+  std::uint64_t held = 0;
+  for (const auto& q : {current_, ahead_}) {
+    if (!q) continue;
+    for (const Slot& slot : q->slots) {
+      if (slot.state != SlotState::kDelivered) held += slot.staged_bytes;
+    }
+  }
+  if (staging_->bytes_in_use() != held) return;
+  const Pass& p = *current_;
+  const std::uint64_t b = p.next_to_stage;
+  std::uint64_t needed = 0;
+  for (std::uint64_t i = p.plan.batch_begin[b]; i < p.plan.batch_begin[b + 1]; ++i) {
+    const SampleId id = p.plan.order[i];
+    if (context_.placement->owner[id] != context_.node) needed += align_to_arena(context_.catalog->sample_bytes(id));
+  }
+  fail(make_error(StatusCode::kResourceExhausted,
+                  "epoch {} batch {} needs {} contiguous staging bytes; {} are held by samples staged ahead "
+                  "(shuffle.window = {}) and service.staging_bytes_per_trainer is {}: raise it{}",
+                  p.epoch, b, needed, held, context_.window, staging_->capacity(),
+                  context_.window > 0 ? " or lower shuffle.window" : ""));
 }
 
 bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
@@ -148,6 +188,29 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
   const std::uint64_t end = p.plan.batch_begin[b + 1];
   const Catalog& catalog = *context_.catalog;
   const Placement& placement = *context_.placement;
+
+  // The batch's peer bytes as one extent (freed sample by sample as batches are released).
+  std::uint64_t peer_bytes = 0;
+  for (std::uint64_t i = begin; i < end; ++i) {
+    const SampleId id = p.plan.order[i];
+    if (placement.owner[id] != context_.node) peer_bytes += align_to_arena(catalog.sample_bytes(id));
+  }
+  std::uint64_t cursor = 0;
+  if (peer_bytes > 0) {
+    std::optional<std::uint64_t> extent;
+    if (peer_bytes <= staging_->bytes_free()) extent = staging_->allocate(peer_bytes);
+    if (!extent) {
+      // Wait for bytes. They may be freed by this scheduler's own releases or by a previous
+      // scheduler of the same trainer slot whose reads are still landing (a restarted
+      // trainer): the allocator wakes whoever waits. pump() decides whether we are stuck.
+      std::weak_ptr<TrainerScheduler> weak = weak_from_this();
+      staging_->wait_for_release([weak] {
+        if (auto self = weak.lock()) self->pump();
+      });
+      return false;
+    }
+    cursor = *extent;
+  }
 
   std::vector<Slot> slots;
   slots.reserve(end - begin);
@@ -176,56 +239,17 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
       d.tier = static_cast<std::uint8_t>(proto::Tier::kPeer);
       if (length > 0) {
         const std::uint64_t bytes = align_to_arena(length);
-        const auto offset = staging_->allocate(bytes);
-        if (!offset) break;
-        d.offset = *offset;
+        d.offset = cursor;
+        cursor += bytes;
         slot.staged_bytes = bytes;
         slot.state = SlotState::kFetching;
         const std::uint32_t group = context_.window > 0 ? owner : 0;
-        reads[group].push_back({owner, placement.arena_offset[id], length, *offset});
+        reads[group].push_back({owner, placement.arena_offset[id], length, d.offset});
         positions[group].push_back(i);
         seqs.emplace(group, 0);
       }
     }
     slots.push_back(slot);
-  }
-  if (slots.size() < end - begin) {
-    // Not enough staging now: undo this batch and wait for bytes. They may be freed by
-    // this scheduler's own releases or by a previous scheduler of the same trainer slot
-    // whose reads are still landing (a restarted trainer): the allocator wakes whoever waits.
-    staging_->wait_for_release(nullptr);
-    for (const Slot& slot : slots) {
-      if (slot.staged_bytes > 0) staging_->release(slot.descriptor.offset, slot.staged_bytes);
-    }
-    std::uint64_t held = 0;
-    bool in_flight = false;
-    for (const auto& q : {current_, ahead_}) {
-      if (!q) continue;
-      in_flight = in_flight || q->fetches_in_flight > 0;
-      for (const Slot& slot : q->slots) {
-        if (slot.state != SlotState::kDelivered) held += slot.staged_bytes;
-      }
-    }
-    if (pass == current_ && sent_.empty() && !in_flight && staging_->bytes_in_use() == held) {
-      // Nothing can free bytes: the trainer holds no batch, no read is landing, and what
-      // is staged cannot make a batch on its own.
-      std::uint64_t needed = 0;
-      for (std::uint64_t i = begin; i < end; ++i) {
-        const SampleId id = p.plan.order[i];
-        if (placement.owner[id] != context_.node) needed += align_to_arena(catalog.sample_bytes(id));
-      }
-      fail(make_error(StatusCode::kResourceExhausted,
-                      "epoch {} batch {} needs {} staging bytes, {} are held by samples staged ahead "
-                      "(shuffle.window = {}), and service.staging_bytes_per_trainer is {}: raise it or lower "
-                      "shuffle.window",
-                      p.epoch, b, needed, held, context_.window, staging_->capacity()));
-      return false;
-    }
-    std::weak_ptr<TrainerScheduler> weak = weak_from_this();
-    staging_->wait_for_release([weak] {
-      if (auto self = weak.lock()) self->pump();
-    });
-    return false;
   }
   for (auto& [group, seq] : seqs) seq = next_fetch_seq_++;
   for (Slot& slot : slots) {
@@ -399,10 +423,12 @@ void TrainerScheduler::on_fetched(const std::shared_ptr<Pass>& pass, const std::
   pass->max_completed_seq = std::max(pass->max_completed_seq, seq);
   if (pass->abandoned || closed_) {
     // Abandoned pass or gone trainer: only the staging bytes matter now.
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
     for (const std::uint64_t position : positions) {
       Slot& slot = pass->slot(position);
-      if (slot.staged_bytes > 0) staging_->release(slot.descriptor.offset, std::exchange(slot.staged_bytes, 0));
+      if (slot.staged_bytes > 0) ranges.emplace_back(slot.descriptor.offset, std::exchange(slot.staged_bytes, 0));
     }
+    staging_->release_all(ranges);
     pump();  // the freed bytes may unblock the current pass
     return;
   }

@@ -59,9 +59,10 @@ struct PeerRead {
 class PeerFetcher {
  public:
   virtual ~PeerFetcher() = default;
-  // Performs all `reads` (a batch's peer samples) and then calls `done` once, on the
-  // scheduler's thread, with the first error if any. One completion per batch, not per
-  // read: each hop to the scheduler's thread is a wake-up.
+  // Performs all `reads` (a batch's peer samples, or with a window those of one owner)
+  // and then calls `done` once, on the scheduler's thread, with the first error if any.
+  // One completion per group, not per read: each hop to the scheduler's thread is a
+  // wake-up. `done` may run before fetch() returns (the scheduler copes).
   virtual void fetch(std::vector<PeerRead> reads, std::function<void(const Status&)> done) = 0;
 };
 
@@ -81,7 +82,7 @@ struct SchedulerContext {
   std::uint32_t node = 0;
   std::uint32_t prefetch = 1;
   std::uint32_t window = 0;  // shuffle.window (W)
-  std::uint64_t num_classes = 0;  // C for the label-entropy figure (0: distinct labels seen)
+  std::uint64_t num_classes = 0;  // C for the label-entropy figure (Catalog::num_classes(); 0 scores nothing)
 };
 
 class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
@@ -155,6 +156,8 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   void free_sent();
   std::uint64_t budget_used() const;
   void fail(const Status& status);
+  // Fails the trainer with a clear error if staging can never make progress again.
+  void fail_if_stuck();
   // Fills the quality figures of stats_ at the end of the current pass.
   void finish_quality_figures();
 
@@ -175,6 +178,8 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   std::uint64_t sent_samples_ = 0;
   bool end_sent_ = true;
   bool pumping_ = false;
+  bool repump_ = false;           // pump() was called while pumping: go round again
+  bool staging_blocked_ = false;  // the current pass could not stage its next batch
   std::uint64_t next_fetch_seq_ = 1;
   proto::EpochStats stats_;
   // Shuffle quality of what this trainer received this epoch (EpochStats figures).

@@ -528,6 +528,62 @@ TEST(TrainerSchedulerWindow, StagingTooSmallForTheWindowIsAnErrorNotAHang) {
   }
 }
 
+// A fetcher whose reads land before fetch() returns.
+struct InlineFetcher : PeerFetcher {
+  void fetch(std::vector<PeerRead> reads, std::function<void(const Status&)> done) override {
+    (void)reads;
+    done(Status::ok_status());
+  }
+};
+
+// Peer bytes of the largest planned batch of local trainer 0 of node 0 (the daemon's floor
+// for service.staging_bytes_per_trainer is the largest batch's bytes).
+std::uint64_t largest_peer_batch_bytes(const World& w, std::uint64_t epochs) {
+  std::uint64_t largest = 0;
+  for (std::uint64_t e = 0; e < epochs; ++e) {
+    const TrainerPlan plan = w.planner->plan_node(e, 0)[0];
+    for (std::uint64_t j = 0; j < plan.num_batches(); ++j) {
+      std::uint64_t bytes = 0;
+      for (std::uint64_t i = plan.batch_begin[j]; i < plan.batch_begin[j + 1]; ++i) {
+        if (w.placement.owner[plan.order[i]] != 0) bytes += align_to_arena(w.catalog.sample_bytes(plan.order[i]));
+      }
+      largest = std::max(largest, bytes);
+    }
+  }
+  return largest;
+}
+
+// Regression (review of the window commit): staging of exactly one largest batch must
+// deliver everything, whether reads land later or inline, with and without a window. The
+// first extent allocator started a new batch wherever its cursor was and reported a
+// false "staging too small".
+TEST(TrainerScheduler, MinimumStagingDeliversEverything) {
+  for (const std::uint32_t window : {0u, 4u}) {
+    for (const bool inline_reads : {false, true}) {
+      World w(300, 4, 8, 1, window);
+      auto staging = std::make_shared<StagingAllocator>(0, largest_peer_batch_bytes(w, 3));
+      FakeFetcher later;
+      InlineFetcher now;
+      PeerFetcher& fetcher = inline_reads ? static_cast<PeerFetcher&>(now) : later;
+      RecordingSink sink;
+      auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, fetcher, sink);
+      for (std::uint64_t e = 0; e < 2; ++e) {
+        const std::size_t from = sink.batches.size();
+        scheduler->start_epoch(e, e + 1);
+        std::vector<SampleId> got;
+        drain(*scheduler, later, sink, e + 1, from, e, got);
+        ASSERT_TRUE(sink.errors.empty()) << "W " << window << " inline " << inline_reads << ": "
+                                         << sink.errors[0].message();
+        ASSERT_EQ(sink.ends.size(), e + 1);
+        std::sort(got.begin(), got.end());
+        std::vector<SampleId> want = w.planner->plan_node(e, 0)[0].order;
+        std::sort(want.begin(), want.end());
+        EXPECT_EQ(got, want);
+      }
+    }
+  }
+}
+
 TEST(StagingAllocator, AllocatesNextFitAndRefusesWhatDoesNotFit) {
   StagingAllocator staging(100, 1000);
   auto a = staging.allocate(400);
@@ -548,6 +604,36 @@ TEST(StagingAllocator, AllocatesNextFitAndRefusesWhatDoesNotFit) {
   auto whole = staging.allocate(1000);  // everything coalesced again
   ASSERT_TRUE(whole);
   EXPECT_EQ(*whole, 100u);
+}
+
+TEST(StagingAllocator, AnEmptyAllocatorFitsAnythingUpToItsCapacity) {
+  StagingAllocator staging(0, 1000);
+  auto a = staging.allocate(300);
+  ASSERT_TRUE(a);
+  staging.release(*a, 300);
+  auto b = staging.allocate(1000);  // the cursor must not split the empty area
+  ASSERT_TRUE(b);
+  EXPECT_EQ(*b, 0u);
+}
+
+TEST(StagingAllocator, ReleaseAllWakesTheWaiterOnce) {
+  StagingAllocator staging(0, 1000);
+  auto a = staging.allocate(600);
+  ASSERT_TRUE(a);
+  int woken = 0;
+  staging.wait_for_release([&] { ++woken; });
+  const std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges = {{*a, 200}, {*a + 200, 200}, {*a + 400, 200}};
+  staging.release_all(ranges);
+  EXPECT_EQ(woken, 1);
+  EXPECT_TRUE(staging.empty());
+}
+
+TEST(StagingAllocatorDeathTest, FreeingFreeBytesAborts) {
+  StagingAllocator staging(0, 1000);
+  auto a = staging.allocate(100);
+  ASSERT_TRUE(a);
+  staging.release(*a, 100);
+  EXPECT_DEATH(staging.release(*a, 100), "frees free bytes");
 }
 
 TEST(StagingAllocator, FreesSubRangesOutOfOrderAndWakesTheWaiter) {
