@@ -3,8 +3,8 @@
 //
 // Why not a ring: with shuffle.window > 0 a sample may be delivered long after the
 // samples staged after it, so bytes are freed out of order; a FIFO ring would keep every
-// later byte hostage behind the oldest undelivered sample and can deadlock a trainer
-// (decisions/0013). This is an extent allocator instead: free bytes are a map of
+// later byte hostage behind the oldest undelivered sample and stop staging until that
+// straggler lands (decisions/0013). This is an extent allocator instead: free bytes are a map of
 // coalesced extents, allocation is next-fit (in the usual in-order use it takes the
 // extent right after the previous allocation; a failing search visits every free extent,
 // a handful in practice), an empty allocator starts again at offset 0, and any sub-range
