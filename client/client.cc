@@ -1,5 +1,7 @@
 #include "client/client.h"
 
+#include "common/config.h"
+
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -12,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <thread>
 #include <utility>
 #include <array>
@@ -59,7 +62,8 @@ Result<std::map<std::string, std::string>> read_ready_file(const std::string& pa
     if (std::chrono::steady_clock::now() > deadline) {
       return make_error(StatusCode::kUnavailable,
                         "no ShardMix daemons became ready: {} did not appear within {:.0f} s (are the daemons "
-                        "running with the same SHARDMIX_RUN_DIR?)",
+                        "running with the same SHARDMIX_RUN_DIR? still loading? SHARDMIX_CONNECT_TIMEOUT sets the "
+                        "wait)",
                         path, timeout_s);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -68,18 +72,74 @@ Result<std::map<std::string, std::string>> read_ready_file(const std::string& pa
 
 }  // namespace
 
+std::string LauncherRank::describe() const {
+  std::string text = std::to_string(world_size) + " trainers (rank " + std::to_string(rank);
+  if (local_rank >= 0) text += ", local rank " + std::to_string(local_rank);
+  if (local_size >= 0) text += (local_rank >= 0 ? " of " : ", ") + std::to_string(local_size) + " per node";
+  if (nodes >= 0) text += ", " + std::to_string(nodes) + " nodes";
+  return text + "; from " + source + ")";
+}
+
 LauncherRank detect_launcher_rank() {
-  const std::pair<const char*, const char*> sources[] = {
-      {"SHARDMIX_RANK", "SHARDMIX_WORLD_SIZE"}, {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
-      {"PMI_RANK", "PMI_SIZE"},                 {"SLURM_PROCID", "SLURM_NTASKS"},
-      {"RANK", "WORLD_SIZE"},
+  auto fill = [](LauncherRank r, const char* local_rank, const char* local_size) {
+    r.local_rank = local_rank ? env_int(local_rank).value_or(-1) : -1;
+    r.local_size = local_size ? env_int(local_size).value_or(-1) : -1;
+    if (r.nodes < 0 && r.local_size > 0 && r.world_size % r.local_size == 0) r.nodes = r.world_size / r.local_size;
+    return r;
   };
-  for (const auto& [rank_var, size_var] : sources) {
-    auto r = env_int(rank_var);
-    auto w = env_int(size_var);
-    if (r && w) return {*r, *w, rank_var};
+  auto pair = [](const char* rank, const char* size) -> std::optional<LauncherRank> {
+    auto r = env_int(rank);
+    auto w = env_int(size);
+    if (!r || !w || *w == 0 || *r >= *w) return std::nullopt;
+    LauncherRank out;
+    out.rank = *r;
+    out.world_size = *w;
+    out.source = rank;
+    return out;
+  };
+  if (auto r = pair("SHARDMIX_RANK", "SHARDMIX_WORLD_SIZE")) {
+    return fill(*r, "SHARDMIX_LOCAL_RANK", "SHARDMIX_LOCAL_SIZE");
   }
+  if (auto r = pair("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")) {
+    // MPMD: "N M" app context sizes, and which one is ours.
+    std::vector<int> apps;
+    if (const char* ctx = std::getenv("OMPI_APP_CTX_NUM_PROCS"); ctx != nullptr) {
+      std::istringstream in(ctx);
+      for (int n; in >> n;) apps.push_back(n);
+    }
+    const int app = env_int("OMPI_MCA_orte_app_num").value_or(0);
+    if (apps.size() > 1 && app < static_cast<int>(apps.size())) {
+      int first = 0;
+      for (int a = 0; a < app; ++a) first += apps[static_cast<std::size_t>(a)];
+      if (r->rank >= first && r->rank - first < apps[static_cast<std::size_t>(app)]) {
+        r->rank -= first;
+        r->world_size = apps[static_cast<std::size_t>(app)];
+        r->source = "OMPI_COMM_WORLD_RANK, app context " + std::to_string(app) + " of an MPMD job";
+        return *r;  // the node's local ranks mix the apps' processes: unknown
+      }
+    }
+    return fill(*r, "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE");
+  }
+  if (auto r = pair("PMI_RANK", "PMI_SIZE")) return fill(*r, "MPI_LOCALRANKID", "MPI_LOCALNRANKS");
+  if (auto r = pair("SLURM_PROCID", "SLURM_NTASKS")) {
+    r->nodes = env_int("SLURM_NNODES").value_or(-1);
+    LauncherRank out = fill(*r, "SLURM_LOCALID", nullptr);
+    if (out.nodes > 0 && out.world_size % out.nodes == 0) out.local_size = out.world_size / out.nodes;
+    return out;
+  }
+  if (auto r = pair("RANK", "WORLD_SIZE")) return fill(*r, "LOCAL_RANK", "LOCAL_WORLD_SIZE");
   return {};
+}
+
+static double connect_timeout_s(double requested) {
+  if (requested >= 0) return requested;
+  const char* env = std::getenv("SHARDMIX_CONNECT_TIMEOUT");
+  if (env == nullptr || *env == '\0') return 300;
+  char* end = nullptr;
+  const double seconds = std::strtod(env, &end);
+  if (end != env && *end == '\0' && seconds >= 0) return seconds;
+  auto d = parse_duration(env, "SHARDMIX_CONNECT_TIMEOUT");
+  return d.ok() ? std::chrono::duration<double>(*d).count() : 300;
 }
 
 // The socket protocol, blocking with timeouts. Owned by Client; iterators point into it.
@@ -130,9 +190,9 @@ class DaemonConnection {
     return Status::ok_status();
   }
 
-  Status release(std::uint64_t epoch, std::uint64_t batch) {
+  Status release(std::uint64_t epoch, std::uint64_t batch, std::uint64_t wait_us) {
     std::vector<std::uint8_t> out;
-    proto::encode(out, proto::Release{epoch, current_stream_, batch});
+    proto::encode(out, proto::Release{epoch, current_stream_, batch, wait_us});
     return send(out);
   }
 
@@ -274,7 +334,7 @@ Result<std::unique_ptr<DaemonConnection>> DaemonConnection::open(const ClientOpt
   int daemon = options.daemon >= 0 ? options.daemon : env_int("SHARDMIX_DAEMON").value_or(-1);
   if (daemon < 0) {
     // Our node is rank / trainers_per_node, as the daemons published it.
-    auto ready = read_ready_file(run_dir + "/ready", options.ready_timeout_s);
+    auto ready = read_ready_file(run_dir + "/ready", connect_timeout_s(options.ready_timeout_s));
     if (!ready.ok()) return ready.status();
     const int daemons = std::atoi((*ready)["daemons"].c_str());
     const int per_node = std::atoi((*ready)["trainers_per_node"].c_str());
@@ -282,11 +342,35 @@ Result<std::unique_ptr<DaemonConnection>> DaemonConnection::open(const ClientOpt
       return make_error(StatusCode::kCorrupt, "{}/ready is malformed (daemons={}, trainers_per_node={})", run_dir,
                         (*ready)["daemons"], (*ready)["trainers_per_node"]);
     }
-    if (c->who_.world_size != daemons * per_node) {
+    // Daemons on this host (several when "nodes" are emulated on one machine): the
+    // launcher's local size and rank must match them too, when it tells them.
+    const LauncherRank& who = c->who_;
+    const std::string here = this_host();
+    int daemons_here = 0, first_here = -1;
+    for (int r = 0; r < daemons; ++r) {
+      if ((*ready)["host." + std::to_string(r)] != here) continue;
+      ++daemons_here;
+      if (first_here < 0) first_here = r;
+    }
+    // When the launcher counts as many nodes as there are daemons, its nodes are the
+    // daemons' nodes (also when they are emulated on one host); otherwise compare per host.
+    const bool launcher_nodes = who.nodes == daemons;
+    const bool known_here = launcher_nodes || daemons_here > 0;
+    const int local_expected = launcher_nodes ? per_node : daemons_here * per_node;
+    const int local_rank_expected = launcher_nodes ? who.rank % per_node : who.rank - first_here * per_node;
+    const bool sizes_differ = who.world_size != daemons * per_node;
+    const bool per_node_differs = known_here && who.local_size > 0 && who.local_size != local_expected;
+    const bool order_differs = known_here && !sizes_differ && !per_node_differs && who.local_rank >= 0 &&
+                               who.local_rank != local_rank_expected;
+    if (sizes_differ || per_node_differs || order_differs) {
       return make_error(StatusCode::kInvalidArgument,
-                        "trainer layout does not match the daemons: {} trainers (from {}) but {} daemons x {} "
-                        "trainers per node = {}",
-                        c->who_.world_size, c->who_.source, daemons, per_node, daemons * per_node);
+                        "trainer layout does not match the daemons': the launcher started {}; the daemons serve {} "
+                        "nodes x service.trainers_per_node {} = {} trainers ({} {}), trainer rank R on node R / {}{}",
+                        who.describe(), daemons, per_node, daemons * per_node, local_expected,
+                        launcher_nodes ? std::string("per node") : "on this host " + here, per_node,
+                        order_differs ? "; this rank is on the wrong node: map trainers to nodes in blocks of "
+                                        "trainers_per_node (mpirun --map-by ppr:N:node, srun --distribution=block)"
+                                      : "");
     }
     daemon = c->who_.rank / per_node;
     const std::string host = (*ready)["host." + std::to_string(daemon)];
@@ -353,10 +437,91 @@ Result<std::unique_ptr<DaemonConnection>> DaemonConnection::open(const ClientOpt
   return c;
 }
 
+Result<std::string> query_daemon_stats(const ClientOptions& options, int daemon) {
+  std::string run_dir = options.run_dir;
+  if (run_dir.empty()) {
+    const char* env = std::getenv("SHARDMIX_RUN_DIR");
+    run_dir = env != nullptr && *env != '\0' ? env : "/tmp/shardmix-" + std::to_string(::geteuid());
+  }
+  if (daemon < 0) {
+    auto ready = read_ready_file(run_dir + "/ready", connect_timeout_s(options.ready_timeout_s));
+    if (!ready.ok()) return ready.status();
+    const int daemons = std::atoi((*ready)["daemons"].c_str());
+    const std::string host = this_host();
+    for (int r = 0; r < daemons && daemon < 0; ++r) {
+      if ((*ready)["host." + std::to_string(r)] == host) daemon = r;
+    }
+    if (daemon < 0) {
+      return make_error(StatusCode::kNotFound, "{}/ready lists no daemon on host {}; choose one with --daemon", run_dir,
+                        host);
+    }
+  }
+  const std::string path = run_dir + "/d" + std::to_string(daemon) + ".sock";
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return make_error(StatusCode::kIoError, "socket(): {}", std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) return make_error(StatusCode::kInvalidArgument, "socket path {} is too long", path);
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return make_error(StatusCode::kUnavailable, "cannot connect to the daemon of node {} at {}: {}", daemon, path,
+                      std::strerror(errno));
+  }
+  std::vector<std::uint8_t> request;
+  proto::encode_get_stats(request);
+  if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) {
+    return make_error(StatusCode::kUnavailable, "sending to the daemon of node {}: {}", daemon, std::strerror(errno));
+  }
+  auto read_exact = [&](std::uint8_t* out, std::size_t n) -> Status {
+    std::size_t done = 0;
+    while (done < n) {
+      pollfd p{fd, POLLIN, 0};
+      const int ready = ::poll(&p, 1, static_cast<int>(options.receive_timeout_s * 1000));
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready == 0) {
+        return make_error(StatusCode::kUnavailable, "the daemon of node {} sent nothing for {:.0f} s", daemon,
+                          options.receive_timeout_s);
+      }
+      const ssize_t got = ::recv(fd, out + done, n - done, 0);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        return make_error(StatusCode::kUnavailable, "the daemon of node {} closed the connection{}", daemon,
+                          got < 0 ? std::string(": ") + std::strerror(errno) : std::string());
+      }
+      done += static_cast<std::size_t>(got);
+    }
+    return Status::ok_status();
+  };
+  std::array<std::uint8_t, sizeof(proto::FrameHeader)> raw{};
+  SHARDMIX_RETURN_IF_ERROR(read_exact(raw.data(), raw.size()));
+  proto::FrameHeader header{};
+  if (auto err = proto::decode_header(raw, header); !err.empty()) {
+    return Status(StatusCode::kProtocol, "daemon of node " + std::to_string(daemon) + ": " + err);
+  }
+  std::vector<std::uint8_t> payload(header.payload_bytes);
+  SHARDMIX_RETURN_IF_ERROR(read_exact(payload.data(), payload.size()));
+  if (header.type == static_cast<std::uint16_t>(proto::FrameType::kError)) {
+    proto::ErrorFrame e;
+    if (auto err = proto::decode(payload, e); !err.empty()) return Status(StatusCode::kProtocol, err);
+    return Status(static_cast<StatusCode>(e.code), "daemon of node " + std::to_string(daemon) + ": " + e.message);
+  }
+  if (header.type != static_cast<std::uint16_t>(proto::FrameType::kStats)) {
+    return make_error(StatusCode::kProtocol, "expected statistics from the daemon, got frame type {}", header.type);
+  }
+  std::string text;
+  if (auto err = proto::decode_stats(payload, text); !err.empty()) return Status(StatusCode::kProtocol, err);
+  return text;
+}
+
 // ---- iterator ----
 
 EpochIterator::EpochIterator(DaemonConnection* connection, std::uint64_t epoch)
     : connection_(connection), epoch_(epoch), done_(false) {
+  waiting_since_ = std::chrono::steady_clock::now();
   Status s = connection_->start_epoch(epoch);
   if (!s.ok()) throw Error(s);
   fetch_next();
@@ -388,12 +553,16 @@ void EpochIterator::fetch_next() {
     batch_.samples_[i].desc_ = frame.samples[i];
   }
   holding_ = true;
+  // The wait for this batch goes back to the daemon in its Release (trainer stall time).
+  wait_us_ = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - waiting_since_).count());
 }
 
 EpochIterator& EpochIterator::operator++() {
   if (done_) return *this;
+  waiting_since_ = std::chrono::steady_clock::now();
   if (holding_) {
-    Status s = connection_->release(epoch_, batch_.index_);
+    Status s = connection_->release(epoch_, batch_.index_, wait_us_);
     holding_ = false;
     if (!s.ok()) {
       done_ = true;

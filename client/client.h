@@ -13,11 +13,12 @@
 // and its staging bytes are reused). Starting another epoch releases the previous one.
 //
 // Errors: exceptions at this edge only (shardmix::Error, with the daemon's message),
-// thrown by connect() and by the iterator. The library is quiet unless
-// SHARDMIX_LOG_LEVEL says otherwise.
+// thrown by connect() and by the iterator. The library writes nothing to stdout or
+// stderr (it does not log at all).
 // Thread-safety: one Client per trainer thread; not safe to share without a lock.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -47,19 +48,40 @@ struct ClientOptions {
   int daemon = -1;          // node index of the daemon to use; -1 = $SHARDMIX_DAEMON, else by rank
   int rank = -1;            // trainer rank; -1 = from the launcher's environment
   int world_size = -1;      // trainer count; -1 = from the launcher's environment
-  double ready_timeout_s = 300;    // how long to wait for the daemons' readiness file
+  // How long to wait for the daemons' readiness file; < 0 = $SHARDMIX_CONNECT_TIMEOUT
+  // (seconds, or a duration such as "90s", "5min"), else 300 s.
+  double ready_timeout_s = -1;
   double receive_timeout_s = 600;  // a daemon silent this long is treated as hung
 };
 
-// The trainer's rank and world size as the launcher sets them: SHARDMIX_RANK/_WORLD_SIZE,
-// Open MPI (OMPI_COMM_WORLD_*), PMI, Slurm (SLURM_PROCID/NTASKS), torchrun (RANK/WORLD_SIZE);
-// 0 and 1 when none is set.
+// The trainer's place in the job as the launcher sets it, first match wins:
+//   SHARDMIX_RANK/_WORLD_SIZE (+ SHARDMIX_LOCAL_RANK/_LOCAL_SIZE);
+//   Open MPI: OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK/_LOCAL_SIZE. In an MPMD job
+//     (mpirun -np N shardmixd : -np M ./train) the numbers are made relative to this
+//     program's app context (OMPI_MCA_orte_app_num, OMPI_APP_CTX_NUM_PROCS), so daemon
+//     ranks are not counted; the local rank is unknown there (the node's ranks mix apps);
+//   PMI (MPICH/Hydra): PMI_RANK/PMI_SIZE, MPI_LOCALRANKID/MPI_LOCALNRANKS;
+//   Slurm: SLURM_PROCID/SLURM_NTASKS, SLURM_LOCALID, SLURM_NNODES (local size =
+//     NTASKS / NNODES when that divides evenly);
+//   torchrun: RANK/WORLD_SIZE, LOCAL_RANK/LOCAL_WORLD_SIZE.
+// 0 and 1 when none is set; local_rank, local_size and nodes are -1 when unknown.
 struct LauncherRank {
   int rank = 0;
   int world_size = 1;
+  int local_rank = -1;
+  int local_size = -1;  // trainers on this node
+  int nodes = -1;
   std::string source = "default";
+  // "8 trainers (rank 5, local rank 1 of 4 per node, 2 nodes; from SLURM_PROCID)"
+  std::string describe() const;
 };
 LauncherRank detect_launcher_rank();
+
+// Asks a running daemon for its counters (the GetStats request; no Hello, so it works
+// next to the trainers, e.g. from shardmix-stat). Returns the Prometheus text the daemon
+// renders (docs/operations.md lists the metrics). `daemon` < 0: the first daemon on this
+// host according to RUN_DIR/ready. Uses options.run_dir, ready_timeout_s, receive_timeout_s.
+Result<std::string> query_daemon_stats(const ClientOptions& options, int daemon = -1);
 
 class Sample {
  public:
@@ -124,6 +146,9 @@ class EpochIterator {
   Batch batch_;
   bool holding_ = false;
   bool done_ = true;
+  // Since when this trainer waits for the next batch, and how long it waited for batch_.
+  std::chrono::steady_clock::time_point waiting_since_{};
+  std::uint64_t wait_us_ = 0;
 };
 
 class Epoch {

@@ -196,10 +196,27 @@ const KeySpec kKeys[] = {
    "Larger delays make the straggler worse; 0 disables the injection.",
    "", 0, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_USEC_KEY(inject.slow_peer_delay)},
 
+  {"telemetry.stats_file", KeyType::kString, "",
+   "Rank 0 appends one JSON line per epoch of the whole job to this file (samples/s, GB/s, trainer stall, tier fractions, label entropy, affinity, Q, errors, skipped samples), once every trainer has finished the epoch; incomplete epochs are written at shutdown. \"{job}\" is replaced by the job id ($SLURM_JOB_ID, $PBS_JOBID, Open MPI's job id, else local-<pid of rank 0>). \"\" = off.",
+   "Costs one small MPI message per trainer and epoch to rank 0, nothing per sample; put it on a shared file system to keep it after the job.",
+   "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(telemetry.stats_file)},
+  {"telemetry.prometheus_file", KeyType::kString, "",
+   "Each daemon writes its counters in Prometheus text format to this file (atomically, every telemetry.interval, at each finished trainer epoch and at exit), for node_exporter's textfile collector: point it into the collector's directory and end it in \".prom\". \"{rank}\" and \"{job}\" are replaced. \"\" = off. The same text is served on demand by shardmix-stat.",
+   "A file needs no port, no listener thread and no firewall rule on shared nodes; the price is a scrape delay of up to telemetry.interval plus node_exporter's own interval.",
+   "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(telemetry.prometheus_file)},
+  {"telemetry.interval", KeyType::kDuration, "10s",
+   "How often the Prometheus file is rewritten between epoch ends (a duration such as \"10s\").",
+   "Shorter gives fresher gauges (connected trainers, counters within an epoch) at the cost of more small file writes.",
+   "", 1000, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_USEC_KEY(telemetry.interval)},
+
   {"log.level", KeyType::kEnum, "info",
    "Daemon log level.",
    "debug/trace explain every decision but are verbose on many nodes; warn keeps logs short.",
    "trace|debug|info|warn|error", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(log.level)},
+  {"log.components", KeyType::kString, "",
+   "Per-component levels overriding log.level, as \"component=level\" pairs separated by commas, e.g. \"fabric=debug,service=warn\". Components: daemon, loader, fabric, service, telemetry.",
+   "Debug one part of the daemon without drowning in the others' lines.",
+   "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(log.components)},
 };
 // clang-format on
 

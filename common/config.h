@@ -82,8 +82,18 @@ struct InjectConfig {
   bool operator==(const InjectConfig&) const = default;
 };
 
+// Per-epoch statistics and counters (server/telemetry.h).
+struct TelemetryConfig {
+  std::string stats_file;              // telemetry.stats_file: JSON lines on rank 0; "" = off; {job} expands
+  std::string prometheus_file;         // telemetry.prometheus_file: per daemon; "" = off; {rank}, {job} expand
+  std::chrono::microseconds interval{std::chrono::seconds(10)};  // telemetry.interval
+
+  bool operator==(const TelemetryConfig&) const = default;
+};
+
 struct LogConfig {
   std::string level = "info";          // log.level = trace|debug|info|warn|error
+  std::string components;              // log.components = "fabric=debug,service=warn"
 
   bool operator==(const LogConfig&) const = default;
 };
@@ -96,6 +106,7 @@ struct Config {
   FabricConfig fabric;
   ServiceConfig service;
   InjectConfig inject;
+  TelemetryConfig telemetry;
   LogConfig log;
 
   bool operator==(const Config&) const = default;
@@ -122,9 +133,9 @@ Result<std::chrono::microseconds> parse_duration(std::string_view text, std::str
 // SHARDMIX_* environment variables that are not config keys; load_config ignores them
 // (every other SHARDMIX_* name must be a key's env name). SHARDMIX_LOG_LEVEL is also the
 // env name of log.level, so it sets log.level for the daemon too.
-inline constexpr std::array<std::string_view, 6> kNonConfigEnvVars = {
-    "SHARDMIX_RUN_DIR", "SHARDMIX_LOG_LEVEL",  "SHARDMIX_DAEMON",
-    "SHARDMIX_RANK",    "SHARDMIX_WORLD_SIZE", "SHARDMIX_CONNECT_TIMEOUT"};
+inline constexpr std::array<std::string_view, 8> kNonConfigEnvVars = {
+    "SHARDMIX_RUN_DIR",    "SHARDMIX_LOG_LEVEL",  "SHARDMIX_DAEMON",     "SHARDMIX_RANK",
+    "SHARDMIX_WORLD_SIZE", "SHARDMIX_LOCAL_RANK", "SHARDMIX_LOCAL_SIZE", "SHARDMIX_CONNECT_TIMEOUT"};
 
 // One row of config.cc's key table, for docs, tools and tests.
 struct ConfigKeyInfo {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
+#include <vector>
 
 // Only the C API: Open MPI's mpi.h otherwise drags in the removed C++ bindings, which
 // need libmpi_cxx at link time.
@@ -42,6 +43,41 @@ Status mpi_error(const char* call, int code) {
     if (shardmix_mpi_rc_ != MPI_SUCCESS) return mpi_error(call_name, shardmix_mpi_rc_); \
   } while (0)
 
+// The daemons' communicator: MPI_COMM_WORLD, or in an MPMD job (mpirun -np N shardmixd :
+// -np M ./train) the ranks of our own app context only. One MpiSession per process.
+MPI_Comm g_comm = MPI_COMM_WORLD;
+
+// Open MPI lists each app context's size ("4 8") and tells each process its context.
+// MPI_Comm_create_group is collective over the group only, so the other app's processes
+// (trainers) take no part; they must still call MPI_Init and MPI_Finalize (Open MPI 4.1
+// refuses a job where some processes initialise MPI and others do not).
+int create_app_communicator() {
+  int* appnum = nullptr;
+  int flag = 0;
+  if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_APPNUM, &appnum, &flag) != MPI_SUCCESS || !flag) return MPI_SUCCESS;
+  const char* ctx = std::getenv("OMPI_APP_CTX_NUM_PROCS");
+  if (ctx == nullptr) return MPI_SUCCESS;
+  std::vector<int> apps;
+  for (const char* p = ctx; *p != '\0';) {
+    char* end = nullptr;
+    const long n = std::strtol(p, &end, 10);
+    if (end == p) break;
+    apps.push_back(static_cast<int>(n));
+    p = end;
+  }
+  if (apps.size() <= 1 || *appnum < 0 || *appnum >= static_cast<int>(apps.size())) return MPI_SUCCESS;
+  int first = 0;
+  for (int a = 0; a < *appnum; ++a) first += apps[static_cast<std::size_t>(a)];
+  MPI_Group world_group = MPI_GROUP_NULL, app_group = MPI_GROUP_NULL;
+  int range[1][3] = {{first, first + apps[static_cast<std::size_t>(*appnum)] - 1, 1}};
+  int rc = MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+  if (rc == MPI_SUCCESS) rc = MPI_Group_range_incl(world_group, 1, range, &app_group);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_create_group(MPI_COMM_WORLD, app_group, 0, &g_comm);
+  if (app_group != MPI_GROUP_NULL) MPI_Group_free(&app_group);
+  if (world_group != MPI_GROUP_NULL) MPI_Group_free(&world_group);
+  return rc;
+}
+
 [[noreturn]] void die(const char* what, int code) {
   std::fprintf(stderr, "shardmix: %s failed (MPI error %d); cannot continue\n", what, code);
   std::fflush(stderr);
@@ -59,10 +95,11 @@ MpiSession::MpiSession(int* argc, char*** argv) {
     std::fprintf(stderr, "shardmix: MPI_Init_thread provided thread level %d < MPI_THREAD_FUNNELED\n", provided);
     MPI_Abort(MPI_COMM_WORLD, EXIT_FAILURE);
   }
+  if (int rc = create_app_communicator(); rc != MPI_SUCCESS) die("creating the daemons' communicator (MPMD)", rc);
   // Errors come back as codes and become Status values instead of aborting the job.
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  MPI_Comm_set_errhandler(g_comm, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(g_comm, &rank_);
+  MPI_Comm_size(g_comm, &size_);
 }
 
 MpiSession::~MpiSession() {
@@ -82,7 +119,7 @@ Result<std::vector<std::vector<std::uint8_t>>> MpiSession::allgather(std::span<c
   std::vector<std::uint64_t> sizes(nranks);
   const std::uint64_t my_size = mine.size();
   SHARDMIX_MPI_CHECK("MPI_Allgather (allgather sizes)",
-                     MPI_Allgather(&my_size, 1, MPI_UINT64_T, sizes.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD));
+                     MPI_Allgather(&my_size, 1, MPI_UINT64_T, sizes.data(), 1, MPI_UINT64_T, g_comm));
 
   std::vector<std::vector<std::uint8_t>> result(nranks);
   for (std::size_t r = 0; r < nranks; ++r) result[r].resize(sizes[r]);
@@ -107,7 +144,7 @@ Result<std::vector<std::vector<std::uint8_t>>> MpiSession::allgather(std::span<c
     SHARDMIX_MPI_CHECK("MPI_Allgatherv (allgather bytes)",
                        MPI_Allgatherv(mine.data() + (my_count > 0 ? done : 0), my_count, MPI_BYTE,
                                       round_buffer.data(), counts.data(), displacements.data(), MPI_BYTE,
-                                      MPI_COMM_WORLD));
+                                      g_comm));
     for (std::size_t r = 0; r < nranks; ++r) {
       std::copy_n(round_buffer.begin() + displacements[r], counts[r], result[r].begin() + static_cast<std::ptrdiff_t>(done));
     }
@@ -120,7 +157,7 @@ Result<std::vector<std::uint8_t>> MpiSession::broadcast(std::span<const std::uin
     return make_error(StatusCode::kInvalidArgument, "broadcast: root rank {} outside 0..{}", root, size_ - 1);
   }
   std::uint64_t length = bytes.size();
-  SHARDMIX_MPI_CHECK("MPI_Bcast (broadcast size)", MPI_Bcast(&length, 1, MPI_UINT64_T, root, MPI_COMM_WORLD));
+  SHARDMIX_MPI_CHECK("MPI_Bcast (broadcast size)", MPI_Bcast(&length, 1, MPI_UINT64_T, root, g_comm));
   std::vector<std::uint8_t> result;
   if (rank_ == root) {
     result.assign(bytes.begin(), bytes.end());
@@ -130,20 +167,20 @@ Result<std::vector<std::uint8_t>> MpiSession::broadcast(std::span<const std::uin
   for (std::uint64_t done = 0; done < length; done += kMaxBytesPerCall) {
     const int count = static_cast<int>(std::min(length - done, kMaxBytesPerCall));
     SHARDMIX_MPI_CHECK("MPI_Bcast (broadcast bytes)",
-                       MPI_Bcast(result.data() + done, count, MPI_BYTE, root, MPI_COMM_WORLD));
+                       MPI_Bcast(result.data() + done, count, MPI_BYTE, root, g_comm));
   }
   return result;
 }
 
 Result<std::uint64_t> MpiSession::allreduce_sum(std::uint64_t value) const {
   std::uint64_t sum = 0;
-  SHARDMIX_MPI_CHECK("MPI_Allreduce (sum)", MPI_Allreduce(&value, &sum, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD));
+  SHARDMIX_MPI_CHECK("MPI_Allreduce (sum)", MPI_Allreduce(&value, &sum, 1, MPI_UINT64_T, MPI_SUM, g_comm));
   return sum;
 }
 
 Status MpiSession::barrier(const std::function<void()>& progress) const {
   MPI_Request request = MPI_REQUEST_NULL;
-  SHARDMIX_MPI_CHECK("MPI_Ibarrier", MPI_Ibarrier(MPI_COMM_WORLD, &request));
+  SHARDMIX_MPI_CHECK("MPI_Ibarrier", MPI_Ibarrier(g_comm, &request));
   for (;;) {
     int done = 0;
     SHARDMIX_MPI_CHECK("MPI_Test (barrier)", MPI_Test(&request, &done, MPI_STATUS_IGNORE));
@@ -151,6 +188,31 @@ Status MpiSession::barrier(const std::function<void()>& progress) const {
     if (progress) progress();
     std::this_thread::sleep_for(kBarrierPollInterval);
   }
+}
+
+Status MpiSession::send(int dest, int tag, std::span<const std::uint8_t> bytes) const {
+  if (bytes.size() > kMaxBytesPerCall) {
+    return make_error(StatusCode::kInvalidArgument, "send: {} bytes is more than one MPI message carries", bytes.size());
+  }
+  SHARDMIX_MPI_CHECK("MPI_Send", MPI_Send(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, dest, tag,
+                                          g_comm));
+  return Status::ok_status();
+}
+
+Result<std::optional<MpiSession::Message>> MpiSession::try_receive() const {
+  int waiting = 0;
+  MPI_Status status;
+  SHARDMIX_MPI_CHECK("MPI_Iprobe", MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, g_comm, &waiting, &status));
+  if (!waiting) return std::optional<Message>();
+  int count = 0;
+  SHARDMIX_MPI_CHECK("MPI_Get_count", MPI_Get_count(&status, MPI_BYTE, &count));
+  Message m;
+  m.source = status.MPI_SOURCE;
+  m.tag = status.MPI_TAG;
+  m.bytes.resize(static_cast<std::size_t>(count));
+  SHARDMIX_MPI_CHECK("MPI_Recv", MPI_Recv(m.bytes.data(), count, MPI_BYTE, m.source, m.tag, g_comm,
+                                          MPI_STATUS_IGNORE));
+  return std::optional<Message>(std::move(m));
 }
 
 }  // namespace shardmix

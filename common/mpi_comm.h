@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,6 +35,18 @@ class MpiSession {
   // A barrier that keeps calling `progress` while it waits (MPI_Ibarrier + MPI_Test), so
   // libfabric providers with manual progress keep serving peers during shutdown.
   Status barrier(const std::function<void()>& progress = {}) const;
+
+  // Point-to-point, for per-epoch telemetry only (every daemon sends its finished trainer
+  // passes to rank 0; docs/decisions/0014). A blocking send of a small message (eager in
+  // practice), and a non-blocking receive of any waiting message from any rank.
+  struct Message {
+    int source = 0;
+    int tag = 0;
+    std::vector<std::uint8_t> bytes;
+  };
+  Status send(int dest, int tag, std::span<const std::uint8_t> bytes) const;
+  // nullopt if no message is waiting.
+  Result<std::optional<Message>> try_receive() const;
 
  private:
   int rank_ = 0;

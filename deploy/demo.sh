@@ -13,6 +13,7 @@
 #   SHARDMIX_DEMO_SAMPLES    dataset size (default 4096)
 #   SHARDMIX_DEMO_TRAINERS_PER_NODE  trainer ranks per node (default 1)
 #   SHARDMIX_DEMO_PROVIDER   fabric provider override, e.g. shm (default: the config's, tcp)
+#   SHARDMIX_DEMO_EPOCHS     epochs to run (default 2)
 #   SHARDMIX_DEMO_SKIP_DEPS=1  skip step 1 (no root needed then)
 #   SHARDMIX_DEMO_VERBOSE=1  show the configure and build output instead of logging it
 #   SHARDMIX_BUILD_DIR       build dir (default <repo>/build)
@@ -34,7 +35,7 @@ median_kib=112
 data_seed=20240611
 nodes=4
 per_node=${SHARDMIX_DEMO_TRAINERS_PER_NODE:-1}
-epochs=2
+epochs=${SHARDMIX_DEMO_EPOCHS:-2}
 batch=32
 config=$SM_REPO/deploy/configs/demo.toml
 build_dir=$(sm_build_dir)
@@ -45,6 +46,9 @@ verbose=${SHARDMIX_DEMO_VERBOSE:-0}
 
 if ! sm_is_uint "$samples" || ((10#$samples == 0)); then
   sm_die "SHARDMIX_DEMO_SAMPLES must be a positive integer, got '$samples'"
+fi
+if ! sm_is_uint "$epochs" || ((10#$epochs == 0)); then
+  sm_die "SHARDMIX_DEMO_EPOCHS must be a positive integer, got '$epochs'"
 fi
 if ! sm_is_uint "$per_node" || ((10#$per_node == 0)); then
   sm_die "SHARDMIX_DEMO_TRAINERS_PER_NODE must be a positive integer, got '$per_node'"
@@ -109,7 +113,11 @@ else
 fi
 
 # ---------------------------------------------------------------- 4. run
-sets=(--set "dataset.path=$data" --set "batch.size=$batch" --set "batch.drop_last=false")
+# Rank 0 writes one JSON line per epoch of the whole job (telemetry.stats_file).
+stats=$logs/stats.jsonl
+rm -f -- "$stats"
+sets=(--set "dataset.path=$data" --set "batch.size=$batch" --set "batch.drop_last=false"
+      --set "telemetry.stats_file=$stats")
 provider_note="provider from $(basename -- "$config")"
 if [[ -n ${SHARDMIX_DEMO_PROVIDER:-} ]]; then
   sets+=(--set "fabric.provider=$SHARDMIX_DEMO_PROVIDER")
@@ -160,6 +168,16 @@ for e in sorted(epochs):
           "%.2f GB/s (local %d, peer %d)" % (e, len(rs), n, b / 1e9, t, n / t, b / t / 1e9,
                                              local, peer))
 EOF
+
+# The job's own statistics (rank 0's stats file), and plots of them when matplotlib is there.
+if [[ -s $stats ]]; then
+  echo "job statistics ($stats):"
+  if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+    /usr/bin/python3 "$SM_REPO/tools/shardmix-report" "$stats" --out "$logs/stats.png" | sed 's/^/  /'
+  else
+    sed 's/^/  /' "$stats"
+  fi
+fi
 
 # ---------------------------------------------------------------- 5. verify
 sm_section "5/5 verify: exactly once, bytes checked against the files"

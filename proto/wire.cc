@@ -152,6 +152,7 @@ void encode(std::vector<std::uint8_t>& out, const Release& m) {
   w.put(m.epoch);
   w.put(m.stream);
   w.put(m.batch);
+  w.put(m.wait_us);
 }
 
 void encode(std::vector<std::uint8_t>& out, const EpochStats& m) {
@@ -182,12 +183,20 @@ void encode_catalog(std::vector<std::uint8_t>& out, std::span<const std::uint8_t
   w.put_raw(catalog.data(), catalog.size());
 }
 
+void encode_get_stats(std::vector<std::uint8_t>& out) { Writer w(out, FrameType::kGetStats); }
+
+void encode_stats(std::vector<std::uint8_t>& out, std::string_view text) {
+  Writer w(out, FrameType::kStats);
+  w.put_raw(text.data(), text.size());
+}
+
 std::int64_t request_payload_bytes(FrameType type) {
   switch (type) {
     case FrameType::kHello: return 3 * sizeof(std::uint32_t);
     case FrameType::kStartEpoch: return 2 * sizeof(std::uint64_t);
-    case FrameType::kRelease: return 3 * sizeof(std::uint64_t);
+    case FrameType::kRelease: return 4 * sizeof(std::uint64_t);
     case FrameType::kGetCatalog: return 0;
+    case FrameType::kGetStats: return 0;
     default: return -1;
   }
 }
@@ -207,7 +216,7 @@ std::string decode_header(std::span<const std::uint8_t> bytes, FrameHeader& out)
            std::to_string(kProtocolVersion);
   }
   if (out.type < static_cast<std::uint16_t>(FrameType::kHello) ||
-      out.type > static_cast<std::uint16_t>(FrameType::kCatalog)) {
+      out.type > static_cast<std::uint16_t>(FrameType::kStats)) {
     return "frame header: unknown frame type " + std::to_string(out.type);
   }
   if (out.payload_bytes > kMaxPayloadBytes) {
@@ -295,6 +304,7 @@ std::string decode(std::span<const std::uint8_t> payload, Release& out) {
   r.get(out.epoch, "epoch");
   r.get(out.stream, "stream");
   r.get(out.batch, "batch");
+  r.get(out.wait_us, "wait_us");
   return r.finish();
 }
 
@@ -318,6 +328,14 @@ std::string decode(std::span<const std::uint8_t> payload, EpochStats& out) {
   r.get(out.label_entropy_p5, "label_entropy_p5");
   r.get(out.affinity, "affinity");
   return r.finish();
+}
+
+std::string decode_stats(std::span<const std::uint8_t> payload, std::string& out) {
+  for (std::size_t i = 0; i < payload.size(); ++i) {
+    if (payload[i] == 0) return "stats frame: NUL byte at offset " + std::to_string(i);
+  }
+  out.assign(reinterpret_cast<const char*>(payload.data()), payload.size());
+  return {};
 }
 
 }  // namespace shardmix::proto

@@ -25,7 +25,8 @@
 namespace shardmix::proto {
 
 inline constexpr std::uint32_t kMagic = 0x31584d53;  // "SMX1" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 3;  // 2: stream ids on epoch frames; 3: quality figures
+inline constexpr std::uint16_t kProtocolVersion = 4;  // 2: stream ids on epoch frames; 3: quality figures;
+                                                      // 4: trainer wait in Release, GetStats/Stats
 // Upper bound on any payload we accept; the catalog frame is the largest.
 inline constexpr std::uint32_t kMaxPayloadBytes = 1u << 30;
 inline constexpr std::uint32_t kMaxBatchSamples = 1u << 20;
@@ -40,6 +41,8 @@ enum class FrameType : std::uint16_t {
   kEpochEnd = 7,     // daemon -> client: no more batches this epoch, with statistics
   kGetCatalog = 8,   // client -> daemon
   kCatalog = 9,      // daemon -> client: serialised catalog
+  kGetStats = 10,    // client -> daemon: the daemon's counters (allowed before a Hello)
+  kStats = 11,       // daemon -> client: Prometheus text exposition of those counters
 };
 
 struct FrameHeader {
@@ -110,6 +113,10 @@ struct Release {
   std::uint64_t epoch = 0;
   std::uint64_t stream = 0;
   std::uint64_t batch = 0;
+  // How long the trainer waited for this batch (microseconds): from asking for it (the
+  // epoch's start, or releasing the previous batch) until it was in hand. The daemon sums
+  // it into the trainer stall time of its telemetry.
+  std::uint64_t wait_us = 0;
 };
 
 struct EpochStats {
@@ -122,7 +129,7 @@ struct EpochStats {
   std::uint64_t peer_samples = 0;
   std::uint64_t storage_samples = 0;
   std::uint64_t peer_bytes = 0;
-  std::uint64_t fetch_wait_us = 0;   // time batches waited on fabric reads in the daemon
+  std::uint64_t fetch_wait_us = 0;   // sum over fetches (per batch; per batch and owner with a window) of post-to-landing time
   // shuffle.window at work: samples delivered in another batch than planned.
   std::uint64_t substituted_samples = 0;
   // The trade-off actually made this epoch (shuffle.min_entropy may lower Q per epoch).
@@ -151,6 +158,8 @@ void encode(std::vector<std::uint8_t>& out, const Release& m);
 void encode(std::vector<std::uint8_t>& out, const EpochStats& m);
 void encode_get_catalog(std::vector<std::uint8_t>& out);
 void encode_catalog(std::vector<std::uint8_t>& out, std::span<const std::uint8_t> catalog);
+void encode_get_stats(std::vector<std::uint8_t>& out);
+void encode_stats(std::vector<std::uint8_t>& out, std::string_view text);
 
 // Decoding. Each returns an empty string on success, else what was wrong, with the byte
 // offset ("batch frame: sample count 9 needs 288 bytes, payload has 100 at offset 16").
@@ -162,5 +171,7 @@ std::string decode(std::span<const std::uint8_t> payload, StartEpoch& out);
 std::string decode(std::span<const std::uint8_t> payload, BatchFrame& out);
 std::string decode(std::span<const std::uint8_t> payload, Release& out);
 std::string decode(std::span<const std::uint8_t> payload, EpochStats& out);
+// kStats: the payload is UTF-8 text; checks only that it holds no NUL byte.
+std::string decode_stats(std::span<const std::uint8_t> payload, std::string& out);
 
 }  // namespace shardmix::proto

@@ -51,7 +51,8 @@ Status read_whole_file(const std::string& path, std::uint64_t length, std::uint8
 }
 
 Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& placement, std::uint32_t node,
-                                     const DatasetConfig& dataset, std::uint32_t threads, std::uint8_t* arena) {
+                                     const DatasetConfig& dataset, std::uint32_t threads, std::uint8_t* arena,
+                                     const LoadProgress& progress) {
   const auto& owned = placement.owned[node];
   const std::uint64_t total_bytes = placement.sample_bytes[node];
   auto log = log::get("loader");
@@ -90,6 +91,10 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
   while (loaded_samples.load() + 0 < owned.size() && !failed.load()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     const auto now = std::chrono::steady_clock::now();
+    if (progress) {
+      progress(LoadStats{loaded_samples.load(), loaded_bytes.load(), std::chrono::duration<double>(now - start).count()},
+               owned.size(), total_bytes, false);
+    }
     if (now - last_log >= std::chrono::seconds(2)) {
       last_log = now;
       const double secs = std::chrono::duration<double>(now - start).count();
@@ -105,6 +110,7 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
   stats.samples = loaded_samples.load();
   stats.bytes = loaded_bytes.load();
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (progress) progress(stats, owned.size(), total_bytes, true);
   return stats;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "common/catalog.h"
 #include "common/config.h"
@@ -19,8 +20,13 @@ struct LoadStats {
   double seconds = 0;
 };
 
+// Called on the calling thread about every 50 ms while loading, and once at the end.
+using LoadProgress = std::function<void(const LoadStats& so_far, std::uint64_t total_samples,
+                                        std::uint64_t total_bytes, bool done)>;
+
 Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& placement, std::uint32_t node,
-                                     const DatasetConfig& dataset, std::uint32_t threads, std::uint8_t* arena);
+                                     const DatasetConfig& dataset, std::uint32_t threads, std::uint8_t* arena,
+                                     const LoadProgress& progress = {});
 
 // Reads exactly `length` bytes of `path` into `out`, failing if the file is shorter or longer.
 Status read_whole_file(const std::string& path, std::uint64_t length, std::uint8_t* out);

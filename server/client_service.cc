@@ -12,6 +12,7 @@
 #include <atomic>
 #include <deque>
 #include <mutex>
+#include <optional>
 
 #include "common/log.h"
 #include "proto/wire.h"
@@ -75,6 +76,8 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
   void close() {
     if (closed_) return;
     closed_ = true;
+    finish_pass();
+    if (scheduler_ && service_.job_.telemetry != nullptr) service_.job_.telemetry->trainer_disconnected();
     if (scheduler_) {
       scheduler_->close();
       auto& slot = service_.trainer_connection_[scheduler_->local_trainer()];
@@ -112,9 +115,14 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     std::vector<std::uint8_t> out;
     proto::encode(out, stats);
     write(std::move(out));
+    if (pass_open_ && stats.stream == pass_stream_) {
+      pass_end_ = stats;
+      maybe_finish_pass();
+    }
   }
   void send_error(const Status& status) override {
     log_->warn("trainer {}: {}", trainer_rank_, status.to_string());
+    if (service_.job_.telemetry != nullptr) service_.job_.telemetry->error_sent();
     std::vector<std::uint8_t> out;
     proto::encode(out, proto::ErrorFrame{static_cast<std::uint16_t>(status.code()), status.message()});
     closing_after_write_ = true;
@@ -188,11 +196,18 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
   // Returns whether to keep reading.
   bool dispatch() {
     const auto type = static_cast<proto::FrameType>(header_.type);
-    if (!scheduler_ && type != proto::FrameType::kHello) {
+    if (!scheduler_ && type != proto::FrameType::kHello && type != proto::FrameType::kGetStats) {
       protocol_error("the first frame must be a Hello");
       return false;
     }
     switch (type) {
+      case proto::FrameType::kGetStats: {
+        const NodeTelemetry* telemetry = service_.job_.telemetry;
+        std::vector<std::uint8_t> out;
+        proto::encode_stats(out, telemetry != nullptr ? telemetry->prometheus_text() : std::string());
+        write(std::move(out));
+        return true;
+      }
       case proto::FrameType::kHello: {
         proto::Hello hello;
         if (auto err = proto::decode(payload_, hello); !err.empty()) return protocol_error(err), false;
@@ -202,6 +217,13 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
         proto::StartEpoch m;
         if (auto err = proto::decode(payload_, m); !err.empty()) return protocol_error(err), false;
         service_.report_epoch_choice(m.epoch);
+        finish_pass();  // a pass abandoned before its end is not reported
+        pass_open_ = true;
+        pass_stream_ = m.stream;
+        pass_wait_us_ = 0;
+        pass_released_ = 0;
+        pass_start_ = wall_seconds_now();
+        pass_end_.reset();
         scheduler_->start_epoch(m.epoch, m.stream);
         return !closed_;
       }
@@ -210,6 +232,11 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
         if (auto err = proto::decode(payload_, m); !err.empty()) return protocol_error(err), false;
         Status s = scheduler_->release(m.stream, m.batch);
         if (!s.ok()) return protocol_error(s.message()), false;
+        if (pass_open_ && m.stream == pass_stream_) {
+          pass_wait_us_ += m.wait_us;
+          ++pass_released_;
+          maybe_finish_pass();
+        }
         return !closed_;
       }
       case proto::FrameType::kGetCatalog: {
@@ -259,6 +286,7 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     }
     service_.trainer_connection_[local] = weak_from_this();
     scheduler_ = std::make_shared<TrainerScheduler>(job.context, local, service_.staging_[local], *job.fetcher, *this);
+    if (job.telemetry != nullptr) job.telemetry->trainer_connected();
     log_->info("trainer rank {} (pid {}) connected", hello.trainer_rank, peer_pid_);
 
     proto::Welcome w;
@@ -304,6 +332,32 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
       msg.msg_controllen = 0;
     }
     return true;
+  }
+
+  // The pass is over for telemetry once its EpochEnd is sent and the trainer released
+  // every batch (the last Release carries the wait for the last batch).
+  void maybe_finish_pass() {
+    if (pass_end_ && pass_released_ >= pass_end_->batches) finish_pass();
+  }
+
+  // Records the current pass if its EpochEnd was sent (even if the trainer left before
+  // releasing every batch); forgets it otherwise.
+  void finish_pass() {
+    if (!pass_open_) return;
+    pass_open_ = false;
+    NodeTelemetry* telemetry = service_.job_.telemetry;
+    if (!pass_end_ || telemetry == nullptr) return;
+    TrainerEpochRecord r;
+    r.node = service_.job_.context.node;
+    r.trainer_rank = trainer_rank_;
+    r.stats = *pass_end_;
+    r.stall_us = pass_wait_us_;
+    r.released_batches = pass_released_;
+    r.node_errors_total = telemetry->errors_total();
+    r.t_start = pass_start_;
+    r.t_end = wall_seconds_now();
+    telemetry->add_record(r);
+    pass_end_.reset();
   }
 
   bool protocol_error(const std::string& what) {
@@ -359,6 +413,13 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
   std::uint32_t peer_pid_ = 0;
   bool closed_ = false;
   bool closing_after_write_ = false;
+  // The current pass, for telemetry.
+  bool pass_open_ = false;
+  std::uint64_t pass_stream_ = 0;
+  std::uint64_t pass_wait_us_ = 0;
+  std::uint64_t pass_released_ = 0;
+  double pass_start_ = 0;
+  std::optional<proto::EpochStats> pass_end_;
 };
 
 ClientService::ClientService(asio::io_context& io, ServedJob job, std::string socket_path)

@@ -3,6 +3,9 @@
 // Welcome with the arena and staging memfds (SCM_RIGHTS) -> StartEpoch / Release /
 // GetCatalog requests, answered by Batch / EpochEnd / Catalog frames from the trainer's
 // scheduler. A malformed frame or a vanished trainer closes that connection only.
+// A GetStats request (allowed before any Hello: shardmix-stat) is answered with the node's
+// telemetry as Prometheus text. Each finished pass (EpochEnd sent and every batch released,
+// with the trainer's reported waits summed) becomes a TrainerEpochRecord in the telemetry.
 // Thread-safety: all methods and callbacks run on the io_context's thread, except
 // stop(), which posts to it.
 #pragma once
@@ -21,6 +24,7 @@
 #include "common/status.h"
 #include "server/shared_region.h"
 #include "server/staging_allocator.h"
+#include "server/telemetry.h"
 #include "server/trainer_scheduler.h"
 
 namespace shardmix {
@@ -36,6 +40,7 @@ struct ServedJob {
   std::uint64_t staging_per_trainer = 0;
   std::vector<std::uint8_t> catalog_bytes;
   PeerFetcher* fetcher = nullptr;
+  NodeTelemetry* telemetry = nullptr;  // optional: counters, finished passes, GetStats replies
 };
 
 // Fault injection (inject.slow_peer_*): fetches that read from `rank` complete `delay` late.

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -28,6 +29,7 @@
 #include "server/client_service.h"
 #include "server/netns.h"
 #include "server/shared_region.h"
+#include "server/telemetry.h"
 
 namespace shardmix {
 namespace {
@@ -103,6 +105,11 @@ class StopLatch {
     std::unique_lock lock(mutex_);
     cv_.wait(lock, [this] { return stopped_; });
   }
+  // True if a stop was requested within `timeout`.
+  bool wait_for(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    return cv_.wait_for(lock, timeout, [this] { return stopped_; });
+  }
   bool requested() {
     std::lock_guard lock(mutex_);
     return stopped_;
@@ -113,6 +120,267 @@ class StopLatch {
   std::condition_variable cv_;
   bool stopped_ = false;
 };
+
+// MPI tags of the telemetry messages to rank 0 (docs/decisions/0014).
+constexpr int kTagTrainerEpoch = 41;  // one TrainerEpochRecord
+constexpr int kTagTelemetryDone = 42; // this daemon sends no more records
+constexpr int kTagLoadProgress = 43;  // a LoadProgressMessage, while loading
+
+struct LoadProgressMessage {
+  std::uint64_t samples = 0;
+  std::uint64_t bytes = 0;
+  double seconds = 0;
+};
+
+// Load progress: every daemon's telemetry gauges; rank 0 shows the whole job's progress —
+// a progress bar when its stderr is a terminal, else a log line every 2 s — with the rate,
+// the ETA and the per-node skew (the other daemons send their figures every second; main
+// thread only, like all MPI).
+class LoadReporter {
+ public:
+  LoadReporter(MpiSession& mpi, NodeTelemetry& telemetry, const Placement& placement)
+      : mpi_(mpi), telemetry_(telemetry), bar_(mpi.rank() == 0 && ::isatty(STDERR_FILENO) == 1),
+        nodes_(static_cast<std::size_t>(mpi.size())), log_(log::get("loader")) {
+    for (int r = 0; r < mpi.size(); ++r) total_bytes_ += placement.sample_bytes[static_cast<std::size_t>(r)];
+    node_total_ = placement.sample_bytes;
+    // A short load prints nothing but the final skew line.
+    next_ = std::chrono::steady_clock::now() + (bar_ ? std::chrono::milliseconds(0) : std::chrono::milliseconds(1000));
+    // The bar replaces this daemon's own progress lines (they would break it up).
+    if (bar_) {
+      loader_level_ = log_->level();
+      log_->set_level(std::max(loader_level_, spdlog::level::warn));
+    }
+  }
+  ~LoadReporter() {
+    if (bar_) log_->set_level(loader_level_);
+  }
+
+  void operator()(const LoadStats& so_far, std::uint64_t total_samples, std::uint64_t total_bytes, bool done) {
+    telemetry_.set_load(so_far.samples, so_far.bytes, total_samples, total_bytes, so_far.seconds, done);
+    const auto now = std::chrono::steady_clock::now();
+    if (!done && now < next_) return;
+    const LoadProgressMessage mine{so_far.samples, so_far.bytes, so_far.seconds};
+    if (mpi_.rank() != 0) {
+      next_ = now + std::chrono::seconds(1);
+      (void)mpi_.send(0, kTagLoadProgress, std::span(reinterpret_cast<const std::uint8_t*>(&mine), sizeof(mine)));
+      return;
+    }
+    next_ = now + (bar_ ? std::chrono::milliseconds(250) : std::chrono::milliseconds(2000));
+    nodes_[0] = mine;
+    for (;;) {
+      auto m = mpi_.try_receive();
+      if (!m.ok() || !m->has_value()) break;
+      const MpiSession::Message& msg = **m;
+      if (msg.tag == kTagLoadProgress && msg.bytes.size() == sizeof(LoadProgressMessage) && msg.source > 0 &&
+          msg.source < mpi_.size()) {
+        std::memcpy(&nodes_[static_cast<std::size_t>(msg.source)], msg.bytes.data(), sizeof(LoadProgressMessage));
+      }
+    }
+    render(so_far.seconds, done);
+  }
+
+ private:
+  void render(double seconds, bool done) {
+    std::uint64_t bytes = 0;
+    std::size_t slow = 0, fast = 0;
+    auto fraction = [&](std::size_t r) {
+      return node_total_[r] > 0 ? static_cast<double>(nodes_[r].bytes) / static_cast<double>(node_total_[r]) : 1.0;
+    };
+    for (std::size_t r = 0; r < nodes_.size(); ++r) {
+      bytes += nodes_[r].bytes;
+      if (fraction(r) < fraction(slow)) slow = r;
+      if (fraction(r) > fraction(fast)) fast = r;
+    }
+    const double all = total_bytes_ > 0 ? static_cast<double>(bytes) / static_cast<double>(total_bytes_) : 1.0;
+    const double rate = seconds > 0 ? static_cast<double>(bytes) / seconds : 0.0;
+    const double eta = rate > 0 ? static_cast<double>(total_bytes_ - std::min(bytes, total_bytes_)) / rate : 0.0;
+    const std::string skew = nodes_.size() > 1 ? fmt::format("; slowest node {} at {:.0f}%, fastest node {} at {:.0f}%",
+                                                              slow, 100 * fraction(slow), fast, 100 * fraction(fast))
+                                               : std::string();
+    if (bar_) {
+      constexpr int kWidth = 30;
+      const int filled = static_cast<int>(all * kWidth);
+      std::fprintf(stderr, "\rloading [%s%s] %3.0f%%  %.2f/%.2f GB  %.0f MB/s  ETA %.0f s%s   ",
+                   std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                   std::string(static_cast<std::size_t>(kWidth - filled), '.').c_str(), 100 * all, bytes / 1e9,
+                   total_bytes_ / 1e9, rate / 1e6, eta, skew.c_str());
+      if (done) std::fputc('\n', stderr);
+      std::fflush(stderr);
+      return;
+    }
+    if (done) return;  // the end is logged once every node has loaded
+    log_->info("loading, all {} nodes: {:.0f}%, {:.2f}/{:.2f} GB, {:.0f} MB/s, ETA {:.0f} s{}", nodes_.size(), 100 * all,
+               bytes / 1e9, total_bytes_ / 1e9, rate / 1e6, eta, skew);
+  }
+
+  MpiSession& mpi_;
+  NodeTelemetry& telemetry_;
+  bool bar_;
+  std::vector<LoadProgressMessage> nodes_;
+  std::vector<std::uint64_t> node_total_;
+  std::uint64_t total_bytes_ = 0;
+  std::chrono::steady_clock::time_point next_{};
+  std::shared_ptr<spdlog::logger> log_;
+  spdlog::level::level_enum loader_level_ = spdlog::level::info;
+};
+
+std::string replace_all(std::string text, std::string_view from, std::string_view to) {
+  for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
+    text.replace(at, from.size(), to);
+  }
+  return text;
+}
+
+// Sends finished trainer passes to rank 0 and, on rank 0, merges them into per-epoch lines
+// of the stats file; rewrites the Prometheus textfile. Main thread only (the only thread
+// that calls MPI).
+class TelemetryPump {
+ public:
+  TelemetryPump(const Config& config, MpiSession& mpi, NodeTelemetry& telemetry, std::uint32_t trainers,
+                std::uint64_t dataset_samples, const std::string& job)
+      : mpi_(mpi),
+        telemetry_(telemetry),
+        aggregator_(static_cast<std::uint32_t>(mpi.size()), trainers, dataset_samples),
+        interval_(std::chrono::duration_cast<std::chrono::milliseconds>(config.telemetry.interval)),
+        log_(log::get("telemetry")) {
+    const std::string rank = std::to_string(mpi.rank());
+    if (!config.telemetry.prometheus_file.empty()) {
+      prometheus_path_ = replace_all(replace_all(config.telemetry.prometheus_file, "{rank}", rank), "{job}", job);
+    }
+    if (mpi.rank() == 0 && !config.telemetry.stats_file.empty()) {
+      stats_path_ = replace_all(config.telemetry.stats_file, "{job}", job);
+      stats_ = std::fopen(stats_path_.c_str(), "a");
+      if (stats_ == nullptr) {
+        log_->error("cannot open telemetry.stats_file {}: {}; no stats file for this job", stats_path_,
+                    std::strerror(errno));
+      } else {
+        log_->info("per-epoch statistics go to {}", stats_path_);
+      }
+    }
+    next_prometheus_ = std::chrono::steady_clock::now();
+  }
+  ~TelemetryPump() {
+    if (stats_ != nullptr) std::fclose(stats_);
+  }
+
+  // While serving: forward or merge what finished since the last call.
+  void pump() {
+    bool changed = false;
+    for (const TrainerEpochRecord& r : telemetry_.take_records()) {
+      changed = true;
+      if (mpi_.rank() == 0) {
+        aggregator_.add(r);
+      } else {
+        Status s = mpi_.send(0, kTagTrainerEpoch, std::span(reinterpret_cast<const std::uint8_t*>(&r), sizeof(r)));
+        if (!s.ok()) log_->warn("sending epoch {} of trainer {} to rank 0: {}", r.stats.epoch, r.trainer_rank, s.to_string());
+      }
+    }
+    if (mpi_.rank() == 0) {
+      changed |= receive_waiting();
+      for (const JobEpochStats& j : aggregator_.take_complete()) write(j);
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (changed || now >= next_prometheus_) {
+      write_prometheus();
+      next_prometheus_ = now + interval_;
+    }
+  }
+
+  // At shutdown, after the service stopped: every daemon's last records reach rank 0, which
+  // then writes the epochs no trainer will finish (marked incomplete).
+  void finish(std::chrono::seconds timeout) {
+    pump();
+    if (mpi_.rank() != 0) {
+      Status s = mpi_.send(0, kTagTelemetryDone, {});
+      if (!s.ok()) log_->warn("telling rank 0 that telemetry is done: {}", s.to_string());
+    } else {
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      while (done_ranks_ + 1 < mpi_.size() && std::chrono::steady_clock::now() < deadline) {
+        if (!receive_waiting()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      if (done_ranks_ + 1 < mpi_.size()) {
+        log_->warn("{} of {} daemons did not send their last statistics within {} s", mpi_.size() - 1 - done_ranks_,
+                   mpi_.size() - 1, timeout.count());
+      }
+      for (const JobEpochStats& j : aggregator_.take_complete()) write(j);
+      for (const JobEpochStats& j : aggregator_.flush()) write(j);
+    }
+    telemetry_.set_serving(false);
+    write_prometheus();
+  }
+
+ private:
+  // Rank 0: receives every waiting message; true if any record arrived.
+  bool receive_waiting() {
+    bool any = false;
+    for (;;) {
+      auto m = mpi_.try_receive();
+      if (!m.ok()) {
+        log_->warn("receiving statistics: {}", m.status().to_string());
+        return any;
+      }
+      if (!m->has_value()) return any;
+      const MpiSession::Message& msg = **m;
+      if (msg.tag == kTagTelemetryDone) {
+        ++done_ranks_;
+      } else if (msg.tag == kTagLoadProgress) {
+        // a late load report, after rank 0 itself finished loading
+      } else if (msg.tag == kTagTrainerEpoch && msg.bytes.size() == sizeof(TrainerEpochRecord)) {
+        TrainerEpochRecord r;
+        std::memcpy(&r, msg.bytes.data(), sizeof(r));
+        aggregator_.add(r);
+        any = true;
+      } else {
+        log_->warn("ignoring a {}-byte message with tag {} from rank {}", msg.bytes.size(), msg.tag, msg.source);
+      }
+    }
+  }
+
+  void write(const JobEpochStats& j) {
+    log_->info("{}", j.summary());
+    if (j.complete) telemetry_.set_job_epoch(j);
+    if (stats_ == nullptr) return;
+    const std::string line = j.to_json() + "\n";
+    if (std::fputs(line.c_str(), stats_) < 0 || std::fflush(stats_) != 0) {
+      log_->error("writing {} failed: {}", stats_path_, std::strerror(errno));
+    }
+  }
+
+  void write_prometheus() {
+    if (prometheus_path_.empty()) return;
+    Status s = write_file_atomically(prometheus_path_, telemetry_.prometheus_text());
+    if (!s.ok() && !prometheus_failed_) {
+      prometheus_failed_ = true;  // once, not every interval
+      log_->error("telemetry.prometheus_file: {}", s.to_string());
+    }
+  }
+
+  MpiSession& mpi_;
+  NodeTelemetry& telemetry_;
+  JobAggregator aggregator_;
+  std::chrono::milliseconds interval_;
+  std::shared_ptr<spdlog::logger> log_;
+  std::string prometheus_path_;
+  std::string stats_path_;
+  std::FILE* stats_ = nullptr;
+  std::chrono::steady_clock::time_point next_prometheus_;
+  int done_ranks_ = 0;
+  bool prometheus_failed_ = false;
+};
+
+// The job's id for file names: the batch system's, else Open MPI's, else rank 0's pid.
+std::string job_id(const std::string& rank0_pid) {
+  for (const char* name : {"SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "OMPI_MCA_ess_base_jobid"}) {
+    if (const char* v = std::getenv(name); v != nullptr && *v != '\0') {
+      std::string id = v;
+      for (char& c : id) {
+        if (c == '/' || c == ' ') c = '_';
+      }
+      return id;
+    }
+  }
+  return "local-" + rank0_pid;
+}
 
 }  // namespace
 
@@ -125,7 +393,8 @@ std::string resolve_run_dir(const Config& config) {
 int run_daemon(const Config& config, MpiSession& mpi) {
   const int rank = mpi.rank();
   const int nodes = mpi.size();
-  log::init(rank, config.log.level);
+  log::init(rank, config.log.level, config.log.components);
+  NodeTelemetry telemetry;
   auto log = log::get("daemon");
   auto fail = [&](const Status& s) {
     log->error("{}", s.to_string());
@@ -251,10 +520,13 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   if (!s.ok()) return fail(s);
   fabric.start_progress();
   if (rank == 0) log->info("fabric: provider {}, domain {}", fabric.provider_name(), fabric.domain_name());
+  telemetry.set_info(NodeInfo{static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(nodes),
+                              config.service.trainers_per_node, fabric.provider_name(), my_host});
 
   // 5. Load owned samples into the arena.
+  LoadReporter load_reporter(mpi, telemetry, placement);
   auto loaded = load_owned_samples(catalog, placement, static_cast<std::uint32_t>(rank), config.dataset,
-                                   config.service.loader_threads, (*arena)->data());
+                                   config.service.loader_threads, (*arena)->data(), std::ref(load_reporter));
   s = agree(mpi, loaded.status(), "loading samples");
   if (!s.ok()) {
     (void)mpi.barrier();
@@ -263,6 +535,20 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   }
   log->info("loaded {} samples, {:.1f} MB in {:.2f} s ({:.0f} MB/s)", loaded->samples, loaded->bytes / 1e6,
             loaded->seconds, loaded->seconds > 0 ? loaded->bytes / 1e6 / loaded->seconds : 0.0);
+  {
+    // The skew of the load across nodes: who held everyone up.
+    const double mine = loaded->seconds;
+    auto times = mpi.allgather(std::span(reinterpret_cast<const std::uint8_t*>(&mine), sizeof(mine)));
+    if (times.ok() && rank == 0) {
+      std::vector<double> t(times->size());
+      for (std::size_t r = 0; r < t.size(); ++r) std::memcpy(&t[r], (*times)[r].data(), sizeof(double));
+      const auto slow = std::max_element(t.begin(), t.end()) - t.begin();
+      const auto fast = std::min_element(t.begin(), t.end()) - t.begin();
+      log->info("all {} nodes loaded {:.1f} MB in {:.2f} s; slowest node {} ({:.2f} s), fastest node {} ({:.2f} s)",
+                nodes, catalog.total_bytes() / 1e6, t[static_cast<std::size_t>(slow)], slow,
+                t[static_cast<std::size_t>(slow)], fast, t[static_cast<std::size_t>(fast)]);
+    }
+  }
 
   if (stop.requested()) {  // SIGTERM during the load: do not start serving
     (void)mpi.barrier();
@@ -289,6 +575,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   served.staging_per_trainer = config.service.staging_bytes_per_trainer;
   served.catalog_bytes = catalog.serialize();
   served.fetcher = &fetcher;
+  served.telemetry = &telemetry;
   const std::string socket_path = run_dir + "/d" + std::to_string(rank) + ".sock";
   auto service = std::make_unique<ClientService>(io, std::move(served), socket_path);
   // On every way out from here: the service dies on its own thread (it owns Asio objects),
@@ -337,12 +624,24 @@ int run_daemon(const Config& config, MpiSession& mpi) {
               run_dir);
   }
 
-  stop.wait();
+  telemetry.set_serving(true);
+  TelemetryPump pump(config, mpi, telemetry, static_cast<std::uint32_t>(nodes) * config.service.trainers_per_node,
+                     catalog.size(), job_id(to_string((*pids)[0])));
+  // The main thread is idle while serving: it carries the telemetry (MPI stays on it).
+  while (!stop.wait_for(std::chrono::milliseconds(100))) pump.pump();
 
   // 8. Drain: stop serving, then wait for every peer while still progressing the fabric,
   //    so no peer's read of our arena is left hanging.
   service->stop();
+  {
+    // stop() closes the connections on the io thread (which records passes that ended);
+    // a task posted after it runs once that is done.
+    std::promise<void> stopped;
+    boost::asio::post(io, [&] { stopped.set_value(); });
+    stopped.get_future().wait();
+  }
   if (rank == 0) ::unlink(ready_path.c_str());
+  pump.finish(std::chrono::seconds(10));
   Status drained = mpi.barrier();
   const fabric::FabricStats fs = fabric.stats();
   log->info("fabric {}: {} reads, {} bytes read from peers, {} failed; exiting", fabric.provider_name(),

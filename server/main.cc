@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/config.h"
+#include "common/log.h"
 #include "common/mpi_comm.h"
 #include "server/daemon.h"
 
@@ -23,6 +24,10 @@ int main(int argc, char** argv) {
   auto config = shardmix::load_config(config_file, shardmix::environment_map(), sets);
   if (!config.ok()) {
     std::fprintf(stderr, "shardmixd: %s\n", config.status().to_string().c_str());
+    return 2;
+  }
+  if (auto levels = shardmix::log::parse_component_levels(config->log.components); !levels.ok()) {
+    std::fprintf(stderr, "shardmixd: %s\n", levels.status().to_string().c_str());
     return 2;
   }
   if (print_config) {

@@ -109,6 +109,7 @@ class ServiceTest : public ::testing::Test {
     job.staging_per_trainer = kStagingPerTrainer;
     job.catalog_bytes = catalog_.serialize();
     job.fetcher = fetcher_.get();
+    job.telemetry = &telemetry_;
     service_ = std::make_unique<ClientService>(io_, std::move(job), (dir_ / "d0.sock").string());
     ASSERT_TRUE(service_->listen().ok());
     io_thread_ = std::thread([this] { io_.run(); });
@@ -167,6 +168,7 @@ class ServiceTest : public ::testing::Test {
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_{
       boost::asio::make_work_guard(io_)};
   std::unique_ptr<LocalArenaFetcher> fetcher_;
+  NodeTelemetry telemetry_;
   std::unique_ptr<ClientService> service_;
   std::thread io_thread_;
 };
@@ -415,6 +417,70 @@ TEST_F(ServiceTest, ATrainerRestartedWhileItsOldReadsAreInFlightGetsItsEpoch) {
     fetcher_->release_held();  // the old reads land only now, after the new pass began
   });
   EXPECT_EQ(consume(back, 0), planner_->plan_node(0, 0)[0].order);
+}
+
+TEST_F(ServiceTest, FinishedPassesAreRecordedWithTheTrainersWait) {
+  Client client = Client::connect(options(1));
+  fetcher_->hold = true;  // the first batch with a peer sample cannot arrive yet
+  std::vector<SampleId> ids;
+  std::jthread trainer([&] { ids = consume(client, 0); });
+  while (fetcher_->held_count() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // The trainer asked for epoch 0 before the read was posted; it waits at least this long.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  fetcher_->hold = false;
+  fetcher_->release_held();
+  trainer.join();
+  // The last Release (which completes the pass) may still be on its way to the service.
+  auto wait_for_records = [this] {
+    std::vector<TrainerEpochRecord> got;
+    for (int tries = 0; tries < 1000 && got.empty(); ++tries) {
+      got = telemetry_.take_records();
+      if (got.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return got;
+  };
+  const auto records = wait_for_records();
+  ASSERT_EQ(records.size(), 1u);
+  const TrainerEpochRecord& r = records[0];
+  EXPECT_EQ(r.trainer_rank, 1u);
+  EXPECT_EQ(r.stats.epoch, 0u);
+  EXPECT_EQ(r.stats.samples, ids.size());
+  EXPECT_EQ(r.released_batches, shape_.batches_per_trainer);
+  EXPECT_GE(r.stall_us, 200'000u);
+  EXPECT_LE(r.t_start, r.t_end);
+  // An abandoned pass is not a finished one.
+  for (const Batch& batch : client.epoch(1)) {
+    (void)batch;
+    break;
+  }
+  (void)consume(client, 2);
+  const auto later = wait_for_records();
+  ASSERT_EQ(later.size(), 1u);
+  EXPECT_EQ(later[0].stats.epoch, 2u);
+}
+
+TEST_F(ServiceTest, GetStatsNeedsNoHelloAndCountsWhatWasDelivered) {
+  Client client = Client::connect(options(0));
+  const auto ids = consume(client, 0);
+  ClientOptions o = options(0);
+  // The last Release and the record it completes may still be in flight on the service thread.
+  std::string text;
+  for (int tries = 0; tries < 200; ++tries) {
+    auto got = query_daemon_stats(o, 0);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    text = *got;
+    if (text.find("shardmix_trainer_epochs_total{node=\"0\"} 1\n") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  double delivered = 0;
+  for (const char* tier : {"local", "peer", "storage"}) {
+    const std::string key = std::string("shardmix_samples_total{node=\"0\",tier=\"") + tier + "\"} ";
+    const auto at = text.find(key);
+    ASSERT_NE(at, std::string::npos) << key << "\n" << text;
+    delivered += std::strtod(text.c_str() + at + key.size(), nullptr);
+  }
+  EXPECT_EQ(delivered, static_cast<double>(ids.size()));
+  EXPECT_NE(text.find("shardmix_trainers_connected{node=\"0\"} 1\n"), std::string::npos) << text;
 }
 
 TEST_F(ServiceTest, SocketFileIsPrivate) {

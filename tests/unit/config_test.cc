@@ -411,6 +411,10 @@ TEST_F(ConfigTest, PrintedConfigReadsBackToTheSameConfig) {
       "service.staging_bytes_per_trainer=3GiB",
       "service.loader_threads=1",
       "log.level=trace",
+      "log.components=fabric=debug,service=warn",
+      "telemetry.stats_file=/shared/stats-{job}.jsonl",
+      "telemetry.prometheus_file=/var/lib/node_exporter/shardmix-{rank}.prom",
+      "telemetry.interval=2500ms",
   };
   std::vector<Config> configs = {*base};
   for (const std::string capacity : {"0.3", "1.0", "1", "0", "8GiB", "1.5GiB", "1000MB", "123456789"}) {
@@ -448,7 +452,7 @@ TEST_F(ConfigTest, PrintedConfigListsSectionsInTableOrderWithEveryKey) {
 
 TEST(ConfigKeysTest, TableIsWellFormed) {
   const auto keys = config_keys();
-  EXPECT_EQ(keys.size(), 23u);  // update with config.h when adding a key
+  EXPECT_EQ(keys.size(), 27u);  // update with config.h when adding a key
   std::set<std::string> names;
   for (const ConfigKeyInfo& key : keys) {
     EXPECT_TRUE(names.insert(key.name).second) << "duplicate " << key.name;

@@ -1,7 +1,11 @@
 // The trainer's rank and world size come from whichever launcher started it.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 
@@ -11,9 +15,14 @@ namespace shardmix {
 namespace {
 
 // Every variable detect_launcher_rank reads, cleared around each test.
-const char* const kVars[] = {"SHARDMIX_RANK", "SHARDMIX_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                             "PMI_RANK",      "PMI_SIZE",            "SLURM_PROCID",         "SLURM_NTASKS",
-                             "RANK",          "WORLD_SIZE"};
+const char* const kVars[] = {"SHARDMIX_RANK",          "SHARDMIX_WORLD_SIZE",        "SHARDMIX_LOCAL_RANK",
+                             "SHARDMIX_LOCAL_SIZE",    "OMPI_COMM_WORLD_RANK",       "OMPI_COMM_WORLD_SIZE",
+                             "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_APP_CTX_NUM_PROCS",
+                             "OMPI_MCA_orte_app_num",  "PMI_RANK",                   "PMI_SIZE",
+                             "MPI_LOCALRANKID",        "MPI_LOCALNRANKS",            "SLURM_PROCID",
+                             "SLURM_NTASKS",           "SLURM_LOCALID",              "SLURM_NNODES",
+                             "RANK",                   "WORLD_SIZE",                 "LOCAL_RANK",
+                             "LOCAL_WORLD_SIZE"};
 
 class LauncherRankTest : public ::testing::Test {
  protected:
@@ -100,6 +109,173 @@ TEST_F(LauncherRankTest, AHalfSetOrMalformedPairIsIgnored) {
   const LauncherRank r = detect_launcher_rank();
   EXPECT_EQ(r.rank, 2);
   EXPECT_EQ(r.source, "RANK");
+}
+
+TEST_F(LauncherRankTest, OpenMpiLocalRankAndSize) {
+  set("OMPI_COMM_WORLD_RANK", "5");
+  set("OMPI_COMM_WORLD_SIZE", "8");
+  set("OMPI_COMM_WORLD_LOCAL_RANK", "1");
+  set("OMPI_COMM_WORLD_LOCAL_SIZE", "4");
+  set("OMPI_APP_CTX_NUM_PROCS", "8");  // one app context: not MPMD
+  const LauncherRank r = detect_launcher_rank();
+  EXPECT_EQ(r.rank, 5);
+  EXPECT_EQ(r.local_rank, 1);
+  EXPECT_EQ(r.local_size, 4);
+  EXPECT_EQ(r.nodes, 2);
+}
+
+TEST_F(LauncherRankTest, OpenMpiMpmdCountsOnlyThisAppsRanks) {
+  // mpirun -np 2 shardmixd : -np 4 ./train  -> the trainers are world ranks 2..5 of 6.
+  set("OMPI_COMM_WORLD_RANK", "4");
+  set("OMPI_COMM_WORLD_SIZE", "6");
+  set("OMPI_COMM_WORLD_LOCAL_RANK", "4");
+  set("OMPI_COMM_WORLD_LOCAL_SIZE", "6");
+  set("OMPI_APP_CTX_NUM_PROCS", "2 4");
+  set("OMPI_MCA_orte_app_num", "1");
+  const LauncherRank r = detect_launcher_rank();
+  EXPECT_EQ(r.rank, 2);
+  EXPECT_EQ(r.world_size, 4);
+  EXPECT_EQ(r.local_rank, -1);  // the node's local ranks mix daemons and trainers
+  EXPECT_EQ(r.local_size, -1);
+  EXPECT_NE(r.source.find("MPMD"), std::string::npos) << r.source;
+}
+
+TEST_F(LauncherRankTest, SlurmLocalIdAndNodes) {
+  set("SLURM_PROCID", "6");
+  set("SLURM_NTASKS", "8");
+  set("SLURM_LOCALID", "2");
+  set("SLURM_NNODES", "2");
+  const LauncherRank r = detect_launcher_rank();
+  EXPECT_EQ(r.rank, 6);
+  EXPECT_EQ(r.local_rank, 2);
+  EXPECT_EQ(r.local_size, 4);
+  EXPECT_EQ(r.nodes, 2);
+  EXPECT_EQ(r.describe(), "8 trainers (rank 6, local rank 2 of 4 per node, 2 nodes; from SLURM_PROCID)");
+}
+
+TEST_F(LauncherRankTest, TorchrunLocalRankAndSize) {
+  set("RANK", "7");
+  set("WORLD_SIZE", "16");
+  set("LOCAL_RANK", "3");
+  set("LOCAL_WORLD_SIZE", "4");
+  const LauncherRank r = detect_launcher_rank();
+  EXPECT_EQ(r.rank, 7);
+  EXPECT_EQ(r.local_rank, 3);
+  EXPECT_EQ(r.local_size, 4);
+  EXPECT_EQ(r.nodes, 4);
+}
+
+TEST_F(LauncherRankTest, HydraLocalRank) {
+  set("PMI_RANK", "3");
+  set("PMI_SIZE", "4");
+  set("MPI_LOCALRANKID", "1");
+  set("MPI_LOCALNRANKS", "2");
+  const LauncherRank r = detect_launcher_rank();
+  EXPECT_EQ(r.local_rank, 1);
+  EXPECT_EQ(r.local_size, 2);
+}
+
+TEST_F(LauncherRankTest, ARankOutsideTheWorldIsIgnored) {
+  set("SLURM_PROCID", "4");
+  set("SLURM_NTASKS", "4");
+  EXPECT_EQ(detect_launcher_rank().source, "default");
+}
+
+// The layout check runs before any socket is touched: a ready file is enough.
+class LayoutCheckTest : public LauncherRankTest {
+ protected:
+  void SetUp() override {
+    LauncherRankTest::SetUp();
+    dir_ = ::testing::TempDir() + "/layout-" + std::to_string(::getpid());
+    std::filesystem::create_directories(dir_);
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    // 2 daemons, both on this host (an emulated cluster), 2 trainers each.
+    std::ofstream(dir_ + "/ready") << "daemons=2\ntrainers_per_node=2\nhost.0=" << host << "\nhost.1=" << host
+                                   << "\n";
+  }
+  void TearDown() override {
+    std::filesystem::remove_all(dir_);
+    LauncherRankTest::TearDown();
+  }
+  Status connect_error() {
+    ClientOptions o;
+    o.run_dir = dir_;
+    o.ready_timeout_s = 5;
+    auto c = Client::try_connect(o);
+    return c.ok() ? Status::ok_status() : c.status();
+  }
+  Status connect_error_default_timeout() {
+    ClientOptions o;
+    o.run_dir = dir_;
+    auto c = Client::try_connect(o);
+    return c.ok() ? Status::ok_status() : c.status();
+  }
+  std::string dir_;
+};
+
+TEST_F(LayoutCheckTest, AWrongWorldSizeNamesBothLayouts) {
+  set("SLURM_PROCID", "1");
+  set("SLURM_NTASKS", "6");
+  const Status s = connect_error();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("6 trainers (rank 1"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("from SLURM_PROCID"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("2 nodes x service.trainers_per_node 2 = 4 trainers"), std::string::npos) << s.message();
+}
+
+TEST_F(LayoutCheckTest, AWrongNumberOfTrainersOnThisHostIsRefused) {
+  set("RANK", "1");
+  set("WORLD_SIZE", "4");
+  set("LOCAL_RANK", "0");
+  set("LOCAL_WORLD_SIZE", "1");  // 4 nodes of 1, but 2 daemons x 2 trainers run on this host
+  const Status s = connect_error();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("local rank 0 of 1 per node, 4 nodes"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("(4 on this host"), std::string::npos) << s.message();
+}
+
+TEST_F(LayoutCheckTest, LauncherNodesAreTheDaemonsNodesWhenTheyCountTheSame) {
+  // srun over 2 (emulated) nodes with 2 tasks each, both daemons on this host: fine...
+  set("SLURM_PROCID", "3");
+  set("SLURM_NTASKS", "4");
+  set("SLURM_LOCALID", "1");
+  set("SLURM_NNODES", "2");
+  EXPECT_EQ(connect_error().code(), StatusCode::kUnavailable);  // past the check: no daemon listens
+  // ... but on 1 node of 4 tasks (this host, both daemons), rank 3 must be local rank 3.
+  set("SLURM_NNODES", "1");
+  const Status s = connect_error();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("wrong node"), std::string::npos) << s.message();
+}
+
+TEST_F(LayoutCheckTest, ATrainerMappedToTheWrongNodeIsRefused) {
+  set("OMPI_COMM_WORLD_RANK", "1");
+  set("OMPI_COMM_WORLD_SIZE", "4");
+  set("OMPI_COMM_WORLD_LOCAL_RANK", "2");  // round-robin mapping: rank 1 is local rank 2
+  set("OMPI_COMM_WORLD_LOCAL_SIZE", "4");
+  const Status s = connect_error();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("wrong node"), std::string::npos) << s.message();
+}
+
+TEST_F(LayoutCheckTest, AMatchingLayoutGetsPastTheCheck) {
+  set("OMPI_COMM_WORLD_RANK", "3");
+  set("OMPI_COMM_WORLD_SIZE", "4");
+  set("OMPI_COMM_WORLD_LOCAL_RANK", "3");
+  set("OMPI_COMM_WORLD_LOCAL_SIZE", "4");
+  const Status s = connect_error();  // no daemon listens: the connect itself fails
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.to_string();
+  EXPECT_NE(s.message().find("d1.sock"), std::string::npos) << s.message();
+}
+
+TEST_F(LayoutCheckTest, ConnectTimeoutFromTheEnvironment) {
+  std::filesystem::remove(dir_ + "/ready");
+  set("SHARDMIX_CONNECT_TIMEOUT", "0");
+  const Status s = connect_error_default_timeout();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("within 0 s"), std::string::npos) << s.message();
+  ::unsetenv("SHARDMIX_CONNECT_TIMEOUT");
 }
 
 }  // namespace

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2317  # (whole file) cleanup() runs from a trap
+# End-to-end test of the MPMD example (deploy/mpmd.sh): 2 daemons and 4 trainers in one
+# mpirun; the trainers' ranks exclude the daemons', every sample arrives exactly once per
+# epoch (check_traces.py), and the job ends by itself when the trainers are done.
+#
+#   tests/e2e/mpmd_e2e.sh
+set -euo pipefail
+
+SM_PROG=mpmd_e2e
+here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
+# shellcheck source=deploy/lib.sh
+source "$here/../../deploy/lib.sh"
+
+nodes=2 per_node=2 epochs=2 batch=8
+for exe in shardmixd shardmix-consume shardmix-gen shardmix-mpmd-trainer; do
+  sm_find_exe "$exe" >/dev/null || sm_die "$exe not found in $(sm_build_dir) or PATH; build it first"
+done
+python=$(sm_python) || sm_die "python3 not found"
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardmix-mpmd.XXXXXX")
+cleanup() {
+  if [[ ${SHARDMIX_E2E_KEEP:-0} == 1 ]]; then sm_log "kept $tmp"; else rm -rf -- "$tmp"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+"$(sm_find_exe shardmix-gen)" --out "$tmp/data" --samples 400 --classes 8 --median-kib 8 --seed 5 --quiet
+cat >"$tmp/job.toml" <<EOF
+[dataset]
+path = "$tmp/data"
+[batch]
+size = $batch
+[fabric]
+provider = "tcp"
+interface = "lo"
+EOF
+
+rc=0
+SHARDMIX_RUN_DIR=$tmp/run SHARDMIX_CONNECT_TIMEOUT=120 timeout -s TERM -k 20 200 \
+  bash "$SM_REPO/deploy/mpmd.sh" --nodes "$nodes" --trainers-per-node "$per_node" --config "$tmp/job.toml" \
+  -- "$(sm_find_exe shardmix-consume)" --epochs "$epochs" --trace "$tmp/trace" >"$tmp/job.log" 2>&1 || rc=$?
+if ((rc != 0)); then
+  tail -n 40 "$tmp/job.log" >&2
+  sm_die "the MPMD job failed with exit code $rc"
+fi
+n=$(find "$tmp/trace" -name 'rank-*.csv' | wc -l)
+((n == nodes * per_node)) || sm_die "expected $((nodes * per_node)) trainer traces (ranks 0..$((nodes * per_node - 1))), found $n"
+grep -q 'received signal 15, shutting down' "$tmp/job.log" || sm_die "the daemons were not stopped by the trainers' wrapper"
+"$python" "$here/check_traces.py" "$tmp/trace" --dataset "$tmp/data" --epochs "$epochs" \
+  --trainers $((nodes * per_node)) --trainers-per-node "$per_node" --batch-size "$batch"

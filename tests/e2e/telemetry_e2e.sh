@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2317  # (whole file) cleanup() runs from a trap
+# End-to-end telemetry test: 2 daemons (tcp) + 4 trainers (shardmix-consume --json) for 3
+# epochs, with rank 1's peer reads delayed so that trainers really stall. Then:
+#  - the stats file (telemetry.stats_file, rank 0) has one complete JSON line per epoch
+#    whose samples, bytes, tiers and trainer stall agree with what the trainers counted;
+#  - the Prometheus textfiles (telemetry.prometheus_file, one per daemon, final state at
+#    exit) parse, and their totals agree with the trainers' too;
+#  - shardmix-stat, run by trainer rank 0 while the daemons serve, prints a summary and
+#    Prometheus text that parses.
+#
+#   tests/e2e/telemetry_e2e.sh
+#
+# Builds nothing: shardmixd, shardmix-consume, shardmix-gen, shardmix-stat come from
+# $SHARDMIX_BUILD_DIR (default <repo>/build). SHARDMIX_E2E_KEEP=1 keeps the temp dir.
+set -euo pipefail
+
+SM_PROG=telemetry_e2e
+here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
+# shellcheck source=deploy/lib.sh
+source "$here/../../deploy/lib.sh"
+
+nodes=2
+per_node=2
+epochs=3
+for exe in shardmixd shardmix-consume shardmix-gen shardmix-stat; do
+  sm_find_exe "$exe" >/dev/null || sm_die "$exe not found in $(sm_build_dir) or PATH; build it first"
+done
+gen=$(sm_find_exe shardmix-gen)
+consume=$(sm_find_exe shardmix-consume)
+stat=$(sm_find_exe shardmix-stat)
+python=$(sm_python) || sm_die "python3 not found"
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardmix-tele.XXXXXX")
+cleanup() {
+  if [[ ${SHARDMIX_E2E_KEEP:-0} == 1 ]]; then sm_log "kept $tmp"; else rm -rf -- "$tmp"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+"$gen" --out "$tmp/data" --samples 600 --classes 10 --median-kib 16 --seed 3 --quiet
+cat >"$tmp/job.toml" <<EOF
+[dataset]
+path = "$tmp/data"
+[batch]
+size = 8
+[shuffle]
+seed = 11
+[fabric]
+provider = "tcp"
+interface = "lo"
+[service]
+trainers_per_node = $per_node
+[inject]
+slow_peer_rank = 1
+slow_peer_delay = "5ms"
+[telemetry]
+stats_file = "$tmp/stats-{job}.jsonl"
+prometheus_file = "$tmp/node{rank}.prom"
+interval = "1s"
+EOF
+
+# The trainer: consume, and on rank 0 also ask its daemon for statistics while it serves.
+cat >"$tmp/trainer.sh" <<EOF
+#!/usr/bin/env bash
+set -euo pipefail
+"$consume" --epochs $epochs --json --touch none
+if [[ \${OMPI_COMM_WORLD_RANK:-0} == 0 ]]; then
+  "$stat" >"$tmp/stat.txt"
+  "$stat" --prometheus >"$tmp/stat.prom"
+fi
+EOF
+chmod +x "$tmp/trainer.sh"
+
+sm_section "run: $nodes daemons, $((nodes * per_node)) trainers, $epochs epochs"
+rc=0
+timeout -s TERM -k 30 240 bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "$tmp/job.toml" \
+  --daemon-log "$tmp/daemons.log" -- "$tmp/trainer.sh" >"$tmp/trainers.log" 2>&1 || rc=$?
+if ((rc != 0)); then
+  tail -n 30 "$tmp/trainers.log" "$tmp/daemons.log" >&2 || true
+  sm_die "launch.sh failed with exit code $rc"
+fi
+
+sm_section "check"
+# Rank 0 logs the load's skew across nodes and one summary line per epoch of the job.
+grep -q '\[rank 0\]\[daemon\] all 2 nodes loaded .* slowest node [01] ' "$tmp/daemons.log" ||
+  sm_die "no load skew line from rank 0 in $tmp/daemons.log"
+n=$(grep -c '\[rank 0\]\[telemetry\] epoch [0-9]*: 600 samples' "$tmp/daemons.log" || true)
+((n == epochs)) || sm_die "rank 0 logged $n epoch summaries, expected $epochs"
+"$python" "$here/check_telemetry.py" --trainers-log "$tmp/trainers.log" --stats "$tmp"/stats-*.jsonl \
+  --prom "$tmp"/node*.prom --stat-text "$tmp/stat.txt" --stat-prom "$tmp/stat.prom" \
+  --epochs "$epochs" --trainers $((nodes * per_node)) --nodes "$nodes" --samples 600
