@@ -511,6 +511,15 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     fabric_status = local.status();
     if (local.ok()) staging_region = *local;
   }
+  if (fabric_status.ok() && !config.fabric.netns.empty() && (*fabric_or)->domain_name() == "lo") {
+    // Each namespace has its own loopback: peers would never answer (a hang at the first
+    // read), e.g. with FI_TCP_IFACE=lo left in the environment.
+    fabric_status = make_error(StatusCode::kInvalidArgument,
+                               "fabric.netns = \"{}\" but the fabric picked the loopback interface 'lo', which "
+                               "peers in other namespaces cannot reach; set fabric.interface to the namespace's "
+                               "link (e.g. \"smxeth\") or unset FI_TCP_IFACE",
+                               config.fabric.netns);
+  }
   s = agree(mpi, fabric_status, "opening the fabric");
   if (!s.ok()) return fail(s);
   fabric::Fabric& fabric = **fabric_or;

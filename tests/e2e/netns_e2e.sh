@@ -139,3 +139,18 @@ if problems:
 print(f"netns check: PASS  {nodes} daemons on domain {prefix}eth; links carried {wire} bytes "
       f"for {peer} peer bytes delivered")
 PY
+
+# A daemon in a namespace must not sit on the loopback (peers in other namespaces can
+# never answer it: a hang at the first read). Pinning fabric.interface = "lo" must stop
+# start-up with an error that says so, not hang.
+sm_section "misconfigured: fabric.interface = lo inside namespaces"
+rc=0
+timeout -s TERM -k 20 60 \
+  bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "$config" --trainers-per-node 1 \
+  --set fabric.interface=lo --daemon-log "$tmp/daemons-lo.log" -- "$consume" --epochs 1 >/dev/null 2>&1 || rc=$?
+if ((rc == 0 || rc == 124)); then
+  sm_die "a daemon on 'lo' inside a namespace was not refused (launch exit $rc)" 1
+fi
+grep -q "picked the loopback interface 'lo'" "$tmp/daemons-lo.log" ||
+  sm_die "no error naming the loopback in $tmp/daemons-lo.log" 1
+echo "loopback inside a namespace: refused at start-up (launch exit $rc)"
