@@ -105,6 +105,7 @@ MpiSession::MpiSession(int* argc, char*** argv) {
 MpiSession::~MpiSession() {
   int finalized = 0;
   MPI_Finalized(&finalized);
+  if (!finalized && g_comm != MPI_COMM_WORLD && g_comm != MPI_COMM_NULL) MPI_Comm_free(&g_comm);  // MPMD's own
   if (!finalized) MPI_Finalize();
 }
 

@@ -15,6 +15,7 @@ packages=(
   libcli11-dev                        # command lines
   libxxhash-dev                       # XXH64 of sample bytes (traces, verification)
   libgtest-dev libgmock-dev           # unit tests
+  clang-14 libclang-rt-14-dev llvm-14 # asan/fuzz test stages: libFuzzer and sanitizer runtimes, llvm-symbolizer
   librapidcheck-dev                   # property tests (shrinking counterexamples)
   python3 python3-xxhash              # e2e trace checker (XXH64 of the sample files)
   # emulated cluster and the entropy-vs-locality sweep (deploy/netns-cluster.sh, bench/sweep.sh)

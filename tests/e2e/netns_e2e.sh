@@ -145,7 +145,7 @@ PY
 # start-up with an error that says so, not hang.
 sm_section "misconfigured: fabric.interface = lo inside namespaces"
 rc=0
-timeout -s TERM -k 20 60 \
+timeout -s TERM -k 20 120 \
   bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "$config" --trainers-per-node 1 \
   --set fabric.interface=lo --daemon-log "$tmp/daemons-lo.log" -- "$consume" --epochs 1 >/dev/null 2>&1 || rc=$?
 if ((rc == 0 || rc == 124)); then

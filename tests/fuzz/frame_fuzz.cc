@@ -1,0 +1,235 @@
+// Fuzz target: proto/wire, the bytes of the trainer <-> daemon socket.
+//
+// The input is read as a stream of frames, as either end of a connection reads it: a
+// 16-byte header, then payload_bytes of payload, then the next frame. A header that does
+// not decode ends the stream (the real peer closes the connection). Every payload (or,
+// after a bad header, the rest of the input) goes through EVERY payload decoder, the
+// daemon's (Hello, StartEpoch, Release) and the client's (Welcome, Error, Batch,
+// EpochEnd, Stats), so each decoder sees arbitrary bytes, not only those of its own type.
+// The catalog payload is Catalog::deserialize's, fuzzed by catalog_fuzz.cc.
+//
+// Checks beyond "no crash, no UB": a decoded header holds only accepted values and its
+// bytes are exactly the decoded fields; a decoded payload re-encodes to a frame whose
+// header names its type and size and whose payload is byte-for-byte the input (every
+// layout has exactly one encoding per value: encode(decode(x)) == x), and that decodes
+// again; Hello and Batch values satisfy the invariants their decoders promise; the
+// daemon's fixed request sizes match what the encoders write.
+#include <algorithm>
+#include <cstring>
+#include <span>
+#include <string>
+
+#include "proto/wire.h"
+#include "tests/fuzz/fuzz.h"
+
+namespace {
+
+using namespace shardmix::proto;
+using shardmix::fuzz::Bytes;
+using Span = std::span<const std::uint8_t>;
+
+constexpr std::size_t kHeaderBytes = sizeof(FrameHeader);
+// Every frame type decode_header accepts; run_every_decoder() runs each one's decoder.
+constexpr FrameType kKnownTypes[] = {
+    FrameType::kHello,   FrameType::kWelcome,  FrameType::kError,      FrameType::kStartEpoch,
+    FrameType::kBatch,   FrameType::kRelease,  FrameType::kEpochEnd,   FrameType::kGetCatalog,
+    FrameType::kCatalog, FrameType::kGetStats, FrameType::kStats};
+
+std::string frame_name(FrameType type) { return "frame type " + std::to_string(static_cast<int>(type)); }
+
+void check_header(Span bytes, const std::string& err, const FrameHeader& h) {
+  if (bytes.size() != kHeaderBytes) {
+    FUZZ_CHECK(!err.empty(), "a " + std::to_string(bytes.size()) + "-byte header decoded");
+    return;
+  }
+  if (!err.empty()) return;
+  FUZZ_CHECK(h.magic == kMagic, "bad magic accepted");
+  FUZZ_CHECK(h.version == kProtocolVersion, "version " + std::to_string(h.version) + " accepted");
+  FUZZ_CHECK(std::find(std::begin(kKnownTypes), std::end(kKnownTypes), static_cast<FrameType>(h.type)) !=
+                 std::end(kKnownTypes),
+             "decode_header accepts frame type " + std::to_string(h.type) +
+                 ", unknown to this target: add it to kKnownTypes and its decoder to run_every_decoder()");
+  FUZZ_CHECK(h.payload_bytes <= kMaxPayloadBytes, "oversized payload accepted");
+  FUZZ_CHECK(std::memcmp(&h, bytes.data(), kHeaderBytes) == 0, "decoded header differs from its bytes");
+}
+
+// encode(decode(payload)) must be a well-formed frame of `type` carrying exactly `payload`.
+template <typename Message>
+void check_round_trip(Span payload, const Message& m, FrameType type) {
+  Bytes frame;
+  encode(frame, m);
+  const std::string what = frame_name(type);
+  FUZZ_CHECK(frame.size() >= kHeaderBytes, what + ": encoder wrote no header");
+  FrameHeader h{};
+  const std::string err = decode_header(Span(frame).first(kHeaderBytes), h);
+  FUZZ_CHECK(err.empty(), what + ": re-encoded header does not decode: " + err);
+  FUZZ_CHECK(h.type == static_cast<std::uint16_t>(type), what + ": re-encoded as type " + std::to_string(h.type));
+  FUZZ_CHECK(h.payload_bytes == frame.size() - kHeaderBytes, what + ": header size disagrees with the payload");
+  const Span again_bytes = Span(frame).subspan(kHeaderBytes);
+  FUZZ_CHECK(std::equal(again_bytes.begin(), again_bytes.end(), payload.begin(), payload.end()),
+             what + ": encode(decode(x)) != x; x = " + shardmix::fuzz::hex_prefix(payload.data(), payload.size()) +
+                 ", re-encoded = " + shardmix::fuzz::hex_prefix(again_bytes.data(), again_bytes.size()));
+  Message again;
+  const std::string err2 = decode(again_bytes, again);
+  FUZZ_CHECK(err2.empty(), what + ": re-encoded payload does not decode: " + err2);
+  Bytes frame2;
+  encode(frame2, again);
+  FUZZ_CHECK(frame2 == frame, what + ": decode(encode(v)) != v");
+}
+
+template <typename Message>
+bool try_decode(Span payload, FrameType type, Message& m) {
+  const std::string err = decode(payload, m);
+  if (!err.empty()) return false;
+  check_round_trip(payload, m, type);
+  return true;
+}
+
+void run_every_decoder(Span payload) {
+  if (Hello m; try_decode(payload, FrameType::kHello, m)) {
+    FUZZ_CHECK(m.trainer_rank < m.world_size, "hello with rank >= world size accepted");
+  }
+  if (Welcome m; try_decode(payload, FrameType::kWelcome, m)) {
+  }
+  if (ErrorFrame m; try_decode(payload, FrameType::kError, m)) {
+    FUZZ_CHECK(m.message.size() + 6 == payload.size(), "error frame message length wrong");
+  }
+  if (StartEpoch m; try_decode(payload, FrameType::kStartEpoch, m)) {
+  }
+  if (Release m; try_decode(payload, FrameType::kRelease, m)) {
+  }
+  if (EpochStats m; try_decode(payload, FrameType::kEpochEnd, m)) {
+  }
+  if (std::string text; decode_stats(payload, text).empty()) {
+    FUZZ_CHECK(text.size() == payload.size() && text.find('\0') == std::string::npos, "stats text mangled");
+    Bytes frame;
+    encode_stats(frame, text);
+    FUZZ_CHECK(frame.size() == kHeaderBytes + payload.size() &&
+                   std::equal(payload.begin(), payload.end(), frame.begin() + kHeaderBytes),
+               "stats frame: encode(decode(x)) != x");
+  }
+  if (BatchFrame m; try_decode(payload, FrameType::kBatch, m)) {
+    FUZZ_CHECK(m.samples.size() <= kMaxBatchSamples, "batch over the sample limit accepted");
+    for (const SampleDescriptor& s : m.samples) {
+      FUZZ_CHECK(s.region <= static_cast<std::uint8_t>(Region::kStaging), "unknown region accepted");
+      FUZZ_CHECK(s.tier <= static_cast<std::uint8_t>(Tier::kStorage), "unknown tier accepted");
+      FUZZ_CHECK(s.offset + s.length >= s.offset, "descriptor whose end overflows accepted");
+    }
+  }
+}
+
+// The daemon reads exactly request_payload_bytes(type) after a request header; that must
+// be what the client's encoders write, or real clients would be refused.
+void check_request_sizes() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  auto payload_size = [](auto encode_one) {
+    Bytes frame;
+    encode_one(frame);
+    return static_cast<std::int64_t>(frame.size() - kHeaderBytes);
+  };
+  FUZZ_CHECK(request_payload_bytes(FrameType::kHello) == payload_size([](Bytes& f) { encode(f, Hello{0, 1, 2}); }),
+             "hello size");
+  FUZZ_CHECK(request_payload_bytes(FrameType::kStartEpoch) ==
+                 payload_size([](Bytes& f) { encode(f, StartEpoch{}); }),
+             "start-epoch size");
+  FUZZ_CHECK(request_payload_bytes(FrameType::kRelease) == payload_size([](Bytes& f) { encode(f, Release{}); }),
+             "release size");
+  FUZZ_CHECK(request_payload_bytes(FrameType::kGetCatalog) ==
+                 payload_size([](Bytes& f) { encode_get_catalog(f); }),
+             "get-catalog size");
+  FUZZ_CHECK(request_payload_bytes(FrameType::kGetStats) == payload_size([](Bytes& f) { encode_get_stats(f); }),
+             "get-stats size");
+  for (auto type : {FrameType::kWelcome, FrameType::kError, FrameType::kBatch, FrameType::kEpochEnd,
+                    FrameType::kCatalog, FrameType::kStats}) {
+    FUZZ_CHECK(request_payload_bytes(type) < 0, frame_name(type) + " is a reply, not a request");
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  check_request_sizes();
+  const Span input(data, size);
+  std::size_t pos = 0;
+  for (int frames = 0; frames < 64; ++frames) {
+    const Span rest = input.subspan(pos);
+    const Span header_bytes = rest.first(std::min(kHeaderBytes, rest.size()));
+    FrameHeader h{};
+    const std::string err = decode_header(header_bytes, h);
+    check_header(header_bytes, err, h);
+    if (rest.size() > kHeaderBytes) {
+      FrameHeader ignored{};
+      FUZZ_CHECK(!decode_header(rest.first(kHeaderBytes + 1), ignored).empty(), "a 17-byte header decoded");
+    }
+    Span payload = rest.subspan(header_bytes.size());
+    if (err.empty()) payload = payload.first(std::min<std::size_t>(h.payload_bytes, payload.size()));
+    run_every_decoder(payload);
+    if (!err.empty() || h.payload_bytes >= rest.size() - kHeaderBytes) break;  // bad frame, or the last one
+    pos += kHeaderBytes + h.payload_bytes;
+  }
+  return 0;
+}
+
+namespace shardmix::fuzz {
+
+Seeds seeds() {
+  Seeds out;
+  auto add = [&](std::string name, auto encode_into) {
+    Bytes frame;
+    encode_into(frame);
+    out.emplace_back(std::move(name), std::move(frame));
+  };
+  add("hello", [](Bytes& f) { encode(f, Hello{3, 8, 4242}); });
+  add("welcome", [](Bytes& f) { encode(f, Welcome{1, 4, 2, 4, 1000, 16, 125, 1 << 20, 1 << 16}); });
+  add("error", [](Bytes& f) { encode(f, ErrorFrame{6, "trainer world size 3 does not match"}); });
+  add("start-epoch", [](Bytes& f) { encode(f, StartEpoch{2, 5}); });
+  add("release", [](Bytes& f) { encode(f, Release{2, 5, 7}); });
+  add("get-catalog", [](Bytes& f) { encode_get_catalog(f); });
+  add("get-stats", [](Bytes& f) { encode_get_stats(f); });
+  add("stats", [](Bytes& f) { encode_stats(f, "# TYPE shardmix_samples_total counter\nshardmix_samples_total 42\n"); });
+  add("catalog", [](Bytes& f) {
+    const std::uint8_t bytes[] = {'S', 'M', 'X', 'C', 'A', 'T', 0, 1, 0, 0, 0, 0};
+    encode_catalog(f, bytes);
+  });
+  add("epoch-end", [](Bytes& f) {
+    EpochStats s;
+    s.epoch = 1;
+    s.stream = 2;
+    s.batches = 3;
+    s.samples = 24;
+    s.bytes = 1 << 20;
+    s.local_samples = 10;
+    s.peer_samples = 14;
+    s.peer_bytes = 600000;
+    s.fetch_wait_us = 1234;
+    encode(f, s);
+  });
+  add("batch", [](Bytes& f) {
+    BatchFrame b;
+    b.epoch = 1;
+    b.stream = 2;
+    b.batch = 3;
+    b.samples.push_back(SampleDescriptor{17, 4, 0, 0, 0, 0, 4096, 112 * 1024});
+    b.samples.push_back(SampleDescriptor{99, 0, 1, 1, 1, 0, 0, 1});
+    b.samples.push_back(SampleDescriptor{5, 7, 2, 1, 2, 0, 1 << 20, 0});
+    encode(f, b);
+  });
+  add("empty-batch", [](Bytes& f) { encode(f, BatchFrame{4, 2, 9, {}}); });
+  // One connection's requests back to back, and a reply sequence.
+  add("request-stream", [](Bytes& f) {
+    encode(f, Hello{0, 2, 1});
+    encode_get_catalog(f);
+    encode(f, StartEpoch{0, 1});
+    encode(f, Release{0, 1, 0});
+  });
+  add("reply-stream", [](Bytes& f) {
+    encode(f, Welcome{0, 2, 1, 4, 10, 2, 5, 4096, 4096});
+    encode(f, BatchFrame{0, 1, 0, {SampleDescriptor{1, 1, 0, 0, 0, 0, 0, 64}}});
+    encode(f, EpochStats{});
+  });
+  return out;
+}
+
+}  // namespace shardmix::fuzz
