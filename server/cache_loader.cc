@@ -1,9 +1,5 @@
 #include "server/cache_loader.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -13,42 +9,9 @@
 #include <vector>
 
 #include "common/log.h"
+#include "server/sample_reader.h"
 
 namespace shardmix {
-
-Status read_whole_file(const std::string& path, std::uint64_t length, std::uint8_t* out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return make_error(errno == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError,
-                      "{}: cannot open for loading: {} (it was present when the dataset was scanned)", path,
-                      std::strerror(errno));
-  }
-  std::uint64_t done = 0;
-  Status status;
-  while (done < length) {
-    const ssize_t n = ::pread(fd, out + done, length - done, static_cast<off_t>(done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      status = make_error(StatusCode::kIoError, "{}: read failed at offset {}: {}", path, done, std::strerror(errno));
-      break;
-    }
-    if (n == 0) {
-      status = make_error(StatusCode::kCorrupt, "{}: file shrank since the scan: expected {} bytes, got {} (EOF at offset {})",
-                          path, length, done, done);
-      break;
-    }
-    done += static_cast<std::uint64_t>(n);
-  }
-  if (status.ok()) {
-    struct stat st {};
-    if (::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) != length) {
-      status = make_error(StatusCode::kCorrupt, "{}: file changed size since the scan: expected {} bytes, now {}", path,
-                          length, st.st_size);
-    }
-  }
-  ::close(fd);
-  return status;
-}
 
 Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& placement, std::uint32_t node,
                                      const DatasetConfig& dataset, std::uint32_t threads, std::uint8_t* arena,
@@ -70,8 +33,7 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
       if (i >= owned.size()) return;
       const SampleId id = owned[i];
       const std::uint64_t size = catalog.sample_bytes(id);
-      Status s = read_whole_file(sample_file_path(dataset, catalog.path(id)), size,
-                                 arena + placement.arena_offset[id]);
+      Status s = read_sample(catalog, dataset, id, arena + placement.arena_offset[id]);
       if (!s.ok()) {
         std::lock_guard lock(error_mutex);
         if (first_error.ok()) first_error = s;

@@ -28,7 +28,4 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
                                      const DatasetConfig& dataset, std::uint32_t threads, std::uint8_t* arena,
                                      const LoadProgress& progress = {});
 
-// Reads exactly `length` bytes of `path` into `out`, failing if the file is shorter or longer.
-Status read_whole_file(const std::string& path, std::uint64_t length, std::uint8_t* out);
-
 }  // namespace shardmix
