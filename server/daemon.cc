@@ -141,8 +141,8 @@ class LoadReporter {
   LoadReporter(MpiSession& mpi, NodeTelemetry& telemetry, const Placement& placement)
       : mpi_(mpi), telemetry_(telemetry), bar_(mpi.rank() == 0 && ::isatty(STDERR_FILENO) == 1),
         nodes_(static_cast<std::size_t>(mpi.size())), log_(log::get("loader")) {
-    for (int r = 0; r < mpi.size(); ++r) total_bytes_ += placement.sample_bytes[static_cast<std::size_t>(r)];
-    node_total_ = placement.sample_bytes;
+    for (int r = 0; r < mpi.size(); ++r) total_bytes_ += placement.cached_bytes[static_cast<std::size_t>(r)];
+    node_total_ = placement.cached_bytes;
     // A short load prints nothing but the final skew line.
     next_ = std::chrono::steady_clock::now() + (bar_ ? std::chrono::milliseconds(0) : std::chrono::milliseconds(1000));
     // The bar replaces this daemon's own progress lines (they would break it up).
@@ -458,16 +458,21 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   const JobShape job{static_cast<std::uint32_t>(nodes), config.service.trainers_per_node, config.batch.size,
                      config.batch.drop_last};
   const PlanShape shape = make_plan_shape(catalog.size(), job);
-  const Placement placement = make_placement(catalog.sizes(), shape, config.dataset.placement, config.shuffle.seed);
+  // cache.capacity = 0 means no limit beyond RAM; otherwise each node keeps what fits
+  // resident and the rest of its share is cold (placement.h).
+  const std::uint64_t capacity =
+      config.cache.capacity_bytes == 0 ? kNoCapacityLimit : config.cache.capacity_bytes;
+  const Placement placement =
+      make_placement(catalog.sizes(), shape, config.dataset.placement, config.shuffle.seed, capacity);
   const EpochPlanner planner(shape, placement, config.shuffle, catalog.labels());
 
   Status limits;
   const std::uint64_t arena_bytes = placement.arena_bytes[rank];
-  if (config.cache.capacity_bytes > 0 && arena_bytes > config.cache.capacity_bytes) {
+  if (placement.cold_samples[rank] > 0) {
     limits = make_error(StatusCode::kResourceExhausted,
                         "node {} must cache {} bytes but cache.capacity is {} bytes ({}); raise cache.capacity or "
                         "add nodes (serving a dataset larger than the nodes' caches is not supported yet)",
-                        rank, arena_bytes, config.cache.capacity_bytes, config.cache.capacity_text);
+                        rank, placement.sample_bytes[rank], config.cache.capacity_bytes, config.cache.capacity_text);
   }
   const std::uint64_t batch_bound = largest_batch_bytes(catalog, config.batch.size);
   if (limits.ok() && batch_bound > config.service.staging_bytes_per_trainer) {
