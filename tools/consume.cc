@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
           bytes += view.size();
           if (trace != nullptr) {
             rows += fmt::format("{},{},{},{},{},{},{},{},{:016x},{},{}\n", e, rank, batch.index(), position, s.id(),
-                                csv_field(catalog->path(s.id())), s.label(), view.size(), h,
+                                csv_field(catalog->location(s.id())), s.label(), view.size(), h,
                                 shardmix::proto::tier_name(s.tier()), s.owner());
           }
           ++position;
