@@ -410,6 +410,18 @@ Result<ScanResult> scan_shards(const DatasetConfig& dataset, int rank, int nrank
     }
     std::sort(names.begin(), names.end());
   }
+  SHARDMIX_ASSIGN_OR_RETURN(ScanResult scanned, scan_shard_list(dataset, names, rank, nranks));
+  scanned.skipped_hidden += out.skipped_hidden;
+  scanned.skipped_root_files += out.skipped_root_files;
+  return scanned;
+}
+
+}  // namespace
+
+Result<ScanResult> scan_shard_list(const DatasetConfig& dataset, const std::vector<std::string>& names, int rank,
+                                   int nranks) {
+  SHARDMIX_RETURN_IF_ERROR(check_rank(rank, nranks));
+  ScanResult out;
   std::vector<std::string> sample_exts;
   if (dataset.format == DatasetFormat::kWebDataset) {
     SHARDMIX_ASSIGN_OR_RETURN(sample_exts, parse_extension_list(dataset.sample_ext, "dataset.sample_ext"));
@@ -444,6 +456,8 @@ Result<ScanResult> scan_shards(const DatasetConfig& dataset, int rank, int nrank
   }
   return out;
 }
+
+namespace {
 
 bool entry_less(const CatalogEntry& a, const CatalogEntry& b) {
   if (a.label != b.label) return a.label < b.label;

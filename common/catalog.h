@@ -123,6 +123,11 @@ struct ScanResult {
   std::vector<std::string> problems;
 };
 Result<ScanResult> scan_partition(const DatasetConfig& dataset, int rank, int nranks);
+// Shard formats, after listing: scans shards i % nranks == rank of `names` (sorted, relative
+// to the shard directory). A listed shard that cannot be opened any more is a problem
+// (skipped and counted) or, with dataset.strict, the error.
+Result<ScanResult> scan_shard_list(const DatasetConfig& dataset, const std::vector<std::string>& names, int rank,
+                                   int nranks);
 
 // Merges the per-rank scans (already allgathered) into the catalog, checking
 // dataset.max_sample_bytes. An empty dataset is an error naming dataset.path.

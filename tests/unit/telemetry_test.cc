@@ -66,6 +66,20 @@ TEST(JobAggregatorTest, AnEpochIsWrittenOnlyWhenEveryTrainerReported) {
   EXPECT_TRUE(agg.flush().empty());
 }
 
+TEST(JobAggregatorTest, InvalidDatasetSamplesCountAsSkippedEveryEpoch) {
+  // 200 valid samples in the catalog, 7 left out by the scan (damaged shards).
+  JobAggregator agg(1, 2, 200, 7);
+  agg.add(record(0, 0, 0, 100, 1, 2, 0));
+  agg.add(record(0, 1, 0, 100, 1, 2, 0));
+  auto done = agg.take_complete();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].skipped_samples.value_or(999), 7u);
+  EXPECT_EQ(done[0].invalid_samples, 7u);
+  EXPECT_NE(done[0].to_json().find("\"invalid_samples\": 7"), std::string::npos) << done[0].to_json();
+  EXPECT_NE(done[0].summary().find("skipped 7 (of which 7 invalid in the dataset)"), std::string::npos)
+      << done[0].summary();
+}
+
 TEST(JobAggregatorTest, SkippedSamplesAndIncompleteEpochsAtShutdown) {
   JobAggregator agg(1, 2, 250);
   agg.add(record(0, 0, 3, 100, 1, 2, 0));
