@@ -228,6 +228,7 @@ TarListing list_tar(const ByteSource& source) {
                                       : std::string(field_text(h, 0, 100));
     }
     if (size > file_size - data_offset) {
+      out.cut_member = name;
       stop(fmt::format("{}: truncated tar: member '{}' (header at offset {}) has {} bytes of data at offset {}, the "
                        "file ends at {}",
                        file, name, offset, size, data_offset, file_size));
@@ -350,9 +351,14 @@ Result<ShardScan> scan_webdataset_shard(const ByteSource& source, const WebDatas
       webdataset_key(members[end].name, k2, e2);
       if (k2 != key) break;
     }
-    // The group [i, end) is one sample. A shard cut short loses its last, possibly
-    // incomplete, group with the rest: it is counted with the truncation below.
-    if (end == members.size() && listing.rest_skipped) break;
+    // The group [i, end) is one sample. In a shard cut short, the last group is lost with
+    // the rest (counted with the cut below) when it may be incomplete: when the cut member
+    // has its key, or when the cut is in a header, so that which member it was is unknown.
+    if (end == members.size() && listing.rest_skipped) {
+      std::string_view cut_key, cut_ext;
+      webdataset_key(listing.cut_member, cut_key, cut_ext);
+      if (listing.cut_member.empty() || cut_key == key) break;
+    }
     const TarMember* data = nullptr;
     for (const std::string& want : options.sample_exts) {
       for (std::size_t m = i; m < end && data == nullptr; ++m) {

@@ -108,6 +108,9 @@ struct TarListing {
   std::vector<TarMember> members;  // regular files only, in archive order
   std::vector<std::string> problems;
   bool rest_skipped = false;       // the listing stopped at a truncation or a corrupt header
+  // The member whose data the file cuts short, when its header was readable ("" if the cut or
+  // the corruption is in a header: then the member is unknown).
+  std::string cut_member;
 };
 
 // Lists the regular-file members of a tar (ustar, GNU long names 'L', pax 'x' headers with

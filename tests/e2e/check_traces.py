@@ -330,6 +330,7 @@ def scan_webdataset(root: str, sample_exts: List[str], label_ext: str):
         size = os.path.getsize(full)
         members = []
         truncated = False
+        cut_key = None  # key of the member whose data is cut, when its header was readable
         try:
             with tarfile.open(full, "r:") as tf:
                 while True:
@@ -338,6 +339,8 @@ def scan_webdataset(root: str, sample_exts: List[str], label_ext: str):
                         break
                     if m.offset_data + m.size > size:
                         truncated = True
+                        base = m.name.rsplit("/", 1)
+                        cut_key = (base[0] + "/" if len(base) == 2 else "") + base[-1].partition(".")[0]
                         break
                     if m.isreg() and not m.name.endswith("/"):
                         members.append(m)
@@ -359,7 +362,10 @@ def scan_webdataset(root: str, sample_exts: List[str], label_ext: str):
             else:
                 groups.append((key, {ext: m}))
         if truncated:
-            groups = groups[:-1]  # the group at the cut may be incomplete (documented rule)
+            # The last group may be incomplete (documented rule): lost when the cut member
+            # has its key, or when the cut is in a header (the member is unknown).
+            if groups and (cut_key is None or cut_key == groups[-1][0]):
+                groups = groups[:-1]
             invalid += 1
         with open(full, "rb") as f:
             for key, by_ext in groups:

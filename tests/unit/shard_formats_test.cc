@@ -186,10 +186,19 @@ TEST(WebDatasetTest, TruncatedTarKeepsTheSamplesBeforeTheCutAndCountsTheRestAsOn
   EXPECT_EQ(scan->problems[0], fmt::format("/d/s.tar: truncated tar: member 'c.jpg' (header at offset {}) has 700 "
                                            "bytes of data at offset {}, the file ends at {}",
                                            at["c.jpg"] - 512, at["c.jpg"], at["c.jpg"] + 100));
-  // Cut inside a header.
+  // Cut inside the first member of a new key (b.cls): a is complete and kept.
+  const Bytes cut_new_key(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(at["b.cls"]));
+  auto scan1 = scan_webdataset_shard(MemorySource("/d/s.tar", cut_new_key), wds_options());
+  ASSERT_TRUE(scan1.ok());
+  ASSERT_EQ(scan1->samples.size(), 1u);
+  EXPECT_EQ(scan1->samples[0].label, 0);
+  EXPECT_EQ(scan1->invalid_samples, 1u);
+  // Cut inside a header: the member is unknown, so the group before it (a) may be
+  // incomplete and is lost too.
   const Bytes cut_header(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(at["b.cls"] - 512 + 100));
   auto scan2 = scan_webdataset_shard(MemorySource("/d/s.tar", cut_header), wds_options());
   ASSERT_TRUE(scan2.ok());
+  EXPECT_TRUE(scan2->samples.empty());
   EXPECT_EQ(scan2->problems.at(0), fmt::format("/d/s.tar: truncated tar: header at offset {} needs 512 bytes, the file "
                                                "ends at {}",
                                                at["b.cls"] - 512, at["b.cls"] - 412));
