@@ -767,7 +767,8 @@ void write_octal(std::uint8_t* h, std::size_t at, std::size_t width, std::uint64
 void append_header(std::vector<std::uint8_t>& out, std::string_view name, std::string_view prefix, char type,
                    std::uint64_t size) {
   std::uint8_t h[kBlock] = {};
-  std::memcpy(h, name.data(), std::min<std::size_t>(name.size(), 100));
+  // (empty views may have a null data(), which memcpy must not be given)
+  if (!name.empty()) std::memcpy(h, name.data(), std::min<std::size_t>(name.size(), 100));
   write_octal(h, 100, 8, 0644);
   write_octal(h, 108, 8, 0);
   write_octal(h, 116, 8, 0);
@@ -775,7 +776,7 @@ void append_header(std::vector<std::uint8_t>& out, std::string_view name, std::s
   write_octal(h, 136, 12, 0);
   h[156] = static_cast<std::uint8_t>(type);
   std::memcpy(h + 257, "ustar\0" "00", 8);
-  std::memcpy(h + 345, prefix.data(), std::min<std::size_t>(prefix.size(), 155));
+  if (!prefix.empty()) std::memcpy(h + 345, prefix.data(), std::min<std::size_t>(prefix.size(), 155));
   std::memset(h + 148, ' ', 8);
   std::uint32_t sum = 0;
   for (std::uint8_t c : h) sum += c;
