@@ -697,8 +697,9 @@ Status check_tar_header_before(std::span<const std::uint8_t> header, std::uint64
                       file, at, data_offset);
   }
   std::uint64_t stored = 0;
-  // Sizes from 8 GiB on may live in a pax header instead; below that the field must agree.
-  if (numeric_field(h, 124, 12, stored) && size < (1ull << 33) && stored != size) {
+  // A size in a pax header leaves the ustar field 0 (or, from 8 GiB on, unable to hold it);
+  // otherwise the field must agree.
+  if (numeric_field(h, 124, 12, stored) && size < (1ull << 33) && stored != 0 && stored != size) {
     return make_error(StatusCode::kCorrupt,
                       "{}: the tar member at offset {} now has {} bytes, the catalog {}: the shard changed since the "
                       "scan",

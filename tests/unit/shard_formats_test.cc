@@ -569,6 +569,28 @@ TEST_F(ShardDatasetTest, ReadingATarMemberWhoseHeaderChangedIsAnError) {
                                      path, at["b.jpg"] - 512, at["b.jpg"]));
 }
 
+TEST_F(ShardDatasetTest, APaxSizedMemberIsReadByOffset) {
+  // pax "size" with the ustar size field 0, as writers do for members they size in pax.
+  Bytes tar;
+  const std::string rec = "11 size=11\n";  // the length counts itself
+  append(tar, ustar_header("PaxHeader", 'x', rec.size()));
+  append(tar, bytes_of(rec));
+  pad(tar);
+  append(tar, ustar_header("k.jpg", '0', 0));
+  append(tar, bytes_of("hello world"));
+  pad(tar);
+  append_tar_member(tar, "k.cls", bytes_of("5"));
+  append_tar_end(tar);
+  write("p/s.tar", tar);
+  const DatasetConfig d = dataset(DatasetFormat::kWebDataset, "p");
+  auto c = scan_all(d, 1);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  ASSERT_EQ(c->size(), 1u);
+  EXPECT_EQ(c->label(0), 5);
+  const auto got = read_all(*c, d);
+  EXPECT_EQ(got[0].first, "hello world");
+}
+
 TEST(ShardCatalogTest, OverheadPerSampleIsAtMost64Bytes) {
   std::vector<std::string> shards;
   for (int s = 0; s < 100; ++s) shards.push_back(fmt::format("train/shard-{:06d}.tar", s));
