@@ -464,9 +464,9 @@ int run_daemon(const Config& config, MpiSession& mpi) {
               catalog.total_bytes() / 1e6,
               catalog.sharded() ? fmt::format(" in {} shards", catalog.file_count()) : std::string());
     if (catalog.invalid_samples() + catalog.invalid_shards() > 0) {
-      log->warn("dataset: skipped {} invalid samples; {} shards could not be read to their end (the scanning ranks' warnings name "
-                "each file and byte offset; every epoch delivers the {} valid samples; dataset.strict = true makes "
-                "this a start-up error)",
+      log->warn("dataset: skipped {} invalid samples; {} shards could not be read to their end (the scanning "
+                "ranks' warnings name each file and byte offset; every epoch delivers the {} valid samples; "
+                "dataset.strict = true makes this a start-up error)",
                 catalog.invalid_samples(), catalog.invalid_shards(), catalog.size());
     }
   }
