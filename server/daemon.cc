@@ -547,7 +547,8 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   fabric.start_progress();
   if (rank == 0) log->info("fabric: provider {}, domain {}", fabric.provider_name(), fabric.domain_name());
   telemetry.set_info(NodeInfo{static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(nodes),
-                              config.service.trainers_per_node, fabric.provider_name(), my_host});
+                              config.service.trainers_per_node, fabric.provider_name(), my_host, catalog.size(),
+                              catalog.invalid_samples()});
 
   // 5. Load owned samples into the arena.
   LoadReporter load_reporter(mpi, telemetry, placement);

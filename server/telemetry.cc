@@ -296,6 +296,11 @@ std::string NodeTelemetry::prometheus_text() const {
                        info_.trainers_per_node, prom_label(info_.provider), prom_label(info_.host)));
   w.metric("shardmix_serving", "gauge", "1 while the daemon serves trainers, 0 while loading or after shutdown.",
            serving_ ? 1 : 0);
+  w.metric("shardmix_dataset_samples", "gauge", "Valid samples in the dataset's catalog (delivered every epoch).",
+           static_cast<double>(info_.dataset_samples));
+  w.metric("shardmix_dataset_invalid_samples", "gauge",
+           "Samples the scan left out as damaged (shard formats; see the daemon log for files and offsets).",
+           static_cast<double>(info_.invalid_samples));
   w.metric("shardmix_load_samples", "gauge", "Samples loaded into this node's cache so far.",
            static_cast<double>(load_samples_));
   w.metric("shardmix_load_samples_target", "gauge", "Samples this node caches.",

@@ -104,6 +104,8 @@ struct NodeInfo {
   std::uint32_t trainers_per_node = 0;
   std::string provider;
   std::string host;
+  std::uint64_t dataset_samples = 0;   // valid samples in the catalog (the same on every node)
+  std::uint64_t invalid_samples = 0;   // left out by the scan: damaged shard input
 };
 
 class NodeTelemetry {

@@ -126,7 +126,7 @@ TEST(JobEpochStatsTest, JsonIsOneLineWithNullForMissingFigures) {
 
 TEST(NodeTelemetryTest, PrometheusTextIsWellFormedAndCountsPasses) {
   NodeTelemetry t;
-  t.set_info(NodeInfo{2, 4, 2, "tcp", "host\"x"});
+  t.set_info(NodeInfo{2, 4, 2, "tcp", "host\"x", 500, 3});
   t.trainer_connected();
   t.add_record(record(2, 4, 0, 100, 0, 1, 250'000));
   t.add_record(record(2, 5, 0, 80, 0, 1, 750'000));
@@ -148,6 +148,8 @@ TEST(NodeTelemetryTest, PrometheusTextIsWellFormedAndCountsPasses) {
     values[line.substr(0, line.rfind(' '))] = std::strtod(line.substr(line.rfind(' ') + 1).c_str(), nullptr);
   }
   EXPECT_EQ(values["shardmix_samples_total{node=\"2\",tier=\"local\"}"], 25 + 20);
+  EXPECT_EQ(values["shardmix_dataset_samples{node=\"2\"}"], 500);
+  EXPECT_EQ(values["shardmix_dataset_invalid_samples{node=\"2\"}"], 3);
   EXPECT_EQ(values["shardmix_samples_total{node=\"2\",tier=\"peer\"}"], 75 + 60);
   EXPECT_EQ(values["shardmix_bytes_total{node=\"2\"}"], 180'000);
   EXPECT_EQ(values["shardmix_trainer_stall_seconds_total{node=\"2\"}"], 1.0);
