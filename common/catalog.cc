@@ -21,13 +21,15 @@
 
 #include <fmt/format.h>
 
+#include "common/shard_formats.h"
+
 namespace shardmix {
 namespace {
 
 // ---------------------------------------------------------------- byte layouts
 
-constexpr char kCatalogMagic[8] = {'S', 'M', 'X', 'C', 'A', 'T', 0, 1};  // version 1
-constexpr char kScanMagic[8] = {'S', 'M', 'X', 'S', 'C', 'N', 0, 1};     // version 1
+constexpr char kCatalogMagic[8] = {'S', 'M', 'X', 'C', 'A', 'T', 0, 2};  // version 2: shard locations
+constexpr char kScanMagic[8] = {'S', 'M', 'X', 'S', 'C', 'N', 0, 2};     // version 2: shard locations
 
 class Writer {
  public:
@@ -355,6 +357,108 @@ Result<ScanResult> scan_filelist(const DatasetConfig& dataset, int rank, int nra
   return out;
 }
 
+bool has_shard_extension(DatasetFormat format, std::string_view name) {
+  if (format == DatasetFormat::kWebDataset) return name.ends_with(".tar");
+  return name.ends_with(".tfrecord") || name.ends_with(".tfrecords");
+}
+
+std::string_view shard_extensions(DatasetFormat format) {
+  return format == DatasetFormat::kWebDataset ? "*.tar" : "*.tfrecord or *.tfrecords";
+}
+
+// Shard formats: every rank lists the shards (one directory listing, cheap) and scans
+// shards i with i % nranks == rank. Damage is a problem (skip and count) unless strict.
+Result<ScanResult> scan_shards(const DatasetConfig& dataset, int rank, int nranks) {
+  const std::string& root = dataset.path;
+  const std::string_view format = dataset_format_name(dataset.format);
+  std::vector<std::string> names;  // relative to the shard directory
+  struct stat st;
+  if (::stat(root.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err == ENOENT) return make_error(StatusCode::kNotFound, "dataset.path '{}' does not exist", root);
+    return errno_status(err, "cannot stat dataset.path", root);
+  }
+  ScanResult out;
+  if (dataset_is_single_shard(dataset)) {
+    if (!S_ISREG(st.st_mode)) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "dataset.path '{}' ends in {} but is not a regular file (dataset.format = \"{}\" takes one "
+                        "shard or a directory of {})",
+                        root, shard_extensions(dataset.format), format, shard_extensions(dataset.format));
+    }
+    const std::size_t slash = root.rfind('/');
+    names.push_back(slash == std::string::npos ? root : root.substr(slash + 1));
+  } else {
+    if (!S_ISDIR(st.st_mode)) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "dataset.path '{}' is neither a directory nor a file named {} (dataset.format = \"{}\")", root,
+                        shard_extensions(dataset.format), format);
+    }
+    SHARDMIX_ASSIGN_OR_RETURN(std::vector<DirEntry> listing, list_dir(root));
+    for (const DirEntry& entry : listing) {
+      if (entry.name.starts_with('.')) {
+        if (rank == 0) ++out.skipped_hidden;
+        continue;
+      }
+      struct stat target = entry.st;
+      if (entry.is_link && ::stat(join_path(root, entry.name).c_str(), &target) != 0) target.st_mode = 0;
+      if (!S_ISREG(target.st_mode) || !has_shard_extension(dataset.format, entry.name)) {
+        if (rank == 0) ++out.skipped_root_files;  // other files and subdirectories: not shards
+        continue;
+      }
+      names.push_back(entry.name);
+    }
+    std::sort(names.begin(), names.end());
+  }
+  SHARDMIX_ASSIGN_OR_RETURN(ScanResult scanned, scan_shard_list(dataset, names, rank, nranks));
+  scanned.skipped_hidden += out.skipped_hidden;
+  scanned.skipped_root_files += out.skipped_root_files;
+  return scanned;
+}
+
+}  // namespace
+
+Result<ScanResult> scan_shard_list(const DatasetConfig& dataset, const std::vector<std::string>& names, int rank,
+                                   int nranks) {
+  SHARDMIX_RETURN_IF_ERROR(check_rank(rank, nranks));
+  ScanResult out;
+  std::vector<std::string> sample_exts;
+  if (dataset.format == DatasetFormat::kWebDataset) {
+    SHARDMIX_ASSIGN_OR_RETURN(sample_exts, parse_extension_list(dataset.sample_ext, "dataset.sample_ext"));
+  }
+  for (std::size_t i = static_cast<std::size_t>(rank); i < names.size(); i += static_cast<std::size_t>(nranks)) {
+    const std::string file = sample_file_path(dataset, names[i]);
+    auto source = FileSource::open(file);
+    if (!source.ok()) {
+      // Listed a moment ago, gone (or unreadable) now.
+      if (dataset.strict) return source.status().with_context("dataset.strict = true");
+      out.problems.push_back(fmt::format("{} (shard skipped)", source.status().message()));
+      ++out.invalid_shards;
+      continue;
+    }
+    Result<ShardScan> scan = dataset.format == DatasetFormat::kWebDataset
+                                 ? scan_webdataset_shard(**source, WebDatasetOptions{sample_exts, dataset.label_ext,
+                                                                                     dataset.max_sample_bytes})
+                                 : scan_tfrecord_shard(**source, TfRecordOptions{dataset.label_feature,
+                                                                                 dataset.max_sample_bytes});
+    if (!scan.ok()) return scan.status();
+    if (!scan->problems.empty() && dataset.strict) {
+      return make_error(StatusCode::kCorrupt, "{} (dataset.strict = true)", scan->problems.front());
+    }
+    const auto shard_index = static_cast<std::uint32_t>(out.shards.size());
+    out.shards.push_back(names[i]);
+    for (const ShardSample& sample : scan->samples) {
+      out.entries.push_back(CatalogEntry{"", sample.size, sample.label, shard_index, sample.offset});
+    }
+    out.invalid_samples += scan->invalid_samples;
+    if (scan->rest_skipped) ++out.invalid_shards;
+    std::move(scan->problems.begin(), scan->problems.end(), std::back_inserter(out.problems));
+  }
+  return out;
+}
+
+namespace {
+
 bool entry_less(const CatalogEntry& a, const CatalogEntry& b) {
   if (a.label != b.label) return a.label < b.label;
   return a.path < b.path;  // bytewise
@@ -403,9 +507,93 @@ Result<Catalog> Catalog::from_entries(std::vector<CatalogEntry> entries, std::ve
   return c;
 }
 
+Result<Catalog> Catalog::from_shard_entries(std::vector<std::string> shards, std::vector<CatalogEntry> entries,
+                                            std::vector<std::string> class_names) {
+  if (entries.size() > std::numeric_limits<SampleId>::max()) {
+    return make_error(StatusCode::kResourceExhausted, "{} samples do not fit 32-bit sample ids", entries.size());
+  }
+  if (shards.size() > std::numeric_limits<std::uint32_t>::max()) {
+    return make_error(StatusCode::kResourceExhausted, "{} shards do not fit 32-bit shard indices", shards.size());
+  }
+  std::vector<bool> used(shards.size(), false);
+  for (const CatalogEntry& e : entries) {
+    if (e.shard >= shards.size()) {
+      return make_error(StatusCode::kInvalidArgument, "sample at offset {} names shard {} of {}", e.offset, e.shard,
+                        shards.size());
+    }
+    if (e.label < 0) {
+      return make_error(StatusCode::kInvalidArgument, "sample '{}@{}' has negative label {}", shards[e.shard], e.offset,
+                        e.label);
+    }
+    if (e.offset + e.size < e.offset) {
+      return make_error(StatusCode::kInvalidArgument, "sample '{}@{}' of {} bytes ends beyond 2^64", shards[e.shard],
+                        e.offset, e.size);
+    }
+    used[e.shard] = true;
+  }
+  // Canonical shard list: the used shards in bytewise order; remap the entries to it.
+  std::vector<std::uint32_t> order;
+  for (std::uint32_t i = 0; i < shards.size(); ++i) {
+    if (used[i]) order.push_back(i);
+  }
+  std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) { return shards[a] < shards[b]; });
+  std::vector<std::uint32_t> remap(shards.size(), 0);
+  for (std::uint32_t i = 0; i < order.size(); ++i) {
+    if (i > 0 && shards[order[i]] == shards[order[i - 1]]) {
+      return make_error(StatusCode::kInvalidArgument, "duplicate shard '{}' in the dataset", shards[order[i]]);
+    }
+    remap[order[i]] = i;
+  }
+  for (CatalogEntry& e : entries) e.shard = remap[e.shard];
+  std::sort(entries.begin(), entries.end(), [](const CatalogEntry& a, const CatalogEntry& b) {
+    if (a.label != b.label) return a.label < b.label;
+    if (a.shard != b.shard) return a.shard < b.shard;
+    return a.offset < b.offset;
+  });
+  {
+    std::vector<std::pair<std::uint32_t, std::uint64_t>> places;
+    places.reserve(entries.size());
+    for (const CatalogEntry& e : entries) places.emplace_back(e.shard, e.offset);
+    std::sort(places.begin(), places.end());
+    const auto dup = std::adjacent_find(places.begin(), places.end());
+    if (dup != places.end()) {
+      return make_error(StatusCode::kInvalidArgument, "two samples at offset {} of shard '{}'", dup->second,
+                        shards[order[dup->first]]);
+    }
+  }
+  Catalog c;
+  c.sharded_ = true;
+  c.path_offsets_.reserve(order.size() + 1);
+  c.path_offsets_.push_back(0);
+  for (std::uint32_t index : order) {
+    c.paths_ += shards[index];
+    c.path_offsets_.push_back(c.paths_.size());
+  }
+  c.sizes_.reserve(entries.size());
+  c.labels_.reserve(entries.size());
+  c.shards_.reserve(entries.size());
+  c.offsets_.reserve(entries.size());
+  for (const CatalogEntry& e : entries) {
+    c.sizes_.push_back(e.size);
+    c.labels_.push_back(e.label);
+    c.shards_.push_back(e.shard);
+    c.offsets_.push_back(e.offset);
+    c.total_bytes_ += e.size;
+    c.max_sample_bytes_ = std::max(c.max_sample_bytes_, e.size);
+  }
+  c.class_names_ = std::move(class_names);
+  return c;
+}
+
+std::string Catalog::location(SampleId id) const {
+  if (!sharded_) return std::string(path(id));
+  return fmt::format("{}@{}", path(id), offsets_[id]);
+}
+
 std::size_t Catalog::memory_bytes() const {
   std::size_t bytes = sizeof(*this) + paths_.capacity() + path_offsets_.capacity() * sizeof(std::uint64_t) +
                       sizes_.capacity() * sizeof(std::uint64_t) + labels_.capacity() * sizeof(std::int32_t) +
+                      shards_.capacity() * sizeof(std::uint32_t) + offsets_.capacity() * sizeof(std::uint64_t) +
                       class_names_.capacity() * sizeof(std::string);
   for (const std::string& name : class_names_) {
     if (name.capacity() > 15) bytes += name.capacity() + 1;  // heap buffer beyond the small-string buffer
@@ -413,59 +601,90 @@ std::size_t Catalog::memory_bytes() const {
   return bytes;
 }
 
-// Layout (little-endian): magic[8] "SMXCAT\0\1", u64 samples, u64 classes,
-// classes x (u32 len, bytes), u64 path_bytes, path bytes, samples x u32 path length,
-// samples x u64 size, samples x i32 label. Samples are in id order: sorted by (label, path).
+// Layout (little-endian): magic[8] "SMXCAT\0\2", u32 kind (0 = whole files, 1 = shards),
+// u64 samples, u64 classes, classes x (u32 len, bytes), u64 invalid samples, u64 invalid
+// shards, u64 files, u64 path_bytes, path bytes, files x u32 path length, samples x u64 size,
+// samples x i32 label, and for shards: samples x u32 shard index, samples x u64 offset.
+// Whole files: files == samples, samples sorted by (label, path). Shards: shard paths
+// strictly increasing, every shard used, samples sorted by (label, shard, offset).
 std::vector<std::uint8_t> Catalog::serialize() const {
   Writer w;
-  w.reserve(40 + paths_.size() + size() * 16);
+  w.reserve(64 + paths_.size() + file_count() * 4 + size() * (sharded_ ? 24 : 12));
   w.bytes(kCatalogMagic, 8);
+  w.u32(sharded_ ? 1 : 0);
   w.u64(size());
   w.u64(class_names_.size());
   for (const std::string& name : class_names_) w.str(name);
+  w.u64(invalid_samples_);
+  w.u64(invalid_shards_);
+  w.u64(file_count());
   w.u64(paths_.size());
   w.bytes(paths_.data(), paths_.size());
-  for (std::size_t i = 0; i < size(); ++i) w.u32(static_cast<std::uint32_t>(path_offsets_[i + 1] - path_offsets_[i]));
+  for (std::size_t i = 0; i < file_count(); ++i) {
+    w.u32(static_cast<std::uint32_t>(path_offsets_[i + 1] - path_offsets_[i]));
+  }
   for (std::uint64_t s : sizes_) w.u64(s);
   for (std::int32_t l : labels_) w.i32(l);
+  if (sharded_) {
+    for (std::uint32_t shard : shards_) w.u32(shard);
+    for (std::uint64_t offset : offsets_) w.u64(offset);
+  }
   return w.take();
 }
 
 Result<Catalog> Catalog::deserialize(std::span<const std::uint8_t> bytes) {
   Reader r(bytes, "catalog");
   SHARDMIX_RETURN_IF_ERROR(r.expect_magic(kCatalogMagic));
+  SHARDMIX_ASSIGN_OR_RETURN(std::uint32_t kind, r.u32("kind"));
+  if (kind > 1) return r.corrupt(8, fmt::format("kind {} is neither 0 (whole files) nor 1 (shards)", kind));
+  const bool sharded = kind == 1;
   SHARDMIX_ASSIGN_OR_RETURN(std::uint64_t n, r.u64("sample count"));
   SHARDMIX_ASSIGN_OR_RETURN(std::uint64_t n_classes, r.u64("class count"));
   if (n > std::numeric_limits<SampleId>::max()) {
-    return r.corrupt(8, fmt::format("sample count {} exceeds 32-bit sample ids", n));
+    return r.corrupt(12, fmt::format("sample count {} exceeds 32-bit sample ids", n));
   }
   SHARDMIX_RETURN_IF_ERROR(r.check_count(n_classes, 4, "class count"));
   Catalog c;
+  c.sharded_ = sharded;
   c.class_names_.reserve(n_classes);
   for (std::uint64_t i = 0; i < n_classes; ++i) {
     SHARDMIX_ASSIGN_OR_RETURN(std::string_view name, r.str("class name"));
     c.class_names_.emplace_back(name);
   }
+  SHARDMIX_ASSIGN_OR_RETURN(c.invalid_samples_, r.u64("invalid sample count"));
+  SHARDMIX_ASSIGN_OR_RETURN(c.invalid_shards_, r.u64("invalid shard count"));
+  const std::size_t files_at = r.offset();
+  SHARDMIX_ASSIGN_OR_RETURN(std::uint64_t n_files, r.u64("file count"));
+  if (!sharded && n_files != n) {
+    return r.corrupt(files_at, fmt::format("{} files for {} whole-file samples", n_files, n));
+  }
+  if (n_files > std::numeric_limits<std::uint32_t>::max()) {
+    return r.corrupt(files_at, fmt::format("file count {} exceeds 32-bit shard indices", n_files));
+  }
   SHARDMIX_ASSIGN_OR_RETURN(std::uint64_t path_bytes, r.u64("path byte count"));
-  SHARDMIX_RETURN_IF_ERROR(r.need(path_bytes, "paths"));
   SHARDMIX_ASSIGN_OR_RETURN(std::string_view paths, r.bytes(path_bytes, "paths"));
-  SHARDMIX_RETURN_IF_ERROR(r.check_count(n, 16, "sample count"));
-  if (r.remaining() > n * 16) {
-    return r.corrupt(r.offset(), fmt::format("{} samples need {} bytes of lengths, sizes and labels; {} trailing "
-                                             "bytes follow",
-                                             n, n * 16, r.remaining() - n * 16));
+  SHARDMIX_RETURN_IF_ERROR(r.check_count(n_files, 4, "file count"));
+  SHARDMIX_RETURN_IF_ERROR(r.check_count(n, sharded ? 24 : 12, "sample count"));
+  const std::uint64_t expected = n_files * 4 + n * (sharded ? 24 : 12);
+  if (r.remaining() != expected) {
+    return r.corrupt(r.offset(), fmt::format("{} files and {} samples need {} more bytes, {} remain{}", n_files, n,
+                                             expected, r.remaining(),
+                                             r.remaining() > expected ? " (unexpected trailing bytes)" : ""));
   }
   c.paths_.assign(paths);
-  c.path_offsets_.reserve(n + 1);
+  c.path_offsets_.reserve(n_files + 1);
   c.path_offsets_.push_back(0);
-  for (std::uint64_t i = 0; i < n; ++i) {
+  for (std::uint64_t i = 0; i < n_files; ++i) {
     const std::size_t at = r.offset();
     SHARDMIX_ASSIGN_OR_RETURN(std::uint32_t len, r.u32("path length"));
     const std::uint64_t end = c.path_offsets_.back() + len;
     if (end > path_bytes) {
-      return r.corrupt(at, fmt::format("path of sample {} ends at {}, beyond the {} path bytes", i, end, path_bytes));
+      return r.corrupt(at, fmt::format("path of file {} ends at {}, beyond the {} path bytes", i, end, path_bytes));
     }
     c.path_offsets_.push_back(end);
+    if (sharded && i > 0 && c.file_path(i) <= c.file_path(i - 1)) {
+      return r.corrupt(at, fmt::format("shard {} is not in strictly increasing path order", i));
+    }
   }
   if (c.path_offsets_.back() != path_bytes) {
     return r.corrupt(r.offset(), fmt::format("path lengths sum to {}, not the {} path bytes",
@@ -479,24 +698,60 @@ Result<Catalog> Catalog::deserialize(std::span<const std::uint8_t> bytes) {
     c.total_bytes_ += size;
     c.max_sample_bytes_ = std::max(c.max_sample_bytes_, size);
   }
+  const std::size_t labels_at = r.offset();
   c.labels_.reserve(n);
-  std::unordered_set<std::string_view> seen;
-  seen.reserve(n);
   for (std::uint64_t i = 0; i < n; ++i) {
     const std::size_t at = r.offset();
     SHARDMIX_ASSIGN_OR_RETURN(std::uint32_t raw, r.u32("label"));
     const auto label = static_cast<std::int32_t>(raw);
     if (label < 0) return r.corrupt(at, fmt::format("sample {} has negative label {}", i, label));
+    if (i > 0 && label < c.labels_.back()) return r.corrupt(at, fmt::format("sample {} is not in label order", i));
     c.labels_.push_back(label);
-    const std::string_view path = c.path(static_cast<SampleId>(i));
-    if (i > 0) {
-      const std::string_view prev = c.path(static_cast<SampleId>(i - 1));
-      const std::int32_t prev_label = c.labels_[i - 1];
-      if (label < prev_label || (label == prev_label && path <= prev)) {
+  }
+  if (!sharded) {
+    std::unordered_set<std::string_view> seen;
+    seen.reserve(n);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const std::size_t at = labels_at + 4 * i;
+      const std::string_view path = c.path(static_cast<SampleId>(i));
+      if (i > 0 && c.labels_[i] == c.labels_[i - 1] && path <= c.path(static_cast<SampleId>(i - 1))) {
         return r.corrupt(at, fmt::format("sample {} is not in (label, path) order", i));
       }
+      if (!seen.insert(path).second) return r.corrupt(at, fmt::format("duplicate path of sample {}", i));
     }
-    if (!seen.insert(path).second) return r.corrupt(at, fmt::format("duplicate path of sample {}", i));
+  } else {
+    std::vector<bool> used(n_files, false);
+    c.shards_.reserve(n);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const std::size_t at = r.offset();
+      SHARDMIX_ASSIGN_OR_RETURN(std::uint32_t shard, r.u32("shard index"));
+      if (shard >= n_files) return r.corrupt(at, fmt::format("sample {} names shard {} of {}", i, shard, n_files));
+      used[shard] = true;
+      c.shards_.push_back(shard);
+    }
+    if (std::find(used.begin(), used.end(), false) != used.end()) {
+      return r.corrupt(r.offset(), "a shard without samples (the canonical catalog lists only used shards)");
+    }
+    c.offsets_.reserve(n);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const std::size_t at = r.offset();
+      SHARDMIX_ASSIGN_OR_RETURN(std::uint64_t offset, r.u64("sample offset"));
+      if (offset + c.sizes_[i] < offset) return r.corrupt(at, fmt::format("sample {} ends beyond 2^64", i));
+      if (i > 0 && c.labels_[i] == c.labels_[i - 1] &&
+          (c.shards_[i] < c.shards_[i - 1] || (c.shards_[i] == c.shards_[i - 1] && offset <= c.offsets_.back()))) {
+        return r.corrupt(at, fmt::format("sample {} is not in (label, shard, offset) order", i));
+      }
+      c.offsets_.push_back(offset);
+    }
+    // (label, shard, offset) strictly increasing means no two samples share a place within a
+    // label; across labels they must not either.
+    std::vector<std::pair<std::uint32_t, std::uint64_t>> places;
+    places.reserve(n);
+    for (std::uint64_t i = 0; i < n; ++i) places.emplace_back(c.shards_[i], c.offsets_[i]);
+    std::sort(places.begin(), places.end());
+    if (std::adjacent_find(places.begin(), places.end()) != places.end()) {
+      return r.corrupt(r.offset(), "two samples at the same place of one shard");
+    }
   }
   SHARDMIX_RETURN_IF_ERROR(r.expect_end());
   return c;
@@ -510,15 +765,22 @@ Result<ScanResult> scan_partition(const DatasetConfig& dataset, int rank, int nr
   switch (dataset.format) {
     case DatasetFormat::kFolder: return scan_folder(dataset, rank, nranks);
     case DatasetFormat::kFileList: return scan_filelist(dataset, rank, nranks);
+    case DatasetFormat::kWebDataset:
+    case DatasetFormat::kTfRecord: return scan_shards(dataset, rank, nranks);
   }
   return make_error(StatusCode::kInternal, "unknown dataset.format");
 }
 
 Result<Catalog> merge_scans(const DatasetConfig& dataset, std::vector<ScanResult> parts) {
+  const bool sharded = dataset.format == DatasetFormat::kWebDataset || dataset.format == DatasetFormat::kTfRecord;
   std::vector<std::string> class_names;
   std::size_t total = 0;
+  std::uint64_t invalid_samples = 0, invalid_shards = 0;
   for (std::size_t rank = 0; rank < parts.size(); ++rank) {
     total += parts[rank].entries.size();
+    invalid_samples += parts[rank].invalid_samples;
+    invalid_shards += parts[rank].invalid_shards;
+    if (sharded) continue;  // labels come from inside the shards: classes are computed below
     if (rank == 0) {
       class_names = parts[0].class_names;
     } else if (parts[rank].class_names != class_names) {
@@ -529,23 +791,52 @@ Result<Catalog> merge_scans(const DatasetConfig& dataset, std::vector<ScanResult
     }
   }
   if (total == 0) {
-    return make_error(StatusCode::kNotFound, "dataset.path '{}' holds no samples (dataset.format = \"{}\")",
-                      dataset.path, dataset.format == DatasetFormat::kFolder ? "folder" : "filelist");
+    return make_error(StatusCode::kNotFound, "dataset.path '{}' holds no {}samples (dataset.format = \"{}\"){}",
+                      dataset.path, invalid_samples + invalid_shards > 0 ? "valid " : "",
+                      dataset_format_name(dataset.format),
+                      invalid_samples + invalid_shards > 0
+                          ? fmt::format("; {} invalid samples and {} damaged shards were skipped (see the warnings)",
+                                        invalid_samples, invalid_shards)
+                          : std::string());
   }
   std::vector<CatalogEntry> entries;
   entries.reserve(total);
-  for (ScanResult& part : parts) {
-    std::move(part.entries.begin(), part.entries.end(), std::back_inserter(entries));
-    part.entries = {};
+  Result<Catalog> built = Status::ok_status();
+  if (!sharded) {
+    for (ScanResult& part : parts) {
+      std::move(part.entries.begin(), part.entries.end(), std::back_inserter(entries));
+      part.entries = {};
+    }
+    built = Catalog::from_entries(std::move(entries), std::move(class_names));
+  } else {
+    std::vector<std::string> shards;
+    std::set<std::int32_t> labels;
+    for (ScanResult& part : parts) {
+      const auto base = static_cast<std::uint32_t>(shards.size());
+      for (CatalogEntry& e : part.entries) {
+        if (e.shard >= part.shards.size()) {
+          return make_error(StatusCode::kInternal, "a scan names shard {} of {}", e.shard, part.shards.size());
+        }
+        e.shard += base;
+        labels.insert(e.label);
+        entries.push_back(std::move(e));
+      }
+      std::move(part.shards.begin(), part.shards.end(), std::back_inserter(shards));
+      part.entries = {};
+    }
+    for (std::int32_t label : labels) class_names.push_back(std::to_string(label));
+    built = Catalog::from_shard_entries(std::move(shards), std::move(entries), std::move(class_names));
   }
-  SHARDMIX_ASSIGN_OR_RETURN(Catalog catalog, Catalog::from_entries(std::move(entries), std::move(class_names)));
+  if (!built.ok()) return built.status();
+  Catalog catalog = std::move(*built);
+  catalog.set_invalid_counts(invalid_samples, invalid_shards);
   if (catalog.max_sample_bytes() > dataset.max_sample_bytes) {
     for (SampleId id = 0; id < catalog.size(); ++id) {
       if (catalog.sample_bytes(id) > dataset.max_sample_bytes) {
         return make_error(StatusCode::kInvalidArgument,
                           "sample '{}' is {} bytes, larger than dataset.max_sample_bytes = {} (raise the key or "
                           "remove the file)",
-                          sample_file_path(dataset, catalog.path(id)), catalog.sample_bytes(id),
+                          sample_file_path(dataset, catalog.location(id)), catalog.sample_bytes(id),
                           dataset.max_sample_bytes);
       }
     }
@@ -553,26 +844,35 @@ Result<Catalog> merge_scans(const DatasetConfig& dataset, std::vector<ScanResult
   return catalog;
 }
 
-// Layout (little-endian): magic[8] "SMXSCN\0\1", u64 x4 skip counters (root files, hidden,
-// symlinked dirs, special), u64 classes, classes x (u32 len, bytes), u64 entries,
-// entries x (u32 len, path bytes, u64 size, i32 label).
+// Layout (little-endian): magic[8] "SMXSCN\0\2", u64 x4 skip counters (root files, hidden,
+// symlinked dirs, special), u64 invalid samples, u64 invalid shards, u64 classes,
+// classes x (u32 len, bytes), u64 shards, shards x (u32 len, bytes), u64 entries,
+// entries x (u32 len, path bytes, u64 size, i32 label, u32 shard, u64 offset).
+// Problems are not carried: each rank logs its own.
 std::vector<std::uint8_t> serialize_scan(const ScanResult& scan) {
   Writer w;
-  std::size_t bytes = 64;
-  for (const CatalogEntry& e : scan.entries) bytes += 16 + e.path.size();
+  std::size_t bytes = 96;
+  for (const CatalogEntry& e : scan.entries) bytes += 28 + e.path.size();
+  for (const std::string& shard : scan.shards) bytes += 4 + shard.size();
   w.reserve(bytes);
   w.bytes(kScanMagic, 8);
   w.u64(scan.skipped_root_files);
   w.u64(scan.skipped_hidden);
   w.u64(scan.skipped_symlinked_dirs);
   w.u64(scan.skipped_special);
+  w.u64(scan.invalid_samples);
+  w.u64(scan.invalid_shards);
   w.u64(scan.class_names.size());
   for (const std::string& name : scan.class_names) w.str(name);
+  w.u64(scan.shards.size());
+  for (const std::string& shard : scan.shards) w.str(shard);
   w.u64(scan.entries.size());
   for (const CatalogEntry& e : scan.entries) {
     w.str(e.path);
     w.u64(e.size);
     w.i32(e.label);
+    w.u32(e.shard);
+    w.u64(e.offset);
   }
   return w.take();
 }
@@ -585,6 +885,8 @@ Result<ScanResult> deserialize_scan(std::span<const std::uint8_t> bytes) {
   SHARDMIX_ASSIGN_OR_RETURN(scan.skipped_hidden, r.u64("skipped hidden"));
   SHARDMIX_ASSIGN_OR_RETURN(scan.skipped_symlinked_dirs, r.u64("skipped symlinked dirs"));
   SHARDMIX_ASSIGN_OR_RETURN(scan.skipped_special, r.u64("skipped special"));
+  SHARDMIX_ASSIGN_OR_RETURN(scan.invalid_samples, r.u64("invalid samples"));
+  SHARDMIX_ASSIGN_OR_RETURN(scan.invalid_shards, r.u64("invalid shards"));
   SHARDMIX_ASSIGN_OR_RETURN(std::uint64_t n_classes, r.u64("class count"));
   SHARDMIX_RETURN_IF_ERROR(r.check_count(n_classes, 4, "class count"));
   scan.class_names.reserve(n_classes);
@@ -592,8 +894,15 @@ Result<ScanResult> deserialize_scan(std::span<const std::uint8_t> bytes) {
     SHARDMIX_ASSIGN_OR_RETURN(std::string_view name, r.str("class name"));
     scan.class_names.emplace_back(name);
   }
+  SHARDMIX_ASSIGN_OR_RETURN(std::uint64_t n_shards, r.u64("shard count"));
+  SHARDMIX_RETURN_IF_ERROR(r.check_count(n_shards, 4, "shard count"));
+  scan.shards.reserve(n_shards);
+  for (std::uint64_t i = 0; i < n_shards; ++i) {
+    SHARDMIX_ASSIGN_OR_RETURN(std::string_view shard, r.str("shard path"));
+    scan.shards.emplace_back(shard);
+  }
   SHARDMIX_ASSIGN_OR_RETURN(std::uint64_t n, r.u64("entry count"));
-  SHARDMIX_RETURN_IF_ERROR(r.check_count(n, 16, "entry count"));
+  SHARDMIX_RETURN_IF_ERROR(r.check_count(n, 28, "entry count"));
   scan.entries.reserve(n);
   for (std::uint64_t i = 0; i < n; ++i) {
     CatalogEntry e;
@@ -604,10 +913,26 @@ Result<ScanResult> deserialize_scan(std::span<const std::uint8_t> bytes) {
     SHARDMIX_ASSIGN_OR_RETURN(std::uint32_t raw, r.u32("entry label"));
     e.label = static_cast<std::int32_t>(raw);
     if (e.label < 0) return r.corrupt(at, fmt::format("entry {} has negative label {}", i, e.label));
+    const std::size_t shard_at = r.offset();
+    SHARDMIX_ASSIGN_OR_RETURN(e.shard, r.u32("entry shard"));
+    SHARDMIX_ASSIGN_OR_RETURN(e.offset, r.u64("entry offset"));
+    // Whole-file entries have a path and no place in a shard; shard entries the reverse.
+    if (n_shards == 0 ? (e.shard != 0 || e.offset != 0) : (!e.path.empty() || e.shard >= n_shards)) {
+      return r.corrupt(shard_at, fmt::format("entry {} names shard {} at offset {} (scan has {} shards{})", i, e.shard,
+                                             e.offset, n_shards, e.path.empty() ? "" : " and the entry a path"));
+    }
     scan.entries.push_back(std::move(e));
   }
   SHARDMIX_RETURN_IF_ERROR(r.expect_end());
   return scan;
+}
+
+bool dataset_is_single_shard(const DatasetConfig& dataset) {
+  switch (dataset.format) {
+    case DatasetFormat::kWebDataset:
+    case DatasetFormat::kTfRecord: return has_shard_extension(dataset.format, dataset.path);
+    default: return false;
+  }
 }
 
 std::string sample_file_path(const DatasetConfig& dataset, std::string_view relative_path) {
@@ -615,6 +940,7 @@ std::string sample_file_path(const DatasetConfig& dataset, std::string_view rela
     if (relative_path.starts_with('/')) return std::string(relative_path);
     return join_path(list_dir_of(dataset.path), relative_path);
   }
+  if (dataset_is_single_shard(dataset)) return join_path(list_dir_of(dataset.path), relative_path);
   return join_path(dataset.path, relative_path);
 }
 

@@ -1,7 +1,12 @@
 // The catalog: every sample of the dataset with its storage location, size and label.
 // Built by scanning (work split across daemons), merged in a canonical order so that
 // sample ids do not depend on the number of daemons, and serialised for the allgather.
-// Per-sample overhead: path bytes + 8 (path offset) + 8 (size) + 4 (label).
+// Two kinds of location:
+//  - whole-file formats (folder, filelist): a sample is one file; per-sample overhead is
+//    path bytes + 8 (path offset) + 8 (size) + 4 (label);
+//  - shard formats (webdataset, tfrecord): a sample is `size` bytes at `offset` in one of
+//    a list of shard files, each path stored once; per-sample overhead is 8 (size) +
+//    4 (label) + 4 (shard index) + 8 (offset) = 24 bytes, plus each shard's path once.
 // Thread-safety: immutable after construction; safe to share between threads.
 #pragma once
 
@@ -20,29 +25,56 @@ using SampleId = std::uint32_t;
 
 // One scanned sample, before ids are assigned.
 struct CatalogEntry {
-  std::string path;      // relative to the dataset root (folder) or as written (filelist)
+  std::string path;      // whole-file formats: relative to the dataset root (folder) or as written (filelist);
+                         // shard formats: empty (the shard is `shard`)
   std::uint64_t size = 0;
   std::int32_t label = 0;
+  std::uint32_t shard = 0;   // shard formats: index into the shard list it comes with
+  std::uint64_t offset = 0;  // shard formats: byte offset of the sample's first byte in its shard
 };
 
 class Catalog {
  public:
   Catalog() = default;
 
-  // Sorts entries by (label, path) bytewise and assigns ids 0..n-1 in that order.
+  // Whole-file formats: sorts entries by (label, path) bytewise and assigns ids 0..n-1 in that order.
   static Result<Catalog> from_entries(std::vector<CatalogEntry> entries,
                                       std::vector<std::string> class_names);
+  // Shard formats: entries name their shard by index into `shards` (paths relative to the
+  // dataset root). Shards are sorted bytewise and those without samples dropped; ids follow
+  // (label, shard path, offset). Two samples at the same place are an error.
+  static Result<Catalog> from_shard_entries(std::vector<std::string> shards, std::vector<CatalogEntry> entries,
+                                            std::vector<std::string> class_names);
 
   std::size_t size() const { return sizes_.size(); }
   bool empty() const { return sizes_.empty(); }
-  std::string_view path(SampleId id) const {
-    return std::string_view(paths_).substr(path_offsets_[id], path_offsets_[id + 1] - path_offsets_[id]);
+  // True for shard formats: samples live at offsets inside shard files.
+  bool sharded() const { return sharded_; }
+  // Files the catalog names: one per sample (whole-file formats) or the shards (sorted).
+  std::size_t file_count() const { return path_offsets_.empty() ? 0 : path_offsets_.size() - 1; }
+  std::string_view file_path(std::size_t index) const {
+    return std::string_view(paths_).substr(path_offsets_[index], path_offsets_[index + 1] - path_offsets_[index]);
   }
+  // The file holding sample `id`'s bytes, relative to the dataset (sample_file_path resolves it).
+  std::string_view path(SampleId id) const { return file_path(sharded_ ? shards_[id] : id); }
+  // Byte offset of the sample in that file (0 for whole-file formats).
+  std::uint64_t offset(SampleId id) const { return sharded_ ? offsets_[id] : 0; }
+  std::uint32_t shard(SampleId id) const { return sharded_ ? shards_[id] : 0; }
+  // How traces and messages name a sample: the path (whole-file formats) or
+  // "<shard path>@<offset>" (shard formats; see docs/decisions/0018).
+  std::string location(SampleId id) const;
   std::uint64_t sample_bytes(SampleId id) const { return sizes_[id]; }
   std::int32_t label(SampleId id) const { return labels_[id]; }
   const std::vector<std::uint64_t>& sizes() const { return sizes_; }
   const std::vector<std::int32_t>& labels() const { return labels_; }
   const std::vector<std::string>& class_names() const { return class_names_; }
+  // What the scan found damaged and left out (shard formats; see ScanResult).
+  std::uint64_t invalid_samples() const { return invalid_samples_; }
+  std::uint64_t invalid_shards() const { return invalid_shards_; }
+  void set_invalid_counts(std::uint64_t samples, std::uint64_t shards) {
+    invalid_samples_ = samples;
+    invalid_shards_ = shards;
+  }
   // C for the label-entropy figures: the number of distinct labels (an empty class folder
   // is not a class anyone can receive; the planner's entropy-aware mode counts the same
   // way). O(n log n); call once.
@@ -56,8 +88,13 @@ class Catalog {
   static Result<Catalog> deserialize(std::span<const std::uint8_t> bytes);
 
  private:
-  std::string paths_;                       // all paths back to back
-  std::vector<std::uint64_t> path_offsets_; // size()+1 entries
+  std::string paths_;                       // all file paths back to back (samples' or shards')
+  std::vector<std::uint64_t> path_offsets_; // file_count()+1 entries
+  bool sharded_ = false;
+  std::vector<std::uint32_t> shards_;       // shard formats: per sample, index of its shard
+  std::vector<std::uint64_t> offsets_;      // shard formats: per sample, offset in its shard
+  std::uint64_t invalid_samples_ = 0;
+  std::uint64_t invalid_shards_ = 0;
   std::vector<std::uint64_t> sizes_;
   std::vector<std::int32_t> labels_;
   std::vector<std::string> class_names_;
@@ -75,8 +112,22 @@ struct ScanResult {
   std::uint64_t skipped_hidden = 0;          // names starting with '.' (files and directories)
   std::uint64_t skipped_symlinked_dirs = 0;  // symlinks to directories are not followed
   std::uint64_t skipped_special = 0;         // fifos, sockets, devices
+  // Shard formats: the shards this rank scanned (paths relative to the dataset root; entries
+  // refer to them by index), and what it found damaged. Damage is skipped and counted unless
+  // dataset.strict, in which case scan_partition fails with the first problem instead.
+  std::vector<std::string> shards;
+  std::uint64_t invalid_samples = 0;  // samples left out (a lost rest of a shard counts as one)
+  std::uint64_t invalid_shards = 0;   // shards that could not be read to their end (or at all)
+  // One message per problem, naming the file and byte offset; for this rank's log only
+  // (not serialised: each rank logs its own).
+  std::vector<std::string> problems;
 };
 Result<ScanResult> scan_partition(const DatasetConfig& dataset, int rank, int nranks);
+// Shard formats, after listing: scans shards i % nranks == rank of `names` (sorted, relative
+// to the shard directory). A listed shard that cannot be opened any more is a problem
+// (skipped and counted) or, with dataset.strict, the error.
+Result<ScanResult> scan_shard_list(const DatasetConfig& dataset, const std::vector<std::string>& names, int rank,
+                                   int nranks);
 
 // Merges the per-rank scans (already allgathered) into the catalog, checking
 // dataset.max_sample_bytes. An empty dataset is an error naming dataset.path.
@@ -86,7 +137,12 @@ Result<Catalog> merge_scans(const DatasetConfig& dataset, std::vector<ScanResult
 std::vector<std::uint8_t> serialize_scan(const ScanResult& scan);
 Result<ScanResult> deserialize_scan(std::span<const std::uint8_t> bytes);
 
-// Absolute path of a sample on storage.
+// Absolute path of a catalog file (a sample's file, or a shard) on storage. For shard
+// formats dataset.path is one shard when it ends in the format's extension (.tar;
+// .tfrecord, .tfrecords), else the directory holding the shards.
 std::string sample_file_path(const DatasetConfig& dataset, std::string_view relative_path);
+
+// True when dataset.path names a single shard file (shard formats), by its extension.
+bool dataset_is_single_shard(const DatasetConfig& dataset);
 
 }  // namespace shardmix

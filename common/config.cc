@@ -23,6 +23,8 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include "common/shard_formats.h"
+
 extern char** environ;
 
 namespace shardmix {
@@ -84,15 +86,21 @@ Result<Capacity> parse_capacity(std::string_view text);
 // clang-format off
 const KeySpec kKeys[] = {
   {"dataset.path", KeyType::kString, "",
-   "The dataset: the root folder (format = \"folder\") or the list file (format = \"filelist\").",
+   "The dataset: the root folder (format = \"folder\"), the list file (\"filelist\"), or a directory of shards or one shard file (\"webdataset\": *.tar; \"tfrecord\": *.tfrecord, *.tfrecords).",
    "None; required. Put it on a parallel file system every node can read.",
    "", 0, 0, 0, 0, true, SHARDMIX_STR_KEY(dataset.path)},
   {"dataset.format", KeyType::kEnum, "folder",
-   "How the dataset is laid out: \"folder\" = one subfolder per class (ImageNet style; label = index of the class folder in bytewise order); \"filelist\" = a text file of \"path label\" lines.",
-   "\"folder\" needs no preparation but scanning lists every directory (split across daemons); \"filelist\" avoids directory listings on slow metadata servers but must be kept in sync by hand.",
-   "folder|filelist", 0, 0, 0, 0, false,
-   [](Config& c, const Value& v) { c.dataset.format = as_str(v) == "filelist" ? DatasetFormat::kFileList : DatasetFormat::kFolder; },
-   [](const Config& c) -> Value { return std::string(c.dataset.format == DatasetFormat::kFileList ? "filelist" : "folder"); }},
+   "How the dataset is laid out: \"folder\" = one subfolder per class (ImageNet style; label = index of the class folder in bytewise order); \"filelist\" = a text file of \"path label\" lines; \"webdataset\" = tar shards, members grouped into samples by key (dataset.sample_ext, dataset.label_ext); \"tfrecord\" = TFRecord files, one sample per record (CRCs verified; dataset.label_feature).",
+   "\"folder\" needs no preparation but scanning lists every directory (split across daemons); \"filelist\" avoids directory listings on slow metadata servers but must be kept in sync by hand; the shard formats need a conversion step but turn millions of small files into few large ones (cheap metadata, sequential scans split by shard).",
+   "folder|filelist|webdataset|tfrecord", 0, 0, 0, 0, false,
+   [](Config& c, const Value& v) {
+     const std::string& f = as_str(v);
+     c.dataset.format = f == "filelist" ? DatasetFormat::kFileList
+                        : f == "webdataset" ? DatasetFormat::kWebDataset
+                        : f == "tfrecord"   ? DatasetFormat::kTfRecord
+                                            : DatasetFormat::kFolder;
+   },
+   [](const Config& c) -> Value { return std::string(dataset_format_name(c.dataset.format)); }},
   {"dataset.placement", KeyType::kEnum, "balanced",
    "Which node caches which sample: \"balanced\" = largest samples first, each to the node with the fewest bytes (ties in a seeded order), so nodes hold nearly equal bytes and a mix of classes; \"sorted\" = contiguous runs of sample ids, i.e. class-sorted shards.",
    "\"balanced\" equalises cache memory per node and keeps each node's share class-mixed (good micro-batch entropy even at low exchange_fraction); \"sorted\" is the worst case for local shuffles, kept for studies and comparisons.",
@@ -103,6 +111,24 @@ const KeySpec kKeys[] = {
    "Largest sample accepted; a bigger file makes the scan fail with its name and size. Integer bytes or a size such as \"64MiB\".",
    "Higher admits huge outliers, which need equally large staging slots and skew the byte balance; lower catches stray files (videos, archives) in an image dataset early.",
    "", 1, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_U64_KEY(dataset.max_sample_bytes)},
+  {"dataset.sample_ext", KeyType::kString, "jpg,jpeg,png,webp,bin",
+   "format = \"webdataset\": the extensions (after the first dot of a member's basename) of the member whose bytes are the sample, comma-separated, by preference: a sample uses the first one it has. A sample with none of them is skipped and counted.",
+   "List only what the trainer decodes: a key whose data member is missing becomes a counted skip rather than wrong bytes; order matters when a sample has several (e.g. both .jpg and .png).",
+   "", 0, 0, 0, 0, true, SHARDMIX_STR_KEY(dataset.sample_ext)},
+  {"dataset.label_ext", KeyType::kString, "cls",
+   "format = \"webdataset\": extension of the member holding the sample's label as an ASCII integer (0..2^31-1, whitespace allowed). A sample without it, or with a non-integer, is skipped and counted. \"\" = no label member: every label is 0.",
+   "Labels drive the label-entropy figures and the entropy-aware mode; \"\" suits unlabelled data (pre-training), where every micro-batch then has entropy 0.",
+   "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(dataset.label_ext)},
+  {"dataset.label_feature", KeyType::kString, "",
+   "format = \"tfrecord\": name of the int64_list feature of each record's tf.train.Example holding the label (exactly one value in 0..2^31-1); a record that is not an Example or lacks it is skipped and counted. \"\" = records are opaque bytes and every label is 0.",
+   "Parsing the Example costs a pass over each record's bytes at scan time (not at serving time); leave it empty for records that are not tf.train.Example.",
+   "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(dataset.label_feature)},
+  {"dataset.strict", KeyType::kBool, "false",
+   "Bad shard input (a truncated tar, a bad TFRecord CRC, a record length beyond the end of its file, a sample without its data or label member, a shard that disappears during the scan): false = log a warning naming the file and byte offset, skip the sample (or the rest of the shard) and count it (start-up log, per-epoch statistics); true = start-up fails with that error.",
+   "false keeps a long job running on a dataset with a few damaged shards, training on the valid samples only (reported); true guarantees the job sees every sample of the dataset or does not start.",
+   "", 0, 0, 0, 0, false,
+   [](Config& c, const Value& v) { c.dataset.strict = std::get<bool>(v); },
+   [](const Config& c) -> Value { return c.dataset.strict; }},
 
   {"batch.size", KeyType::kUint, "32",
    "Samples per trainer micro-batch.",
@@ -901,6 +927,9 @@ Status validate(const Config& config, const Origins& origins) {
       default: break;
     }
   }
+  if (auto exts = parse_extension_list(config.dataset.sample_ext, "dataset.sample_ext"); !exts.ok()) {
+    return exts.status();
+  }
   if (config.inject.slow_peer_rank < -1) {
     return make_error(StatusCode::kInvalidArgument, "config key 'inject.slow_peer_rank' must be -1 (none) or a rank, got {}",
                       config.inject.slow_peer_rank);
@@ -909,6 +938,16 @@ Status validate(const Config& config, const Origins& origins) {
 }
 
 }  // namespace
+
+std::string_view dataset_format_name(DatasetFormat format) {
+  switch (format) {
+    case DatasetFormat::kFolder: return "folder";
+    case DatasetFormat::kFileList: return "filelist";
+    case DatasetFormat::kWebDataset: return "webdataset";
+    case DatasetFormat::kTfRecord: return "tfrecord";
+  }
+  return "folder";
+}
 
 Result<std::uint64_t> parse_size(std::string_view text, std::string_view key) {
   auto size = size_or_reason(text);

@@ -18,14 +18,18 @@
 
 namespace shardmix {
 
-enum class DatasetFormat { kFolder, kFileList };
+enum class DatasetFormat { kFolder, kFileList, kWebDataset, kTfRecord };
 enum class PlacementPolicy { kBalanced, kSorted };
 
 struct DatasetConfig {
-  std::string path;                              // dataset.path (folder root, or the list file)
-  DatasetFormat format = DatasetFormat::kFolder; // dataset.format = "folder" | "filelist"
+  std::string path;                              // dataset.path (folder root, list file, shard dir or shard)
+  DatasetFormat format = DatasetFormat::kFolder; // dataset.format = "folder" | "filelist" | "webdataset" | "tfrecord"
   PlacementPolicy placement = PlacementPolicy::kBalanced;  // dataset.placement
   std::uint64_t max_sample_bytes = 64ull << 20;  // dataset.max_sample_bytes
+  std::string sample_ext = "jpg,jpeg,png,webp,bin";  // dataset.sample_ext: webdataset data member, by preference
+  std::string label_ext = "cls";                 // dataset.label_ext: webdataset label member ("" = label 0)
+  std::string label_feature;                     // dataset.label_feature: tfrecord int64 feature ("" = label 0)
+  bool strict = false;                           // dataset.strict: bad shard input fails start-up
 
   bool operator==(const DatasetConfig&) const = default;
 };
@@ -131,6 +135,9 @@ Result<std::uint64_t> parse_size(std::string_view text, std::string_view key);
 // Parses "250ms", "1.5s", "100us", "2min", "1h" (a unit is required; "0" alone is allowed)
 // into microseconds, rounded down. Error names `key`.
 Result<std::chrono::microseconds> parse_duration(std::string_view text, std::string_view key);
+
+// "folder", "filelist", "webdataset", "tfrecord".
+std::string_view dataset_format_name(DatasetFormat format);
 
 // SHARDMIX_* environment variables that are not config keys; load_config ignores them
 // (every other SHARDMIX_* name must be a key's env name). SHARDMIX_LOG_LEVEL is also the

@@ -14,6 +14,8 @@
 #   SHARDMIX_DEMO_TRAINERS_PER_NODE  trainer ranks per node (default 1)
 #   SHARDMIX_DEMO_PROVIDER   fabric provider override, e.g. shm (default: the config's, tcp)
 #   SHARDMIX_DEMO_EPOCHS     epochs to run (default 2)
+#   SHARDMIX_DEMO_FORMAT     folder (default), webdataset (tar shards) or tfrecord: the same
+#                            samples packed into shards of 256 (docs/decisions/0018)
 #   SHARDMIX_DEMO_SKIP_DEPS=1  skip step 1 (no root needed then)
 #   SHARDMIX_DEMO_VERBOSE=1  show the configure and build output instead of logging it
 #   SHARDMIX_BUILD_DIR       build dir (default <repo>/build)
@@ -36,6 +38,11 @@ data_seed=20240611
 nodes=4
 per_node=${SHARDMIX_DEMO_TRAINERS_PER_NODE:-1}
 epochs=${SHARDMIX_DEMO_EPOCHS:-2}
+format=${SHARDMIX_DEMO_FORMAT:-folder}
+case $format in
+  folder | webdataset | tfrecord) ;;
+  *) sm_die "SHARDMIX_DEMO_FORMAT must be folder, webdataset or tfrecord, got '$format'" ;;
+esac
 batch=32
 config=$SM_REPO/deploy/configs/demo.toml
 build_dir=$(sm_build_dir)
@@ -99,14 +106,14 @@ echo "built in $((SECONDS - t0)) s: $(sm_find_exe shardmixd), $consume, $gen"
 
 # ---------------------------------------------------------------- 3. dataset
 sm_section "3/5 dataset ($data)"
-stamp="samples=$samples classes=$classes median_kib=$median_kib seed=$data_seed"
+stamp="samples=$samples classes=$classes median_kib=$median_kib seed=$data_seed format=$format"
 if [[ -d $data && -f $demo_dir/data.stamp && $(<"$demo_dir/data.stamp") == "$stamp" ]]; then
   echo "reusing $samples samples ($(du -sh -- "$data" | cut -f1)); delete $demo_dir/data.stamp to regenerate"
 else
   rm -rf -- "$data" "$data.partial" "$demo_dir/data.stamp"
   t0=$SECONDS
   "$gen" --out "$data.partial" --samples "$samples" --classes "$classes" \
-    --median-kib "$median_kib" --seed "$data_seed" --quiet
+    --median-kib "$median_kib" --seed "$data_seed" --quiet --format "$format" --samples-per-shard 256
   mv -- "$data.partial" "$data"
   printf '%s\n' "$stamp" >"$demo_dir/data.stamp"
   echo "generated $samples samples in $classes classes ($(du -sh -- "$data" | cut -f1)) in $((SECONDS - t0)) s"
@@ -117,7 +124,12 @@ fi
 stats=$logs/stats.jsonl
 rm -f -- "$stats"
 sets=(--set "dataset.path=$data" --set "batch.size=$batch" --set "batch.drop_last=false"
-      --set "telemetry.stats_file=$stats")
+      --set "telemetry.stats_file=$stats" --set "dataset.format=$format")
+check_format=(--format "$format")
+if [[ $format == tfrecord ]]; then
+  sets+=(--set "dataset.label_feature=label")  # shardmix-gen's Examples carry it
+  check_format+=(--label-feature label)
+fi
 provider_note="provider from $(basename -- "$config")"
 if [[ -n ${SHARDMIX_DEMO_PROVIDER:-} ]]; then
   sets+=(--set "fabric.provider=$SHARDMIX_DEMO_PROVIDER")
@@ -183,5 +195,5 @@ fi
 sm_section "5/5 verify: exactly once, bytes checked against the files"
 "$python" "$SM_REPO/tests/e2e/check_traces.py" "$trace" --dataset "$data" --epochs "$epochs" \
   --trainers "$trainers" --trainers-per-node "$per_node" --batch-size "$batch" \
-  --json "$logs/verdict.json"
+  --json "$logs/verdict.json" "${check_format[@]}"
 echo "traces: $trace   verdict: $logs/verdict.json"

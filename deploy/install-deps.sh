@@ -14,6 +14,7 @@ packages=(
   libspdlog-dev libfmt-dev            # logging facade
   libcli11-dev                        # command lines
   libxxhash-dev                       # XXH64 of sample bytes (traces, verification)
+  libisal-dev                         # CRC32C (hardware-accelerated) of TFRecord shards
   libgtest-dev libgmock-dev           # unit tests
   clang-14 libclang-rt-14-dev llvm-14 # asan/fuzz test stages: libFuzzer and sanitizer runtimes, llvm-symbolizer
   librapidcheck-dev                   # property tests (shrinking counterexamples)

@@ -238,10 +238,10 @@ std::string replace_all(std::string text, std::string_view from, std::string_vie
 class TelemetryPump {
  public:
   TelemetryPump(const Config& config, MpiSession& mpi, NodeTelemetry& telemetry, std::uint32_t trainers,
-                std::uint64_t dataset_samples, const std::string& job)
+                std::uint64_t dataset_samples, std::uint64_t invalid_samples, const std::string& job)
       : mpi_(mpi),
         telemetry_(telemetry),
-        aggregator_(static_cast<std::uint32_t>(mpi.size()), trainers, dataset_samples),
+        aggregator_(static_cast<std::uint32_t>(mpi.size()), trainers, dataset_samples, invalid_samples),
         interval_(std::chrono::duration_cast<std::chrono::milliseconds>(config.telemetry.interval)),
         log_(log::get("telemetry")) {
     const std::string rank = std::to_string(mpi.rank());
@@ -439,6 +439,16 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   auto scan = scan_partition(config.dataset, rank, nodes);
   s = agree(mpi, scan.status(), "scanning the dataset");
   if (!s.ok()) return fail(s);
+  {
+    // Damaged shard input this rank skipped (dataset.strict = false): each rank names its
+    // own files and offsets; a long list is cut, the count is complete.
+    constexpr std::size_t kMaxLogged = 20;
+    const auto& problems = scan->problems;
+    for (std::size_t i = 0; i < problems.size() && i < kMaxLogged; ++i) log->warn("dataset: {}", problems[i]);
+    if (problems.size() > kMaxLogged) {
+      log->warn("dataset: {} more problems in this rank's shards not shown", problems.size() - kMaxLogged);
+    }
+  }
   auto gathered = mpi.allgather(serialize_scan(*scan));
   if (!gathered.ok()) return fail(gathered.status());
   std::vector<ScanResult> parts;
@@ -451,8 +461,15 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   if (!merged.ok()) return fail(merged.status());
   const Catalog catalog = std::move(*merged);
   if (rank == 0) {
-    log->info("catalog: {} samples, {} classes, {:.1f} MB", catalog.size(), catalog.class_names().size(),
-              catalog.total_bytes() / 1e6);
+    log->info("catalog: {} samples, {} classes, {:.1f} MB{}", catalog.size(), catalog.class_names().size(),
+              catalog.total_bytes() / 1e6,
+              catalog.sharded() ? fmt::format(" in {} shards", catalog.file_count()) : std::string());
+    if (catalog.invalid_samples() + catalog.invalid_shards() > 0) {
+      log->warn("dataset: skipped {} invalid samples; {} shards could not be read to their end (the scanning "
+                "ranks' warnings name each file and byte offset; every epoch delivers the {} valid samples; "
+                "dataset.strict = true makes this a start-up error)",
+                catalog.invalid_samples(), catalog.invalid_shards(), catalog.size());
+    }
   }
 
   // 2. Plan shape and placement: pure functions, identical on every rank.
@@ -551,7 +568,8 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   fabric.start_progress();
   if (rank == 0) log->info("fabric: provider {}, domain {}", fabric.provider_name(), fabric.domain_name());
   telemetry.set_info(NodeInfo{static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(nodes),
-                              config.service.trainers_per_node, fabric.provider_name(), my_host});
+                              config.service.trainers_per_node, fabric.provider_name(), my_host, catalog.size(),
+                              catalog.invalid_samples()});
 
   // 5. Load owned samples into the arena.
   LoadReporter load_reporter(mpi, telemetry, placement);
@@ -671,7 +689,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
 
   telemetry.set_serving(true);
   TelemetryPump pump(config, mpi, telemetry, static_cast<std::uint32_t>(nodes) * config.service.trainers_per_node,
-                     catalog.size(), job_id(to_string((*pids)[0])));
+                     catalog.size(), catalog.invalid_samples(), job_id(to_string((*pids)[0])));
   // The main thread is idle while serving: it carries the telemetry (MPI stays on it).
   while (!stop.wait_for(std::chrono::milliseconds(100))) pump.pump();
 

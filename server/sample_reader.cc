@@ -2,10 +2,13 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+
+#include "common/shard_formats.h"
 
 namespace shardmix {
 
@@ -43,8 +46,88 @@ Status read_whole_file(const std::string& path, std::uint64_t length, std::uint8
   return status;
 }
 
+namespace {
+
+// One preadv of [head][sample][tail] at `offset - head.size()`; head and tail are the
+// format's framing around the sample, checked by the caller. Errors name file and offset.
+Status read_framed(const std::string& path, std::uint64_t offset, std::uint64_t size, std::span<std::uint8_t> head,
+                   std::uint8_t* out, std::span<std::uint8_t> tail) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return make_error(errno == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError,
+                      "{}: cannot open the shard to read the sample at offset {}: {} (it was present when the "
+                      "dataset was scanned)",
+                      path, offset, std::strerror(errno));
+  }
+  const std::uint64_t start = offset - head.size();
+  const std::uint64_t total = head.size() + size + tail.size();
+  std::uint64_t done = 0;
+  Status status;
+  while (done < total) {
+    // Rebuild the iovecs past what has been read (a short read may stop anywhere).
+    iovec iov[3];
+    int n_iov = 0;
+    std::uint64_t skip = done;
+    auto add = [&](std::uint8_t* base, std::uint64_t len) {
+      if (skip >= len) {
+        skip -= len;
+        return;
+      }
+      iov[n_iov++] = iovec{base + skip, static_cast<std::size_t>(len - skip)};
+      skip = 0;
+    };
+    add(head.data(), head.size());
+    add(out, size);
+    add(tail.data(), tail.size());
+    const ssize_t n = ::preadv(fd, iov, n_iov, static_cast<off_t>(start + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      status = make_error(StatusCode::kIoError, "{}: read failed at offset {} (sample at offset {}): {}", path,
+                          start + done, offset, std::strerror(errno));
+      break;
+    }
+    if (n == 0) {
+      status = make_error(StatusCode::kCorrupt,
+                          "{}: the shard ends at offset {}, inside the sample at offset {} ({} bytes): it changed since "
+                          "the scan",
+                          path, start + done, offset, size);
+      break;
+    }
+    done += static_cast<std::uint64_t>(n);
+  }
+  ::close(fd);
+  return status;
+}
+
+}  // namespace
+
 Status read_sample(const Catalog& catalog, const DatasetConfig& dataset, SampleId id, std::uint8_t* out) {
-  return read_whole_file(sample_file_path(dataset, catalog.path(id)), catalog.sample_bytes(id), out);
+  const std::string path = sample_file_path(dataset, catalog.path(id));
+  const std::uint64_t size = catalog.sample_bytes(id);
+  if (!catalog.sharded()) return read_whole_file(path, size, out);
+  const std::uint64_t offset = catalog.offset(id);
+  if (dataset.format == DatasetFormat::kTfRecord) {
+    // Re-check the record's CRCs: cheap next to the read, and a record rewritten since the
+    // scan must not be served as if it were the sample.
+    std::uint8_t head[kTfRecordHeaderBytes];
+    std::uint8_t tail[kTfRecordFooterBytes];
+    if (offset < sizeof head) {
+      return make_error(StatusCode::kCorrupt, "{}: sample offset {} leaves no room for a TFRecord header", path, offset);
+    }
+    SHARDMIX_RETURN_IF_ERROR(read_framed(path, offset, size, head, out, tail));
+    return check_tfrecord_record(head, std::span<const std::uint8_t>(out, size), tail, path, offset);
+  }
+  if (dataset.format == DatasetFormat::kWebDataset) {
+    std::uint8_t head[kTarHeaderBytes];
+    if (offset < sizeof head) {
+      return make_error(StatusCode::kCorrupt, "{}: sample offset {} leaves no room for a tar header", path, offset);
+    }
+    SHARDMIX_RETURN_IF_ERROR(read_framed(path, offset, size, head, out, {}));
+    return check_tar_header_before(head, size, path, offset);
+  }
+  return make_error(StatusCode::kInvalidArgument,
+                    "the catalog holds shard samples but dataset.format = \"{}\" (sample {} at {})",
+                    dataset_format_name(dataset.format), id, catalog.location(id));
 }
 
 }  // namespace shardmix

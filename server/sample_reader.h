@@ -2,8 +2,11 @@
 // maps to bytes on the (shared) file system. Used by the start-up loader (cache arena)
 // and by the cold-sample storage readers (samples cached nowhere, read into staging).
 // Formats whose samples live inside shard files (tar, TFRecord) read by offset here,
-// never by scanning a shard at read time.
-// Errors name the file and the byte offset.
+// never by scanning a shard at read time: one preadv of the sample and its framing (the
+// tar member header before it; the TFRecord length header and data CRC, re-verified), so a
+// shard changed since the scan is an error, not other bytes.
+// Errors name the file and the byte offset. The shard is opened on every call (no
+// descriptor cache).
 // Thread-safety: stateless; safe to call from any number of threads.
 #pragma once
 

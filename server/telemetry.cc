@@ -113,6 +113,7 @@ std::string JobEpochStats::to_json() const {
   field("affinity", json_number(affinity));
   field("errors_total", u(errors_total));
   field("skipped_samples", skipped_samples ? u(*skipped_samples) : "null");
+  field("invalid_samples", u(invalid_samples));
   return s + "}";
 }
 
@@ -121,12 +122,13 @@ std::string JobEpochStats::summary() const {
   return fmt::format(
       "epoch {}{}: {} samples, {:.3f} GB in {:.2f} s = {:.0f} samples/s, {:.3f} GB/s; stall {:.2f} s summed over "
       "{} trainers ({:.1f}% of their time, worst {:.2f} s); local {:.3f} peer {:.3f} storage {:.3f}; Q {:.2f}; "
-      "label entropy mean {:.3f} p5(min) {:.3f}; affinity {:.3f}; errors {}; skipped {}",
+      "label entropy mean {:.3f} p5(min) {:.3f}; affinity {:.3f}; errors {}; skipped {}{}",
       epoch, complete ? "" : fmt::format(" (incomplete: {} of {} trainers)", trainers_reporting, trainers), samples,
       bytes / 1e9, seconds, samples_per_second, gb_per_second, stall_seconds, trainers_reporting,
       100 * stall_fraction, stall_seconds_max, local_samples / n, peer_samples / n, storage_samples / n,
       exchange_fraction, label_entropy_mean, label_entropy_p5_min, affinity, errors_total,
-      skipped_samples ? std::to_string(*skipped_samples) : std::string("?"));
+      skipped_samples ? std::to_string(*skipped_samples) : std::string("?"),
+      invalid_samples > 0 ? fmt::format(" (of which {} invalid in the dataset)", invalid_samples) : std::string());
 }
 
 // ---------------------------------------------------------------- JobAggregator
@@ -190,7 +192,8 @@ JobEpochStats JobAggregator::merge(std::uint64_t epoch,
   j.label_entropy_mean = j.batches_scored > 0 ? entropy_weighted / static_cast<double>(j.batches_scored) : kNaN;
   j.affinity = affinity_samples > 0 ? affinity_weighted / static_cast<double>(affinity_samples) : kNaN;
   for (const auto& [node, errors] : node_errors_) j.errors_total += errors;
-  if (j.complete && dataset_samples_ >= j.samples) j.skipped_samples = dataset_samples_ - j.samples;
+  j.invalid_samples = invalid_samples_;
+  if (j.complete && dataset_samples_ >= j.samples) j.skipped_samples = dataset_samples_ - j.samples + invalid_samples_;
   return j;
 }
 
@@ -293,6 +296,11 @@ std::string NodeTelemetry::prometheus_text() const {
                        info_.trainers_per_node, prom_label(info_.provider), prom_label(info_.host)));
   w.metric("shardmix_serving", "gauge", "1 while the daemon serves trainers, 0 while loading or after shutdown.",
            serving_ ? 1 : 0);
+  w.metric("shardmix_dataset_samples", "gauge", "Valid samples in the dataset's catalog (delivered every epoch).",
+           static_cast<double>(info_.dataset_samples));
+  w.metric("shardmix_dataset_invalid_samples", "gauge",
+           "Samples the scan left out as damaged (shard formats; see the daemon log for files and offsets).",
+           static_cast<double>(info_.invalid_samples));
   w.metric("shardmix_load_samples", "gauge", "Samples loaded into this node's cache so far.",
            static_cast<double>(load_samples_));
   w.metric("shardmix_load_samples_target", "gauge", "Samples this node caches.",

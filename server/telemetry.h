@@ -61,7 +61,10 @@ struct JobEpochStats {
   double label_entropy_p5_min = 0;  // the lowest per-trainer 5th percentile (NaN: none)
   double affinity = 0;            // sample-weighted mean of the trainers' affinity (NaN: first epoch)
   std::uint64_t errors_total = 0; // error frames sent to trainers so far, all nodes
-  std::optional<std::uint64_t> skipped_samples;  // dataset samples not delivered (complete epochs)
+  // Dataset samples not delivered (complete epochs): the leftovers of batch.drop_last plus
+  // the invalid samples the scan left out of the catalog (damaged shard input).
+  std::optional<std::uint64_t> skipped_samples;
+  std::uint64_t invalid_samples = 0;  // of which left out by the scan (the same every epoch)
 
   // One JSON object on one line (no trailing newline); NaN becomes null.
   std::string to_json() const;
@@ -71,8 +74,10 @@ struct JobEpochStats {
 
 class JobAggregator {
  public:
-  JobAggregator(std::uint32_t nodes, std::uint32_t trainers, std::uint64_t dataset_samples)
-      : nodes_(nodes), trainers_(trainers), dataset_samples_(dataset_samples) {}
+  // dataset_samples: the catalog's (valid) samples; invalid_samples: what the scan left out.
+  JobAggregator(std::uint32_t nodes, std::uint32_t trainers, std::uint64_t dataset_samples,
+                std::uint64_t invalid_samples = 0)
+      : nodes_(nodes), trainers_(trainers), dataset_samples_(dataset_samples), invalid_samples_(invalid_samples) {}
 
   // A trainer's record (the latest one wins if a trainer ran an epoch twice before it completed).
   void add(const TrainerEpochRecord& record);
@@ -87,6 +92,7 @@ class JobAggregator {
   std::uint32_t nodes_;
   std::uint32_t trainers_;
   std::uint64_t dataset_samples_;
+  std::uint64_t invalid_samples_;
   std::map<std::uint64_t, std::map<std::uint32_t, TrainerEpochRecord>> pending_;  // epoch -> rank -> record
   std::map<std::uint32_t, std::uint64_t> node_errors_;  // latest cumulative error count per node
 };
@@ -98,6 +104,8 @@ struct NodeInfo {
   std::uint32_t trainers_per_node = 0;
   std::string provider;
   std::string host;
+  std::uint64_t dataset_samples = 0;   // valid samples in the catalog (the same on every node)
+  std::uint64_t invalid_samples = 0;   // left out by the scan: damaged shard input
 };
 
 class NodeTelemetry {

@@ -2,7 +2,8 @@
 // prints per-epoch samples/s, GB/s and stall time (waiting for batches), and with
 // --trace writes DIR/rank-<R>.csv:
 //   epoch,rank,batch,position,sample_id,path,label,bytes,xxh64,tier,owner
-// (path relative to dataset.path, CSV-quoted when needed; xxh64 seed 0, 16 hex digits).
+// (path relative to dataset.path, or "<shard>@<offset>" for a sample inside a tar or
+// TFRecord shard; CSV-quoted when needed; xxh64 seed 0, 16 hex digits).
 // Run it as the trainer ranks, e.g. under deploy/launch.sh.
 #include <chrono>
 #include <cstdio>
@@ -117,7 +118,7 @@ int main(int argc, char** argv) {
           bytes += view.size();
           if (trace != nullptr) {
             rows += fmt::format("{},{},{},{},{},{},{},{},{:016x},{},{}\n", e, rank, batch.index(), position, s.id(),
-                                csv_field(catalog->path(s.id())), s.label(), view.size(), h,
+                                csv_field(catalog->location(s.id())), s.label(), view.size(), h,
                                 shardmix::proto::tier_name(s.tier()), s.owner());
           }
           ++position;

@@ -1,8 +1,16 @@
-// shardmix-gen: writes a deterministic ImageNet-like folder dataset for tests and benchmarks.
+// shardmix-gen: writes a deterministic ImageNet-like dataset for tests and benchmarks.
 //
 //   shardmix-gen --out DIR --samples N --classes C --median-kib K --seed S [--sigma 0.5]
+//                [--format folder|webdataset|tfrecord] [--samples-per-shard 256]
 //
-// Layout: DIR/class_00000/sample_00000000.bin ...; sample i belongs to class i % C.
+// Layout (folder): DIR/class_00000/sample_00000000.bin ...; sample i belongs to class i % C.
+// webdataset: DIR/shard_000000.tar ..., sample i in shard i / samples_per_shard as members
+//   sample_00000000.bin (the same bytes as the folder layout's file) and sample_00000000.cls
+//   (the class, ASCII); the folder and webdataset layouts of the same arguments hold the
+//   same (bytes, label) samples.
+// tfrecord: DIR/shard_000000.tfrecord ..., one record per sample: a tf.train.Example with
+//   int64_list feature "label" (the class) and bytes_list feature "image" (the folder
+//   layout's bytes); use dataset.label_feature = "label".
 // Sample sizes are log-normal: round(median * exp(sigma * Z)), Z ~ N(0, 1) by Box-Muller,
 // clamped to [--min-bytes, --max-bytes]. Contents are xoshiro256** bytes. Every sample
 // draws from its own stream Rng::for_stream(seed, {kGenStream, i}), so the tree does not
@@ -28,6 +36,7 @@
 #include <fmt/format.h>
 
 #include "common/rng.h"
+#include "common/shard_formats.h"
 #include "common/status.h"
 
 namespace shardmix {
@@ -50,6 +59,8 @@ struct Options {
   bool force = false;
   bool list = false;
   bool quiet = false;
+  std::string format = "folder";
+  std::uint64_t samples_per_shard = 256;
 };
 
 std::uint64_t sample_size(const Options& o, Rng& rng) {
@@ -102,6 +113,7 @@ Status check_output_dir(const Options& o) {
   }
   fs::create_directories(o.out, ec);
   if (ec) return make_error(StatusCode::kIoError, "cannot create --out '{}': {}", o.out, ec.message());
+  if (o.format != "folder") return Status::ok_status();
   for (std::uint32_t c = 0; c < o.classes && c < o.samples; ++c) {
     fs::create_directories(fs::path(o.out) / class_dir(c), ec);
     if (ec) return make_error(StatusCode::kIoError, "cannot create '{}/{}': {}", o.out, class_dir(c), ec.message());
@@ -125,28 +137,52 @@ int run(const Options& o) {
   Status first_error;
 
   const auto start = std::chrono::steady_clock::now();
+  const bool sharded = o.format != "folder";
+  const std::uint64_t per_shard = std::max<std::uint64_t>(1, o.samples_per_shard);
+  // Folder: a unit is a chunk of 16 samples; shard formats: a unit is one shard.
+  const std::uint64_t unit_samples = sharded ? per_shard : 16;
+  const auto fail = [&](const Status& s) {
+    std::lock_guard lock(error_mutex);
+    if (first_error.ok()) first_error = s;
+    failed = true;
+  };
   const auto worker = [&] {
     std::vector<std::uint8_t> buffer;
-    constexpr std::uint64_t kChunk = 16;  // samples claimed at a time
+    std::vector<std::uint8_t> shard;
     while (!failed.load(std::memory_order_relaxed)) {
-      const std::uint64_t first = next_sample.fetch_add(kChunk);
+      const std::uint64_t first = next_sample.fetch_add(unit_samples);
       if (first >= o.samples) break;
-      const std::uint64_t last = std::min<std::uint64_t>(first + kChunk, o.samples);
+      const std::uint64_t last = std::min<std::uint64_t>(first + unit_samples, o.samples);
+      shard.clear();
       for (std::uint64_t i = first; i < last; ++i) {
         Rng rng = Rng::for_stream(o.seed, {kGenStream, i});
         const std::uint64_t size = sample_size(o, rng);
         sizes[i] = size;
         if (buffer.size() < size) buffer.resize(size);
         rng.fill_bytes(std::span<std::uint8_t>(buffer.data(), size));
-        const std::string path = (fs::path(o.out) / sample_rel_path(o, i)).string();
-        if (Status s = write_file(path, buffer.data(), size); !s.ok()) {
-          std::lock_guard lock(error_mutex);
-          if (first_error.ok()) first_error = s;
-          failed = true;
-          return;
+        const std::span<const std::uint8_t> bytes(buffer.data(), size);
+        const auto label = static_cast<std::int64_t>(i % o.classes);
+        if (o.format == "webdataset") {
+          const std::string key = fmt::format("sample_{:08d}", i);
+          append_tar_member(shard, key + ".bin", bytes);
+          const std::string cls = std::to_string(label);
+          append_tar_member(shard, key + ".cls",
+                            std::span(reinterpret_cast<const std::uint8_t*>(cls.data()), cls.size()));
+        } else if (o.format == "tfrecord") {
+          append_tfrecord(shard, make_example("label", label, "image", bytes));
+        } else {
+          const std::string path = (fs::path(o.out) / sample_rel_path(o, i)).string();
+          if (Status s = write_file(path, buffer.data(), size); !s.ok()) return fail(s);
         }
         bytes_done.fetch_add(size, std::memory_order_relaxed);
         samples_done.fetch_add(1, std::memory_order_relaxed);
+      }
+      if (sharded) {
+        if (o.format == "webdataset") append_tar_end(shard);
+        const std::string path =
+            (fs::path(o.out) / fmt::format("shard_{:06d}.{}", first / per_shard, o.format == "webdataset" ? "tar" : "tfrecord"))
+                .string();
+        if (Status s = write_file(path, shard.data(), shard.size()); !s.ok()) return fail(s);
       }
     }
   };
@@ -208,7 +244,8 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   shardmix::Options o;
-  CLI::App app{"Writes a deterministic ImageNet-like folder dataset (DIR/class_00000/sample_00000000.bin)."};
+  CLI::App app{"Writes a deterministic ImageNet-like dataset: class folders (DIR/class_00000/sample_00000000.bin), "
+               "tar shards or TFRecord files."};
   app.add_option("--out", o.out, "Output directory (must be empty or absent unless --force)")->required();
   app.add_option("--samples", o.samples, "Number of samples")->check(CLI::PositiveNumber);
   app.add_option("--classes", o.classes, "Number of class folders; sample i goes to class i % C")
@@ -223,7 +260,17 @@ int main(int argc, char** argv) {
   app.add_flag("--force", o.force, "Write into a non-empty directory, overwriting files of the same names");
   app.add_flag("--list", o.list, "Also write DIR/filelist.txt ('path label' lines) for dataset.format = filelist");
   app.add_flag("-q,--quiet", o.quiet, "No progress lines");
+  app.add_option("--format", o.format,
+                 "folder (class folders), webdataset (tar shards: .bin + .cls members), tfrecord (tf.train.Example "
+                 "records: int64 'label', bytes 'image')")
+      ->check(CLI::IsMember({"folder", "webdataset", "tfrecord"}));
+  app.add_option("--samples-per-shard", o.samples_per_shard, "Samples per shard (webdataset, tfrecord)")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
+  if (o.list && o.format != "folder") {
+    fmt::print(stderr, "shardmix-gen: --list is for --format folder only\n");
+    return 2;
+  }
   if (o.max_bytes != 0 && o.max_bytes < o.min_bytes) {
     fmt::print(stderr, "shardmix-gen: --max-bytes {} is below --min-bytes {}\n", o.max_bytes, o.min_bytes);
     return 2;

@@ -12,6 +12,14 @@ itself with the folder-format rules:
   * names starting with '.' (files and directories) are skipped;
   * files directly in the root belong to no class and are not samples.
 
+Shard formats (--format webdataset | tfrecord) are walked independently too: tar
+shards with Python's tarfile, TFRecord files by hand (length, masked CRC32C of
+length and data, computed here in pure Python; the label from the tf.train.Example
+protobuf, parsed here). A shard sample's trace path is "<shard>@<offset>" (offset
+of the sample's first byte in the shard, shard relative to the dataset root);
+damaged samples (the documented skip rules, docs/operations.md) are not part of
+the exactly-once set and are reported as "invalid".
+
 It imports nothing from the project: it is the referee. XXH64 (seed 0) comes from
 the python3-xxhash module, else from libxxhash through ctypes, else from a pure
 Python implementation (slow; fine for the tiny datasets of the unit tests).
@@ -148,13 +156,14 @@ XXH64_BACKEND, xxh64_hex = _pick_xxh64()
 
 
 class FileInfo:
-    __slots__ = ("path", "abspath", "label", "size", "_xxh")
+    __slots__ = ("path", "abspath", "label", "size", "offset", "_xxh")
 
-    def __init__(self, path: str, abspath: str, label: int, size: int):
+    def __init__(self, path: str, abspath: str, label: int, size: int, offset: Optional[int] = None):
         self.path = path
         self.abspath = abspath
         self.label = label
         self.size = size
+        self.offset = offset  # shard formats: the sample is `size` bytes at `offset` of abspath
         self._xxh: Optional[str] = None
 
 
@@ -187,13 +196,247 @@ def scan_dataset(root: str) -> Tuple[List[str], Dict[str, FileInfo]]:
     return classes, files
 
 
+# ---- shard formats
+
+def _crc32c_table() -> List[int]:
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def crc32c(data: bytes) -> int:
+    """CRC32C (Castagnoli), bytewise table; independent of the daemon's ISA-L."""
+    c = 0xFFFFFFFF
+    t = _CRC32C
+    for b in data:
+        c = t[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+def masked_crc32c(data: bytes) -> int:
+    c = crc32c(data)
+    return ((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _varint(buf: bytes, i: int) -> Tuple[int, int]:
+    v = shift = 0
+    while True:
+        if i >= len(buf) or shift > 63:
+            raise ValueError("bad varint")
+        b = buf[i]
+        i += 1
+        v |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return v, i
+
+
+def _fields(buf: bytes):
+    """Yields (field number, wire type, value) of one protobuf message."""
+    i = 0
+    while i < len(buf):
+        tag, i = _varint(buf, i)
+        field, wire = tag >> 3, tag & 7
+        if wire == 0:
+            v, i = _varint(buf, i)
+        elif wire == 1:
+            v, i = buf[i:i + 8], i + 8
+        elif wire == 2:
+            n, i = _varint(buf, i)
+            if i + n > len(buf):
+                raise ValueError("length past the end")
+            v, i = buf[i:i + n], i + n
+        elif wire == 5:
+            v, i = buf[i:i + 4], i + 4
+        else:
+            raise ValueError("wire type %d" % wire)
+        if i > len(buf):
+            raise ValueError("field past the end")
+        yield field, wire, v
+
+
+def example_int64(record: bytes, name: str) -> int:
+    """The single int64 value of feature `name` of a tf.train.Example (ValueError if none)."""
+    found = None
+    for f, w, features in _fields(record):
+        if f != 1 or w != 2:
+            continue
+        for f2, w2, entry in _fields(features):
+            if f2 != 1 or w2 != 2:
+                continue
+            key, value = None, b""
+            for f3, w3, v in _fields(entry):
+                if f3 == 1 and w3 == 2:
+                    key = v
+                elif f3 == 2 and w3 == 2:
+                    value = v
+            if key == name.encode():
+                found = value
+    if found is None:
+        raise ValueError("no feature %r" % name)
+    lst = None
+    for f, w, v in _fields(found):
+        if f in (1, 2, 3) and w == 2:
+            lst = v if f == 3 else None
+    if lst is None:
+        raise ValueError("feature %r is not an int64_list" % name)
+    values = []
+    for f, w, v in _fields(lst):
+        if f == 1 and w == 2:
+            i = 0
+            while i < len(v):
+                x, i = _varint(v, i)
+                values.append(x)
+        elif f == 1 and w == 0:
+            values.append(v)
+    if len(values) != 1:
+        raise ValueError("%d values" % len(values))
+    x = values[0]
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _shard_files(root: str, suffixes: Tuple[str, ...]) -> List[Tuple[str, str]]:
+    """(relative name, absolute path) of the shards: root itself or the shards in it."""
+    if os.path.isfile(root):
+        return [(os.path.basename(root), root)]
+    out = []
+    for e in sorted(os.scandir(root), key=lambda e: _bytewise(e.name)):
+        if e.name.startswith(".") or not e.name.endswith(suffixes):
+            continue
+        if e.is_file(follow_symlinks=True):
+            out.append((e.name, e.path))
+    return out
+
+
+def _label_list(files: Dict[str, FileInfo]) -> List[str]:
+    top = max((i.label for i in files.values()), default=-1)
+    return [str(i) for i in range(top + 1)]
+
+
+def scan_webdataset(root: str, sample_exts: List[str], label_ext: str):
+    """Tar shards with tarfile: returns (classes, path -> FileInfo, invalid samples)."""
+    import tarfile
+
+    files: Dict[str, FileInfo] = {}
+    invalid = 0
+    for rel, full in _shard_files(root, (".tar",)):
+        size = os.path.getsize(full)
+        members = []
+        truncated = False
+        cut_key = None  # key of the member whose data is cut, when its header was readable
+        try:
+            with tarfile.open(full, "r:") as tf:
+                while True:
+                    m = tf.next()
+                    if m is None:
+                        break
+                    if m.offset_data + m.size > size:
+                        truncated = True
+                        base = m.name.rsplit("/", 1)
+                        cut_key = (base[0] + "/" if len(base) == 2 else "") + base[-1].partition(".")[0]
+                        break
+                    if m.isreg() and not m.name.endswith("/"):
+                        members.append(m)
+                if tf.offset > size:
+                    truncated = True
+        except tarfile.TarError:
+            truncated = True
+        if not truncated and size % 512 != 0:
+            truncated = True  # a partial header block at the end
+        groups = []
+        for m in members:
+            base = m.name.rsplit("/", 1)
+            stem = base[-1]
+            prefix = base[0] + "/" if len(base) == 2 else ""
+            key, _, ext = stem.partition(".")
+            key = prefix + key
+            if groups and groups[-1][0] == key:
+                groups[-1][1][ext] = m
+            else:
+                groups.append((key, {ext: m}))
+        if truncated:
+            # The last group may be incomplete (documented rule): lost when the cut member
+            # has its key, or when the cut is in a header (the member is unknown).
+            if groups and (cut_key is None or cut_key == groups[-1][0]):
+                groups = groups[:-1]
+            invalid += 1
+        with open(full, "rb") as f:
+            for key, by_ext in groups:
+                data = next((by_ext[x] for x in sample_exts if x in by_ext), None)
+                if data is None:
+                    invalid += 1
+                    continue
+                label = 0
+                if label_ext:
+                    lm = by_ext.get(label_ext)
+                    try:
+                        f.seek(lm.offset_data)
+                        label = int(f.read(lm.size).decode("ascii").strip())
+                        if not 0 <= label < 2 ** 31:
+                            raise ValueError(label)
+                    except (AttributeError, ValueError, UnicodeDecodeError):
+                        invalid += 1
+                        continue
+                path = "%s@%d" % (rel, data.offset_data)
+                files[path] = FileInfo(path, full, label, data.size, data.offset_data)
+    return _label_list(files), files, invalid
+
+
+def scan_tfrecord(root: str, label_feature: str):
+    """TFRecord files by hand: returns (classes, path -> FileInfo, invalid samples)."""
+    files: Dict[str, FileInfo] = {}
+    invalid = 0
+    for rel, full in _shard_files(root, (".tfrecord", ".tfrecords")):
+        with open(full, "rb") as f:
+            buf = f.read()
+        i = 0
+        while i < len(buf):
+            if len(buf) - i < 12:
+                invalid += 1
+                break
+            (n,) = struct.unpack_from("<Q", buf, i)
+            (lcrc,) = struct.unpack_from("<I", buf, i + 8)
+            if masked_crc32c(buf[i:i + 8]) != lcrc or i + 12 + n + 4 > len(buf):
+                invalid += 1
+                break
+            data = buf[i + 12:i + 12 + n]
+            (dcrc,) = struct.unpack_from("<I", buf, i + 12 + n)
+            start, i = i, i + 12 + n + 4
+            if masked_crc32c(data) != dcrc:
+                invalid += 1
+                continue
+            label = 0
+            if label_feature:
+                try:
+                    label = example_int64(data, label_feature)
+                    if not 0 <= label < 2 ** 31:
+                        raise ValueError(label)
+                except ValueError:
+                    invalid += 1
+                    continue
+            path = "%s@%d" % (rel, start + 12)
+            files[path] = FileInfo(path, full, label, n, start + 12)
+    return _label_list(files), files, invalid
+
+
 def hash_files(infos: List[FileInfo], workers: int = 4) -> None:
     """Fills FileInfo._xxh for each file (once; reads run in a small thread pool)."""
 
     def one(info: FileInfo) -> None:
         if info._xxh is None:
             with open(info.abspath, "rb") as f:
-                info._xxh = xxh64_hex(f.read())
+                if info.offset is None:
+                    info._xxh = xxh64_hex(f.read())
+                else:
+                    f.seek(info.offset)
+                    info._xxh = xxh64_hex(f.read(info.size))
 
     todo = [i for i in infos if i._xxh is None]
     if len(todo) < 64 or workers <= 1:
@@ -306,7 +549,14 @@ class Checker:
         a = self.a
         P = a.trainers_per_node
         daemons = a.trainers // P
-        classes, files = scan_dataset(a.dataset)
+        invalid = 0
+        if a.format == "webdataset":
+            classes, files, invalid = scan_webdataset(a.dataset, a.sample_ext.split(","), a.label_ext)
+        elif a.format == "tfrecord":
+            classes, files, invalid = scan_tfrecord(a.dataset, a.label_feature)
+        else:
+            classes, files = scan_dataset(a.dataset)
+        self.invalid = invalid
         N = len(files)
         rows = self.load_traces()
 
@@ -428,6 +678,10 @@ class Checker:
         if a.expect_no_peer and peer:
             self.problem("peer", "%d samples came from peers, expected none" % peer)
 
+        if a.expect_invalid is not None and self.invalid != a.expect_invalid:
+            self.problem("invalid", "the dataset has %d invalid samples by the skip rules, expected %d"
+                         % (self.invalid, a.expect_invalid))
+
         passed = not self.counts
         summary = {
             "verdict": "PASS" if passed else "FAIL",
@@ -436,6 +690,7 @@ class Checker:
             "trainers_per_node": P,
             "daemons": daemons,
             "dataset_samples": N,
+            "invalid_samples": self.invalid,
             "classes": len(classes),
             "samples_per_epoch": [pe["delivered"] for pe in per_epoch],
             "tiers": {t: tiers_total.get(t, 0) for t in TIERS},
@@ -544,8 +799,9 @@ def format_verdict(s: dict, max_problems: int = 10) -> str:
         return "%.1f" % (sum(values) / len(values))
 
     tiers = {t: [pe["tiers"].get(t, 0) for pe in s["per_epoch"]] for t in TIERS}
-    stats = ("epochs=%d ranks=%d samples/epoch=%s local=%s peer=%s%s bytes verified=%s "
+    stats = ("epochs=%d ranks=%d samples/epoch=%s%s local=%s peer=%s%s bytes verified=%s "
              "(%d samples)" % (s["epochs"], s["ranks"], per_epoch(s["samples_per_epoch"]),
+                               (" invalid=%d" % s["invalid_samples"]) if s.get("invalid_samples") else "",
                                per_epoch(tiers["local"]), per_epoch(tiers["peer"]),
                                (" storage=%s" % per_epoch(tiers["storage"]))
                                if any(tiers["storage"]) else "",
@@ -571,7 +827,16 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         description="Check ShardMix trainer traces for exactly-once delivery against the "
                     "dataset on disk.")
     p.add_argument("trace_dir", help="directory with rank-<R>.csv files")
-    p.add_argument("--dataset", required=True, help="dataset root (folder format)")
+    p.add_argument("--dataset", required=True,
+                   help="dataset root (folder format), or the shard directory or shard file")
+    p.add_argument("--format", choices=("folder", "webdataset", "tfrecord"), default="folder",
+                   help="dataset.format (default folder)")
+    p.add_argument("--sample-ext", default="jpg,jpeg,png,webp,bin",
+                   help="webdataset: dataset.sample_ext (default jpg,jpeg,png,webp,bin)")
+    p.add_argument("--label-ext", default="cls", help="webdataset: dataset.label_ext (default cls)")
+    p.add_argument("--label-feature", default="", help="tfrecord: dataset.label_feature (default none)")
+    p.add_argument("--expect-invalid", type=int, default=None, metavar="K",
+                   help="fail unless the dataset has exactly K invalid (skipped) samples")
     p.add_argument("--epochs", type=int, required=True, help="epochs the trainers ran")
     p.add_argument("--trainers", type=int, required=True, help="number of trainer ranks T")
     p.add_argument("--trainers-per-node", type=int, default=1, metavar="P",
@@ -606,8 +871,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error("--drop-last needs --batch-size")
     if not os.path.isdir(a.trace_dir):
         p.error("trace dir %s is not a directory" % a.trace_dir)
-    if not os.path.isdir(a.dataset):
+    if a.format == "folder" and not os.path.isdir(a.dataset):
         p.error("dataset %s is not a directory" % a.dataset)
+    if not os.path.exists(a.dataset):
+        p.error("dataset %s does not exist" % a.dataset)
     return a
 
 

@@ -367,5 +367,70 @@ class FailingTracesTest(CheckerTestBase):
         self.assertEqual(out[-1], "  ... (16 more)")
 
 
+
+class ShardScannerTest(unittest.TestCase):
+    """The oracle's own readers of tar and TFRecord shards (independent of the daemon)."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="check_traces_shards.")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    @staticmethod
+    def record(data):
+        import struct
+        n = struct.pack("<Q", len(data))
+        return (n + struct.pack("<I", ct.masked_crc32c(n)) + data
+                + struct.pack("<I", ct.masked_crc32c(data)))
+
+    @staticmethod
+    def example(label):
+        # Example{features{feature{key:"label" value{int64_list{value:[label]}}}}}, packed
+        lst = bytes([0x0A, 0x01, label])
+        feat = bytes([0x1A, len(lst)]) + lst
+        entry = bytes([0x0A, 0x05]) + b"label" + bytes([0x12, len(feat)]) + feat
+        features = bytes([0x0A, len(entry)]) + entry
+        return bytes([0x0A, len(features)]) + features
+
+    def test_crc32c_check_value(self):
+        self.assertEqual(ct.crc32c(b"123456789"), 0xE3069283)
+
+    def test_tfrecord_labels_offsets_and_a_bad_crc(self):
+        recs = [self.record(self.example(i)) for i in range(3)]
+        bad = bytearray(recs[1])
+        bad[14] ^= 1  # a data byte of record 1
+        with open(os.path.join(self.tmp, "a.tfrecord"), "wb") as f:
+            f.write(recs[0] + bytes(bad) + recs[2])
+        classes, files, invalid = ct.scan_tfrecord(self.tmp, "label")
+        self.assertEqual(invalid, 1)
+        second = len(recs[0]) + len(recs[1])
+        self.assertEqual(sorted(files), sorted(["a.tfrecord@12", "a.tfrecord@%d" % (second + 12)]))
+        self.assertEqual(files["a.tfrecord@%d" % (second + 12)].label, 2)
+        self.assertEqual(classes, ["0", "1", "2"])
+
+    def test_webdataset_groups_and_a_truncated_shard(self):
+        import tarfile
+        path = os.path.join(self.tmp, "s.tar")
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
+            for key, label in (("k0", 4), ("k1", 5), ("k2", 6)):
+                for ext, data in (("jpg", key.encode() * 100), ("cls", str(label).encode())):
+                    info = tarfile.TarInfo("%s.%s" % (key, ext))
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+        classes, files, invalid = ct.scan_webdataset(self.tmp, ["jpg"], "cls")
+        self.assertEqual(invalid, 0)
+        self.assertEqual(sorted(f.label for f in files.values()), [4, 5, 6])
+        with tarfile.open(path) as tf:
+            k2 = tf.getmember("k2.jpg")
+        os.truncate(path, k2.offset_data + 10)  # cut inside k2's data: k2 and the rest are lost
+        classes, files, invalid = ct.scan_webdataset(self.tmp, ["jpg"], "cls")
+        self.assertEqual(invalid, 1)
+        self.assertEqual(sorted(f.label for f in files.values()), [4, 5])
+        os.truncate(path, k2.offset + 100)  # cut inside k2's header: k1 may be incomplete, lost too
+        classes, files, invalid = ct.scan_webdataset(self.tmp, ["jpg"], "cls")
+        self.assertEqual(invalid, 1)
+        self.assertEqual(sorted(f.label for f in files.values()), [4])
+
 if __name__ == "__main__":
     unittest.main()

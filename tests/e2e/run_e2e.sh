@@ -21,6 +21,11 @@
 # and their bytes what the capacity predicts; default 0 = no limit),
 # SHARDMIX_E2E_STORAGE_DELAY (inject.storage_delay: each cold read holds its reader this
 # long, so a window has late cold reads to overtake; default 0ms).
+# SHARDMIX_E2E_FORMAT (folder | webdataset | tfrecord, default folder): the shard formats
+# use shardmix-gen's tar / TFRecord shards of 64 samples with one damaged shard each (a tar
+# cut in the middle of a member; a TFRecord with a flipped data byte and a cut last record):
+# the damaged samples must be skipped, named in the daemons' log with file and offset,
+# counted, and every valid sample delivered exactly once per epoch.
 set -euo pipefail
 
 SM_PROG=run_e2e
@@ -47,6 +52,11 @@ repeat=${SHARDMIX_E2E_REPEAT:-0}
 capacity_factor=${SHARDMIX_E2E_CAPACITY_FACTOR:-0}
 readahead=8 # service.cold_readahead_batches
 storage_delay=${SHARDMIX_E2E_STORAGE_DELAY:-0ms}
+format=${SHARDMIX_E2E_FORMAT:-folder}
+case $format in
+  folder | webdataset | tfrecord) ;;
+  *) sm_die "SHARDMIX_E2E_FORMAT must be folder, webdataset or tfrecord, not '$format'" 2 ;;
+esac
 if ((repeat == 1 && window != 0)); then sm_die "SHARDMIX_E2E_REPEAT=1 needs SHARDMIX_E2E_WINDOW=0" 2; fi
 trainers=$((nodes * per_node))
 
@@ -73,6 +83,8 @@ data=$tmp/data
 trace=$tmp/trace
 
 # ---------------------------------------------------------------- dataset
+expect_problems=()  # shard formats: daemon log lines that must appear (file and offset)
+if [[ $format == folder ]]; then
 sm_section "dataset: $samples generated samples + odd names ($data)"
 "$gen" --out "$data" --samples "$samples" --classes 10 --median-kib 16 --seed 7 --quiet
 mapfile -t classes < <(find "$data" -mindepth 1 -maxdepth 1 -type d ! -name '.*' -printf '%f\n' | LC_ALL=C sort)
@@ -88,6 +100,48 @@ printf 'so does a newline\n' >"$c2/new"$'\n'"line.bin"
 printf 'hidden: not a sample\n' >"$c1/.hidden.bin"
 total=$((samples + 6))
 echo "$total samples in ${#classes[@]} classes ($(du -sh -- "$data" | cut -f1))"
+else
+sm_section "dataset: $samples generated samples as $format shards of 64, one shard damaged ($data)"
+"$gen" --out "$data" --samples "$samples" --classes 10 --median-kib 16 --seed 7 --quiet \
+  --format "$format" --samples-per-shard 64
+printf 'not a shard\n' >"$data/README.txt"
+printf 'hidden: not a shard\n' >"$data/.hidden.$([[ $format == webdataset ]] && echo tar || echo tfrecord)"
+# Damage one shard and print the log line each damage must produce (file and offset).
+mapfile -t expect_problems < <("$python" - "$data" "$format" <<'PY'
+import os, struct, sys, tarfile
+data, fmt = sys.argv[1], sys.argv[2]
+if fmt == "webdataset":
+    shard = os.path.join(data, "shard_000003.tar")
+    with tarfile.open(shard) as tf:
+        m = [x for x in tf.getmembers() if x.isreg()][21]  # a member in the middle
+    os.truncate(shard, m.offset_data + m.size // 2)  # cut inside its data
+    print("%s: truncated tar: member '%s' (header at offset %d)" % (shard, m.name, m.offset))
+else:
+    shard = os.path.join(data, "shard_000002.tfrecord")
+    buf = bytearray(open(shard, "rb").read())
+    i = 0
+    for _ in range(5):  # skip to record 5
+        (n,) = struct.unpack_from("<Q", buf, i)
+        i += 12 + n + 4
+    buf[i + 12 + 7] ^= 0x40  # a data byte: the data CRC fails, the length CRC still holds
+    open(shard, "wb").write(bytes(buf))
+    print("%s: TFRecord record at offset %d: bad data CRC" % (shard, i))
+    last = os.path.join(data, "shard_000005.tfrecord")
+    buf = open(last, "rb").read()
+    i = 0
+    while True:  # find the last record
+        (n,) = struct.unpack_from("<Q", buf, i)
+        if i + 12 + n + 4 >= len(buf):
+            break
+        i += 12 + n + 4
+    os.truncate(last, i + 12 + n // 2)
+    print("%s: truncated TFRecord: record at offset %d" % (last, i))
+PY
+)
+((${#expect_problems[@]} > 0)) || sm_die "could not damage a shard"
+printf 'damaged: %s\n' "${expect_problems[@]}"
+echo "$(find "$data" -name 'shard_*' | wc -l) shards ($(du -sh -- "$data" | cut -f1))"
+fi
 capacity=0
 if ((capacity_factor > 0)); then
   dataset_bytes=$(find "$data" -type f ! -name '.*' -printf '%s\n' | awk '{ s += $1 } END { print s }')
@@ -106,7 +160,8 @@ config=$tmp/e2e.toml
   echo "# written by tests/e2e/run_e2e.sh"
   echo "[dataset]"
   echo "path = $(toml_str "$data")"
-  echo 'format = "folder"'
+  echo "format = \"$format\""
+  if [[ $format == tfrecord ]]; then echo 'label_feature = "label"'; fi
   echo 'placement = "balanced"'
   echo "[batch]"
   echo "size = $batch"
@@ -160,10 +215,25 @@ sm_section "verdict"
 rc=0
 storage_flag=()
 if ((capacity > 0)); then storage_flag=(--allow-storage); fi
+shard_args=()
+case $format in
+  webdataset) shard_args=(--format webdataset --expect-invalid 1) ;;
+  tfrecord) shard_args=(--format tfrecord --label-feature label --expect-invalid 2) ;;
+esac
 "$python" "$here/check_traces.py" "$trace" --dataset "$data" --epochs "$epochs" \
   --trainers "$trainers" --trainers-per-node "$per_node" --batch-size "$batch" \
-  --expect-peer "${storage_flag[@]}" --json "$tmp/verdict.json" || rc=$?
+  --expect-peer --json "$tmp/verdict.json" "${storage_flag[@]}" "${shard_args[@]}" || rc=$?
 ((rc == 0)) || exit "$rc"
+if [[ $format != folder ]]; then
+  # Each damage is a warning naming the file and byte offset, and the count reaches the log.
+  for line in "${expect_problems[@]}"; do
+    grep -qF -- "$line" "$tmp/daemons.log" || sm_die "the daemons' log does not say: $line" 1
+  done
+  invalid=$("$python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["invalid_samples"])' "$tmp/verdict.json")
+  grep -qF "dataset: skipped $invalid invalid samples" "$tmp/daemons.log" ||
+    sm_die "the daemons' log does not report 'skipped $invalid invalid samples'" 1
+  echo "damage reported: ${#expect_problems[@]} warning(s) naming file and offset; $invalid invalid samples counted"
+fi
 
 if ((capacity > 0)); then
   sm_section "storage tier"

@@ -452,7 +452,7 @@ TEST_F(ConfigTest, PrintedConfigListsSectionsInTableOrderWithEveryKey) {
 
 TEST(ConfigKeysTest, TableIsWellFormed) {
   const auto keys = config_keys();
-  EXPECT_EQ(keys.size(), 29u);  // update with config.h when adding a key
+  EXPECT_EQ(keys.size(), 33u);  // update with config.h when adding a key
   std::set<std::string> names;
   for (const ConfigKeyInfo& key : keys) {
     EXPECT_TRUE(names.insert(key.name).second) << "duplicate " << key.name;
@@ -462,6 +462,27 @@ TEST(ConfigKeysTest, TableIsWellFormed) {
     EXPECT_EQ(key.env_name.rfind("SHARDMIX_", 0), 0u) << key.name;
   }
   EXPECT_EQ(keys.front().env_name, "SHARDMIX_DATASET_PATH");
+}
+
+TEST(ConfigShardKeysTest, ShardFormatKeys) {
+  auto c = load_config("", {{"SHARDMIX_DATASET_FORMAT", "webdataset"}, {"SHARDMIX_DATASET_PATH", "/d"}},
+                       {"dataset.sample_ext=png, jpg", "dataset.label_ext=label", "dataset.strict=true"});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->dataset.format, DatasetFormat::kWebDataset);
+  EXPECT_EQ(c->dataset.sample_ext, "png, jpg");
+  EXPECT_EQ(c->dataset.label_ext, "label");
+  EXPECT_TRUE(c->dataset.strict);
+  auto t = load_config("", {}, {"dataset.path=/d", "dataset.format=tfrecord", "dataset.label_feature=y"});
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->dataset.format, DatasetFormat::kTfRecord);
+  EXPECT_EQ(t->dataset.label_feature, "y");
+  EXPECT_FALSE(t->dataset.strict);
+  auto back = load_config("", {}, {"dataset.path=/d", "dataset.format=tfrecord"});
+  ASSERT_TRUE(back.ok());
+  EXPECT_NE(config_to_toml(*back).find("format = \"tfrecord\""), std::string::npos);
+  auto bad = load_config("", {}, {"dataset.path=/d", "dataset.sample_ext=.jpg"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("dataset.sample_ext"), std::string::npos) << bad.status().message();
 }
 
 // docs/configuration.md holds the generated reference between two markers. Regenerate with

@@ -66,6 +66,20 @@ TEST(JobAggregatorTest, AnEpochIsWrittenOnlyWhenEveryTrainerReported) {
   EXPECT_TRUE(agg.flush().empty());
 }
 
+TEST(JobAggregatorTest, InvalidDatasetSamplesCountAsSkippedEveryEpoch) {
+  // 200 valid samples in the catalog, 7 left out by the scan (damaged shards).
+  JobAggregator agg(1, 2, 200, 7);
+  agg.add(record(0, 0, 0, 100, 1, 2, 0));
+  agg.add(record(0, 1, 0, 100, 1, 2, 0));
+  auto done = agg.take_complete();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].skipped_samples.value_or(999), 7u);
+  EXPECT_EQ(done[0].invalid_samples, 7u);
+  EXPECT_NE(done[0].to_json().find("\"invalid_samples\": 7"), std::string::npos) << done[0].to_json();
+  EXPECT_NE(done[0].summary().find("skipped 7 (of which 7 invalid in the dataset)"), std::string::npos)
+      << done[0].summary();
+}
+
 TEST(JobAggregatorTest, SkippedSamplesAndIncompleteEpochsAtShutdown) {
   JobAggregator agg(1, 2, 250);
   agg.add(record(0, 0, 3, 100, 1, 2, 0));
@@ -112,7 +126,7 @@ TEST(JobEpochStatsTest, JsonIsOneLineWithNullForMissingFigures) {
 
 TEST(NodeTelemetryTest, PrometheusTextIsWellFormedAndCountsPasses) {
   NodeTelemetry t;
-  t.set_info(NodeInfo{2, 4, 2, "tcp", "host\"x"});
+  t.set_info(NodeInfo{2, 4, 2, "tcp", "host\"x", 500, 3});
   t.trainer_connected();
   t.add_record(record(2, 4, 0, 100, 0, 1, 250'000));
   t.add_record(record(2, 5, 0, 80, 0, 1, 750'000));
@@ -134,6 +148,8 @@ TEST(NodeTelemetryTest, PrometheusTextIsWellFormedAndCountsPasses) {
     values[line.substr(0, line.rfind(' '))] = std::strtod(line.substr(line.rfind(' ') + 1).c_str(), nullptr);
   }
   EXPECT_EQ(values["shardmix_samples_total{node=\"2\",tier=\"local\"}"], 25 + 20);
+  EXPECT_EQ(values["shardmix_dataset_samples{node=\"2\"}"], 500);
+  EXPECT_EQ(values["shardmix_dataset_invalid_samples{node=\"2\"}"], 3);
   EXPECT_EQ(values["shardmix_samples_total{node=\"2\",tier=\"peer\"}"], 75 + 60);
   EXPECT_EQ(values["shardmix_bytes_total{node=\"2\"}"], 180'000);
   EXPECT_EQ(values["shardmix_trainer_stall_seconds_total{node=\"2\"}"], 1.0);
