@@ -1,6 +1,7 @@
 #include "client/client.h"
 
 #include "common/config.h"
+#include "common/job_token.h"
 
 #include <poll.h>
 #include <sys/mman.h>
@@ -65,6 +66,25 @@ Result<std::map<std::string, std::string>> read_ready_file(const std::string& pa
                         "running with the same SHARDMIX_RUN_DIR? still loading? SHARDMIX_CONNECT_TIMEOUT sets the "
                         "wait)",
                         path, timeout_s);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// The job token to present (common/job_token.h): SHARDMIX_JOB_TOKEN, else RUN_DIR/token,
+// which daemon rank 0 writes just before RUN_DIR/ready (waited for up to `timeout_s`).
+Result<std::uint32_t> find_job_token(const std::string& run_dir, double timeout_s) {
+  if (auto from_env = job_token_from_env()) return *from_env;
+  const std::string path = run_dir + "/" + kJobTokenFile;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (true) {
+    auto token = read_job_token_file(path);
+    if (token.ok() || token.status().code() != StatusCode::kNotFound) return token;
+    if (std::chrono::steady_clock::now() > deadline) {
+      return make_error(StatusCode::kUnavailable,
+                        "no job token: {} is unset and {} did not appear within {:.0f} s (are the daemons running "
+                        "with the same SHARDMIX_RUN_DIR? still loading?)",
+                        kJobTokenEnv, path, timeout_s);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -402,6 +422,9 @@ Result<std::unique_ptr<DaemonConnection>> DaemonConnection::open(const ClientOpt
   proto::encode(hello, proto::Hello{static_cast<std::uint32_t>(c->who_.rank),
                                     static_cast<std::uint32_t>(c->who_.world_size),
                                     static_cast<std::uint32_t>(::getpid())});
+  auto token = find_job_token(run_dir, connect_timeout_s(options.ready_timeout_s));
+  if (!token.ok()) return token.status();
+  proto::set_hello_job_token(hello, *token);
   SHARDMIX_RETURN_IF_ERROR(c->send(hello));
 
   proto::FrameHeader header{};

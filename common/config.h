@@ -78,6 +78,7 @@ struct ServiceConfig {
 struct InjectConfig {
   std::int64_t slow_peer_rank = -1;    // inject.slow_peer_rank: -1 = none
   std::chrono::microseconds slow_peer_delay{0};  // inject.slow_peer_delay
+  std::chrono::microseconds load_delay{0};       // inject.load_delay: per sample loaded
 
   bool operator==(const InjectConfig&) const = default;
 };

@@ -1,5 +1,6 @@
 // The daemon's trainer-facing service: a Unix socket served by Boost.Asio on one thread.
-// Each connection: Hello (validated: protocol version, credentials, trainer layout) ->
+// Each connection: the peer's uid (SO_PEERCRED) must be ours; Hello (validated: protocol
+// version, job token, trainer layout) ->
 // Welcome with the arena and staging memfds (SCM_RIGHTS) -> StartEpoch / Release /
 // GetCatalog requests, answered by Batch / EpochEnd / Catalog frames from the trainer's
 // scheduler. A malformed frame or a vanished trainer closes that connection only.
@@ -41,6 +42,9 @@ struct ServedJob {
   std::vector<std::uint8_t> catalog_bytes;
   PeerFetcher* fetcher = nullptr;
   NodeTelemetry* telemetry = nullptr;  // optional: counters, finished passes, GetStats replies
+  // The job token a Hello must carry (common/job_token.h); 0 = accept any (tests only:
+  // the daemon always sets one).
+  std::uint32_t job_token = 0;
 };
 
 // Fault injection (inject.slow_peer_*): fetches that read from `rank` complete `delay` late.
@@ -75,8 +79,10 @@ class ClientService {
   // Binds the socket (0600), replacing a stale file left by a crashed daemon, and starts
   // accepting. Fails if another live daemon answers on the path.
   Status listen();
-  // Closes the acceptor and every connection. Safe from any thread.
-  void stop();
+  // Closes the acceptor and every connection. With a `why`, each trainer first receives
+  // it as an Error frame (after the frames already queued for it), so it fails with the
+  // daemon's reason instead of a bare hang-up. Safe from any thread.
+  void stop(const Status& why = Status::ok_status());
 
   std::size_t connections() const { return connections_.size(); }
   // Logs, once per epoch and node, what shuffle.min_entropy chose for `epoch` (nothing

@@ -1,5 +1,6 @@
 #include "server/daemon.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@
 #include "common/catalog.h"
 #include "common/epoch_plan.h"
 #include "common/fabric/fabric.h"
+#include "common/job_token.h"
 #include "common/log.h"
 #include "common/placement.h"
 #include "server/cache_loader.h"
@@ -80,12 +82,16 @@ Status make_private_dir(const std::string& dir) {
   return Status::ok_status();
 }
 
-Status write_file_atomically(const std::string& path, const std::string& text) {
+// `private_file`: mode 0600 (the ready file), else the umask's (e.g. Prometheus textfiles).
+Status write_file_atomically(const std::string& path, const std::string& text, bool private_file = false) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << text;
     if (!out) return make_error(StatusCode::kIoError, "cannot write {}", tmp);
+  }
+  if (private_file && ::chmod(tmp.c_str(), 0600) != 0) {
+    return make_error(StatusCode::kIoError, "cannot make {} private (chmod 0600): {}", tmp, std::strerror(errno));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     return make_error(StatusCode::kIoError, "cannot rename {} to {}: {}", tmp, path, std::strerror(errno));
@@ -382,6 +388,33 @@ std::string job_id(const std::string& rank0_pid) {
   return "local-" + rank0_pid;
 }
 
+// Rank 0 at start: a daemon job that was SIGKILLed leaves RUN_DIR/ready and RUN_DIR/token
+// behind; trainers must not take them for this job's. They are stale when the rank 0 they
+// name ran on this host and is gone. (Stale sockets are found per rank by ClientService::listen.)
+void remove_stale_run_files(const std::string& run_dir, const std::string& my_host) {
+  const std::string ready = run_dir + "/ready";
+  std::ifstream in(ready);
+  if (!in) return;
+  std::string line, host, pid_text;
+  while (std::getline(in, line)) {
+    if (line.rfind("host.0=", 0) == 0) host = line.substr(7);
+    if (line.rfind("pid.0=", 0) == 0) pid_text = line.substr(6);
+  }
+  const long pid = std::strtol(pid_text.c_str(), nullptr, 10);
+  auto log = log::get("daemon");
+  if (host != my_host || pid <= 0) {
+    log->warn("{} exists and names no daemon of this host (host.0={}, pid.0={}); removing it", ready, host, pid_text);
+  } else if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM) {
+    log->warn("{} names daemon pid {}, which is still running; another job may be using run dir {} (its sockets "
+              "will be checked before we serve)", ready, pid, run_dir);
+    return;
+  } else {
+    log->warn("removing stale {} and {} left by an earlier run whose daemon (pid {}) is gone", ready, kJobTokenFile, pid);
+  }
+  ::unlink(ready.c_str());
+  ::unlink((run_dir + "/" + kJobTokenFile).c_str());
+}
+
 }  // namespace
 
 std::string resolve_run_dir(const Config& config) {
@@ -433,6 +466,14 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   const std::string run_dir = resolve_run_dir(config);
   Status s = agree(mpi, make_private_dir(run_dir), "creating the run directory");
   if (!s.ok()) return fail(s);
+  if (rank == 0) remove_stale_run_files(run_dir, mpi.hostname());
+  // The job token (docs/decisions/0024): rank 0's, from SHARDMIX_JOB_TOKEN or random.
+  std::uint32_t job_token = rank == 0 ? job_token_from_env().value_or(random_job_token()) : 0;
+  {
+    auto tokens = mpi.allgather(std::span(reinterpret_cast<const std::uint8_t*>(&job_token), sizeof(job_token)));
+    if (!tokens.ok()) return fail(tokens.status());
+    std::memcpy(&job_token, (*tokens)[0].data(), sizeof(job_token));
+  }
 
   // 1. Catalog: each rank scans its share, everyone merges the same catalog.
   auto scan = scan_partition(config.dataset, rank, nodes);
@@ -534,13 +575,36 @@ int run_daemon(const Config& config, MpiSession& mpi) {
 
   // 5. Load owned samples into the arena.
   LoadReporter load_reporter(mpi, telemetry, placement);
+  if (config.inject.load_delay.count() > 0) {
+    log->warn("fault injection: every sample loaded costs {} us more (inject.load_delay)", config.inject.load_delay.count());
+  }
   auto loaded = load_owned_samples(catalog, placement, static_cast<std::uint32_t>(rank), config.dataset,
-                                   config.service.loader_threads, (*arena)->data(), std::ref(load_reporter));
-  s = agree(mpi, loaded.status(), "loading samples");
-  if (!s.ok()) {
-    (void)mpi.barrier();
-    fabric.stop_progress();
-    return fail(s);
+                                   config.service.loader_threads, (*arena)->data(), std::ref(load_reporter),
+                                   [&stop] { return stop.requested(); }, config.inject.load_delay);
+  // SIGTERM during the load (one daemon is enough): every daemon stops here, exit 0.
+  {
+    const std::uint8_t stopping = stop.requested() ? 1 : 0;
+    s = agree(mpi, loaded.ok() || stopping != 0 ? Status::ok_status() : loaded.status(), "loading samples");
+    auto stops = s.ok() ? mpi.allgather(std::span(&stopping, 1))
+                        : Result<std::vector<std::vector<std::uint8_t>>>(s);
+    if (!stops.ok()) {
+      (void)mpi.barrier();
+      fabric.stop_progress();
+      return fail(stops.status());
+    }
+    std::string stopped_ranks;
+    for (int r = 0; r < nodes; ++r) {
+      if (!(*stops)[static_cast<std::size_t>(r)].empty() && (*stops)[static_cast<std::size_t>(r)][0] != 0) {
+        stopped_ranks += (stopped_ranks.empty() ? "" : ", ") + std::to_string(r);
+      }
+    }
+    if (!stopped_ranks.empty()) {
+      (void)mpi.barrier();
+      fabric.stop_progress();
+      log->info("stopped during loading ({}; signal on daemon rank(s) {}); exiting",
+                loaded.ok() ? "load complete" : loaded.status().message(), stopped_ranks);
+      return 0;
+    }
   }
   log->info("loaded {} samples, {:.1f} MB in {:.2f} s ({:.0f} MB/s)", loaded->samples, loaded->bytes / 1e6,
             loaded->seconds, loaded->seconds > 0 ? loaded->bytes / 1e6 / loaded->seconds : 0.0);
@@ -557,13 +621,6 @@ int run_daemon(const Config& config, MpiSession& mpi) {
                 nodes, catalog.total_bytes() / 1e6, t[static_cast<std::size_t>(slow)], slow,
                 t[static_cast<std::size_t>(slow)], fast, t[static_cast<std::size_t>(fast)]);
     }
-  }
-
-  if (stop.requested()) {  // SIGTERM during the load: do not start serving
-    (void)mpi.barrier();
-    fabric.stop_progress();
-    log->info("stopped during loading; exiting");
-    return 0;
   }
 
   // 6. Serve trainers.
@@ -585,6 +642,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   served.catalog_bytes = catalog.serialize();
   served.fetcher = &fetcher;
   served.telemetry = &telemetry;
+  served.job_token = job_token;
   const std::string socket_path = run_dir + "/d" + std::to_string(rank) + ".sock";
   auto service = std::make_unique<ClientService>(io, std::move(served), socket_path);
   // On every way out from here: the service dies on its own thread (it owns Asio objects),
@@ -618,6 +676,11 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   }
 
   // 7. Ready: every daemon serves; rank 0 publishes the layout for trainers and launchers.
+  //    Every daemon writes the job token into its run dir first (run dirs are often
+  //    node-local; the allgather below orders it before rank 0's ready file).
+  const std::string token_path = run_dir + "/" + kJobTokenFile;
+  s = write_job_token_file(token_path, job_token);
+  if (!s.ok()) log->error("{}", s.to_string());
   auto pids = mpi.allgather(to_bytes(std::to_string(::getpid())));
   if (!pids.ok()) return fail(pids.status());
   const std::string ready_path = run_dir + "/ready";
@@ -626,7 +689,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
                        std::to_string(config.service.trainers_per_node) + "\n";
     for (int r = 0; r < nodes; ++r) text += "host." + std::to_string(r) + "=" + to_string((*hosts)[r]) + "\n";
     for (int r = 0; r < nodes; ++r) text += "pid." + std::to_string(r) + "=" + to_string((*pids)[r]) + "\n";
-    s = write_file_atomically(ready_path, text);
+    s = write_file_atomically(ready_path, text, /*private_file=*/true);
     if (!s.ok()) log->error("{}", s.to_string());
     log->info("ready: {} daemons serving {} samples ({:.1f} MB), {} batches of {} per trainer per epoch; run dir {}",
               nodes, catalog.size(), catalog.total_bytes() / 1e6, shape.batches_per_trainer, config.batch.size,
@@ -641,7 +704,9 @@ int run_daemon(const Config& config, MpiSession& mpi) {
 
   // 8. Drain: stop serving, then wait for every peer while still progressing the fabric,
   //    so no peer's read of our arena is left hanging.
-  service->stop();
+  service->stop(make_error(StatusCode::kCancelled, "the daemon of node {} is shutting down (it received a stop "
+                                                  "signal); no more batches",
+                          rank));
   {
     // stop() closes the connections on the io thread (which records passes that ended);
     // a task posted after it runs once that is done.
@@ -650,6 +715,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     stopped.get_future().wait();
   }
   if (rank == 0) ::unlink(ready_path.c_str());
+  ::unlink(token_path.c_str());
   pump.finish(std::chrono::seconds(10));
   Status drained = mpi.barrier();
   const fabric::FabricStats fs = fabric.stats();
