@@ -176,7 +176,14 @@ class DaemonConnection {
     while (done < frame.size()) {
       const ssize_t n = ::send(fd_, frame.data() + done, frame.size() - done, MSG_NOSIGNAL);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return lost(std::strerror(errno));
+      if (n <= 0) {
+        const int error = errno;
+        // The daemon usually says why before it closes (an Error frame behind batches we
+        // have not read yet): report that, not the broken pipe.
+        Status reason = pending_error();
+        if (!reason.ok()) return reason;
+        return lost(std::string(std::strerror(error)) + " (did the daemon stop or crash?)");
+      }
       done += static_cast<std::size_t>(n);
     }
     return Status::ok_status();
@@ -325,6 +332,25 @@ class DaemonConnection {
       done += static_cast<std::size_t>(got);
     }
     return Status::ok_status();
+  }
+
+  // After a failed send: reads what the daemon left in the socket, looking for its Error
+  // frame; ok if there is none (a crash). Bounded: the peer has closed, so reads end at EOF.
+  Status pending_error() {
+    const double saved = receive_timeout_s_;
+    receive_timeout_s_ = 1;
+    Status found;
+    proto::FrameHeader header{};
+    std::vector<std::uint8_t> payload;
+    for (int frames = 0; frames < 4096; ++frames) {
+      header = {};
+      Status s = receive(header, payload);
+      if (s.ok()) continue;  // a batch or epoch end queued before the error
+      if (header.type == static_cast<std::uint16_t>(proto::FrameType::kError)) found = s;  // the daemon's reason
+      break;
+    }
+    receive_timeout_s_ = saved;
+    return found;
   }
 
   int fd_ = -1;

@@ -185,6 +185,15 @@ const KeySpec kKeys[] = {
    "More threads hide parallel-file-system latency; too many compete with the trainers for CPU and the metadata server.",
    "", 1, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(service.loader_threads)},
 
+  {"fault.peer_death", KeyType::kEnum, "stop",
+   "What the surviving daemons do when a peer daemon dies or stops answering (detected within fault.peer_timeout, docs/operations.md): \"stop\" = every trainer gets an error naming the dead daemon rank and the daemons exit non-zero with that message; \"degrade\" = serve the dead node's samples from storage instead (refused until the storage tier lands).",
+   "stop never hides a fault and never hangs; degrade would keep the job training at storage speed for a share of the samples.",
+   "stop|degrade", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(fault.peer_death)},
+  {"fault.peer_timeout", KeyType::kDuration, "10s",
+   "A peer daemon that answers no read (heartbeat or sample) for this long is declared dead (a duration such as \"10s\"). A peer whose process died is usually found sooner: its connection breaks at the next heartbeat (one per peer every fault.peer_timeout / 10, at most 1 s).",
+   "Shorter detects a dead node sooner but may declare a node dead that was only stalled (swapping, a long GC pause of a co-located process, a congested link).",
+   "", 100000, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_USEC_KEY(fault.peer_timeout)},
+
   {"inject.slow_peer_rank", KeyType::kInt, "-1",
    "Fault injection for tests and benchmarks: reads of samples owned by this daemon rank complete inject.slow_peer_delay late, as if that node were slow. -1 = none.",
    "None in production; it exists to show what shuffle.window buys under a straggling peer.",
@@ -896,6 +905,12 @@ Status validate(const Config& config, const Origins& origins) {
         break;
       default: break;
     }
+  }
+  if (config.fault.peer_death == "degrade") {
+    return make_error(StatusCode::kInvalidArgument,
+                      "config key 'fault.peer_death' = \"degrade\" ({}) needs the storage tier to read a dead node's "
+                      "samples from storage, which this build does not have yet; use \"stop\"",
+                      origins.count("fault.peer_death") ? origins.at("fault.peer_death") : "default");
   }
   if (config.inject.slow_peer_rank < -1) {
     return make_error(StatusCode::kInvalidArgument, "config key 'inject.slow_peer_rank' must be -1 (none) or a rank, got {}",

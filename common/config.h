@@ -74,6 +74,14 @@ struct ServiceConfig {
   bool operator==(const ServiceConfig&) const = default;
 };
 
+// What a daemon does when a peer daemon dies (docs/decisions/0025, 0026).
+struct FaultConfig {
+  std::string peer_death = "stop";     // fault.peer_death = stop|degrade (degrade: not available yet)
+  std::chrono::microseconds peer_timeout{std::chrono::seconds(10)};  // fault.peer_timeout
+
+  bool operator==(const FaultConfig&) const = default;
+};
+
 // Fault injection, for tests and benchmarks only.
 struct InjectConfig {
   std::int64_t slow_peer_rank = -1;    // inject.slow_peer_rank: -1 = none
@@ -106,6 +114,7 @@ struct Config {
   CacheConfig cache;
   FabricConfig fabric;
   ServiceConfig service;
+  FaultConfig fault;
   InjectConfig inject;
   TelemetryConfig telemetry;
   LogConfig log;

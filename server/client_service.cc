@@ -12,7 +12,9 @@
 #include <atomic>
 #include <deque>
 #include <mutex>
+#include <future>
 #include <optional>
+#include <thread>
 
 #include "common/log.h"
 #include "proto/wire.h"
@@ -42,7 +44,8 @@ void FabricFetcher::fetch(std::vector<PeerRead> reads, std::function<void(const 
   const auto delay = slow ? slow_peer_.delay : std::chrono::microseconds(0);
   for (const PeerRead& r : reads) {
     fabric_.read(static_cast<int>(r.peer), r.remote_offset, r.length, staging_, r.staging_offset,
-                 [this, group, delay](const Status& status) {
+                 [this, group, delay, peer = r.peer](const Status& status) {
+                   if (!status.ok() && peer_error_) peer_error_(peer, status);
                    if (!status.ok()) {
                      std::lock_guard lock(group->mutex);
                      if (group->first_error.ok()) group->first_error = status;
@@ -532,6 +535,17 @@ void ClientService::accept_next() {
   });
 }
 
+bool ClientService::wait_all_closed(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    std::promise<bool> empty;
+    asio::post(io_, [this, &empty] { empty.set_value(connections_.empty()); });
+    if (empty.get_future().get()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 void ClientService::forget(const std::shared_ptr<TrainerConnection>& connection) { connections_.erase(connection); }
 
 void ClientService::stop(const Status& why) {
@@ -539,6 +553,12 @@ void ClientService::stop(const Status& why) {
     boost::system::error_code ignored;
     acceptor_.close(ignored);
     accept_backoff_.cancel();
+    // The socket file goes now, not at destruction: a daemon killed later in its shutdown
+    // (e.g. by mpirun while it waits for a dead peer) leaves nothing behind.
+    if (listening_) {
+      ::unlink(socket_path_.c_str());
+      listening_ = false;
+    }
     auto open = connections_;
     for (const auto& c : open) {
       if (why.ok()) {

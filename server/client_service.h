@@ -61,8 +61,12 @@ class FabricFetcher : public PeerFetcher {
                 SlowPeer slow_peer = {})
       : io_(io), fabric_(fabric), staging_(staging), slow_peer_(slow_peer) {}
   void fetch(std::vector<PeerRead> reads, std::function<void(const Status&)> done) override;
+  // Called on the fabric progress thread for every failed read, with the peer's rank (the
+  // daemon's failure detector listens here). Set before the first fetch.
+  void on_peer_error(std::function<void(std::uint32_t peer, const Status&)> hook) { peer_error_ = std::move(hook); }
 
  private:
+  std::function<void(std::uint32_t, const Status&)> peer_error_;
   boost::asio::io_context& io_;
   fabric::Fabric& fabric_;
   fabric::LocalRegion staging_;
@@ -84,7 +88,10 @@ class ClientService {
   // daemon's reason instead of a bare hang-up. Safe from any thread.
   void stop(const Status& why = Status::ok_status());
 
-  std::size_t connections() const { return connections_.size(); }
+  std::size_t connections() const { return connections_.size(); }  // io thread only
+  // Waits (from another thread) until every connection has closed, e.g. after stop(why)
+  // once each trainer's Error frame is written, or until `timeout`; true if all closed.
+  bool wait_all_closed(std::chrono::milliseconds timeout);
   // Logs, once per epoch and node, what shuffle.min_entropy chose for `epoch` (nothing
   // when the mode is off).
   void report_epoch_choice(std::uint64_t epoch);

@@ -30,6 +30,7 @@
 #include "server/cache_loader.h"
 #include "server/client_service.h"
 #include "server/netns.h"
+#include "server/peer_monitor.h"
 #include "server/shared_region.h"
 #include "server/telemetry.h"
 
@@ -543,6 +544,9 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   }
   fabric::FabricOptions fabric_options{config.fabric.provider, config.fabric.interface,
                                        config.fabric.max_outstanding_reads};
+  // Heartbeat reads (server/peer_monitor.h) land here, one byte per peer; declared before
+  // the fabric so it outlives every read.
+  std::vector<std::uint8_t> heartbeat_bytes(static_cast<std::size_t>(nodes));
   auto fabric_or = fabric::Fabric::create(fabric_options, rank, nodes);
   Status fabric_status = fabric_or.status();
   fabric::LocalRegion staging_region;
@@ -551,6 +555,12 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     auto local = (*fabric_or)->register_local((*staging)->data(), (*staging)->length());
     fabric_status = local.status();
     if (local.ok()) staging_region = *local;
+  }
+  fabric::LocalRegion heartbeat_region;
+  if (fabric_status.ok()) {
+    auto local = (*fabric_or)->register_local(heartbeat_bytes.data(), heartbeat_bytes.size());
+    fabric_status = local.status();
+    if (local.ok()) heartbeat_region = *local;
   }
   if (fabric_status.ok() && !config.fabric.netns.empty() && (*fabric_or)->domain_name() == "lo") {
     // Each namespace has its own loopback: peers would never answer (a hang at the first
@@ -629,7 +639,13 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     log->warn("fault injection: fetches from rank {} complete {} us late (inject.slow_peer_*)", slow_peer.rank,
               slow_peer.delay.count());
   }
+  // Peer failure detection while serving and draining (docs/decisions/0025, 0026).
+  PeerMonitor monitor(static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(nodes), config.fault.peer_timeout,
+                      [&fabric, heartbeat_region](std::uint32_t peer, std::function<void(const Status&)> done) {
+                        fabric.read(static_cast<int>(peer), 0, 1, heartbeat_region, peer, std::move(done));
+                      });
   FabricFetcher fetcher(io, fabric, staging_region, slow_peer);
+  fetcher.on_peer_error([&monitor](std::uint32_t peer, const Status& status) { monitor.report(peer, status); });
   ServedJob served;
   served.context = SchedulerContext{&catalog, &placement, &planner, static_cast<std::uint32_t>(rank),
                                     config.service.prefetch, config.shuffle.window, catalog.num_classes()};
@@ -699,8 +715,39 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   telemetry.set_serving(true);
   TelemetryPump pump(config, mpi, telemetry, static_cast<std::uint32_t>(nodes) * config.service.trainers_per_node,
                      catalog.size(), job_id(to_string((*pids)[0])));
-  // The main thread is idle while serving: it carries the telemetry (MPI stays on it).
-  while (!stop.wait_for(std::chrono::milliseconds(100))) pump.pump();
+  // fault.peer_death = stop: every trainer of this daemon gets the reason, the run files
+  // go, and the daemon exits 1 without MPI_Finalize (which would wait for the dead rank).
+  auto stop_for_dead_peer = [&](const PeerMonitor::Failure& dead) {
+    const std::string host = dead.rank < hosts->size() ? to_string((*hosts)[dead.rank]) : "?";
+    const Status why = make_error(StatusCode::kUnavailable,
+                                  "daemon rank {} (host {}) is dead or unreachable: {}; stopping the job "
+                                  "(fault.peer_death = stop)",
+                                  dead.rank, host, dead.reason);
+    log->error("{}", why.message());
+    service->stop(why);
+    if (!service->wait_all_closed(std::chrono::seconds(5))) {
+      log->warn("not every trainer took the error within 5 s; closing their connections");
+    }
+    if (rank == 0) ::unlink(ready_path.c_str());
+    ::unlink(token_path.c_str());
+    log->error("exiting with status 1: daemon rank {} failed", dead.rank);
+    spdlog::apply_all([](const std::shared_ptr<spdlog::logger>& l) { l->flush(); });
+    std::fflush(nullptr);
+    std::_Exit(1);
+  };
+  // The main thread is idle while serving: it carries the telemetry (MPI stays on it) and
+  // the failure detector.
+  log->info("watching {} peer daemons: a heartbeat every {} ms, dead after {:.1f} s without an answer "
+            "(fault.peer_timeout), fault.peer_death = {}",
+            nodes - 1, std::chrono::duration_cast<std::chrono::milliseconds>(monitor.interval()).count(),
+            std::chrono::duration<double>(monitor.timeout()).count(), config.fault.peer_death);
+  while (!stop.wait_for(std::chrono::milliseconds(100))) {
+    pump.pump();
+    if (auto dead = monitor.poll()) stop_for_dead_peer(*dead);
+  }
+  // A stop signal may follow a peer's death (mpirun stops the job when a rank dies): then
+  // the trainers are told which rank died, not only that we were stopped.
+  if (auto dead = monitor.poll()) stop_for_dead_peer(*dead);
 
   // 8. Drain: stop serving, then wait for every peer while still progressing the fabric,
   //    so no peer's read of our arena is left hanging.
@@ -717,7 +764,19 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   if (rank == 0) ::unlink(ready_path.c_str());
   ::unlink(token_path.c_str());
   pump.finish(std::chrono::seconds(10));
-  Status drained = mpi.barrier();
+  // A peer that dies now would never reach the barrier: keep watching while waiting. A
+  // failure must persist for a second, so a peer that left the barrier first and closed
+  // its endpoint is not mistaken for a dead one.
+  std::optional<std::chrono::steady_clock::time_point> failing_since;
+  Status drained = mpi.barrier_unless([&]() -> Status {
+    auto dead = monitor.poll();
+    if (!dead) return Status::ok_status();
+    const auto now = std::chrono::steady_clock::now();
+    if (!failing_since) failing_since = now;
+    if (now - *failing_since < std::chrono::seconds(1)) return Status::ok_status();
+    stop_for_dead_peer(*dead);
+    return Status::ok_status();
+  });
   const fabric::FabricStats fs = fabric.stats();
   log->info("fabric {}: {} reads, {} bytes read from peers, {} failed; exiting", fabric.provider_name(),
             fs.reads_completed, fs.bytes_read, fs.reads_failed);
