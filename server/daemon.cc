@@ -389,6 +389,16 @@ std::string job_id(const std::string& rank0_pid) {
   return "local-" + rank0_pid;
 }
 
+// Whether `pid` is a running process: exists and is not a zombie (a SIGKILLed daemon stays
+// a zombie until its parent, e.g. an exiting mpirun, is reaped).
+bool process_running(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) return ::kill(pid, 0) == 0 || errno == EPERM;
+  const auto paren = text.rfind(')');
+  return paren == std::string::npos || paren + 2 >= text.size() || (text[paren + 2] != 'Z' && text[paren + 2] != 'X');
+}
+
 // Rank 0 at start: a daemon job that was SIGKILLed leaves RUN_DIR/ready and RUN_DIR/token
 // behind; trainers must not take them for this job's. They are stale when the rank 0 they
 // name ran on this host and is gone. (Stale sockets are found per rank by ClientService::listen.)
@@ -405,7 +415,7 @@ void remove_stale_run_files(const std::string& run_dir, const std::string& my_ho
   auto log = log::get("daemon");
   if (host != my_host || pid <= 0) {
     log->warn("{} exists and names no daemon of this host (host.0={}, pid.0={}); removing it", ready, host, pid_text);
-  } else if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM) {
+  } else if (process_running(static_cast<pid_t>(pid))) {
     log->warn("{} names daemon pid {}, which is still running; another job may be using run dir {} (its sockets "
               "will be checked before we serve)", ready, pid, run_dir);
     return;
