@@ -6,7 +6,9 @@
 # (/proc/PID/status) may grow by at most 4 MiB in total, and its open descriptors
 # (/proc/PID/fd) must be back to the warm-up count once the round's trainers are gone.
 # A leaked mapping of a 3.6 MB arena per connection, a leaked socket per trainer or a
-# per-epoch copy of anything sample-sized would break these bounds.
+# per-epoch copy of anything sample-sized would break these bounds. It also prints
+# RssAnon/RssShmem: over tcp the anonymous memory grows ~48 bytes per peer read inside
+# libfabric 1.17's tcp;ofi_rxm (flat with net and shm; docs/operations.md), ~0.5 MB here.
 #   tests/e2e/soak.sh [ROUNDS]
 set -euo pipefail
 SM_PROG=soak
