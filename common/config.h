@@ -143,9 +143,10 @@ Result<std::chrono::microseconds> parse_duration(std::string_view text, std::str
 // SHARDMIX_* environment variables that are not config keys; load_config ignores them
 // (every other SHARDMIX_* name must be a key's env name). SHARDMIX_LOG_LEVEL is also the
 // env name of log.level, so it sets log.level for the daemon too.
-inline constexpr std::array<std::string_view, 8> kNonConfigEnvVars = {
+inline constexpr std::array<std::string_view, 9> kNonConfigEnvVars = {
     "SHARDMIX_RUN_DIR",    "SHARDMIX_LOG_LEVEL",  "SHARDMIX_DAEMON",     "SHARDMIX_RANK",
-    "SHARDMIX_WORLD_SIZE", "SHARDMIX_LOCAL_RANK", "SHARDMIX_LOCAL_SIZE", "SHARDMIX_CONNECT_TIMEOUT"};
+    "SHARDMIX_WORLD_SIZE", "SHARDMIX_LOCAL_RANK", "SHARDMIX_LOCAL_SIZE", "SHARDMIX_CONNECT_TIMEOUT",
+    "SHARDMIX_JOB_TOKEN"};
 
 // One row of config.cc's key table, for docs, tools and tests.
 struct ConfigKeyInfo {
