@@ -668,6 +668,53 @@ TEST_F(ServiceTest, StoppingTheServiceEndsATrainersEpochWithTheReason) {
   EXPECT_LT(batches, shape_.batches_per_trainer);
 }
 
+TEST_F(ServiceTest, ATrainerWhoseSendHitsAClosedDaemonReportsTheDaemonsReason) {
+  Client client = Client::connect(options(1));
+  std::string error;
+  try {
+    auto epoch = client.epoch(0);
+    auto it = epoch.begin();
+    ASSERT_FALSE(it == std::default_sentinel);
+    // The daemon says why and closes before the trainer sends its next request (a Release):
+    // the send fails with EPIPE, and the client must report the Error frame waiting in the
+    // socket behind the batches, not "Broken pipe".
+    service_->stop(make_error(StatusCode::kUnavailable, "daemon rank 1 (host h) is dead or unreachable"));
+    ASSERT_TRUE(service_->wait_all_closed(std::chrono::seconds(10)));
+    for (; !(it == std::default_sentinel); ++it) {
+    }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("daemon rank 1 (host h) is dead or unreachable"), std::string::npos) << error;
+  EXPECT_EQ(error.find("Broken pipe"), std::string::npos) << error;
+}
+
+TEST_F(ServiceTest, AFloodOfIdleConnectionsDoesNotStopTheTrainers) {
+  // 300 connections that never say Hello (a runaway script of the same user): the daemon
+  // keeps serving its trainers, and every descriptor is returned when they go.
+  const int before = [] {
+    int n = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
+    return n;
+  }();
+  std::vector<int> flood;
+  for (int i = 0; i < 300; ++i) flood.push_back(raw_connect(dir_ / "d0.sock"));
+  Client client = Client::connect(options(0));
+  EXPECT_EQ(consume(client, 0), planner_->plan_node(0, 0)[0].order);
+  for (int fd : flood) ::close(fd);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto count = [] {
+    int n = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
+    return n;
+  };
+  // The trainer's connection is still open: its socket and the daemon's end of it.
+  while (count() > before + 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_LE(count(), before + 2) << "descriptors before the flood: " << before;
+}
+
 int open_fds() {
   int n = 0;
   for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
