@@ -1,6 +1,7 @@
 #include "client/client.h"
 
 #include "common/config.h"
+#include "common/job_token.h"
 
 #include <poll.h>
 #include <sys/mman.h>
@@ -65,6 +66,25 @@ Result<std::map<std::string, std::string>> read_ready_file(const std::string& pa
                         "running with the same SHARDMIX_RUN_DIR? still loading? SHARDMIX_CONNECT_TIMEOUT sets the "
                         "wait)",
                         path, timeout_s);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// The job token to present (common/job_token.h): SHARDMIX_JOB_TOKEN, else RUN_DIR/token,
+// which daemon rank 0 writes just before RUN_DIR/ready (waited for up to `timeout_s`).
+Result<std::uint32_t> find_job_token(const std::string& run_dir, double timeout_s) {
+  if (auto from_env = job_token_from_env()) return *from_env;
+  const std::string path = run_dir + "/" + kJobTokenFile;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (true) {
+    auto token = read_job_token_file(path);
+    if (token.ok() || token.status().code() != StatusCode::kNotFound) return token;
+    if (std::chrono::steady_clock::now() > deadline) {
+      return make_error(StatusCode::kUnavailable,
+                        "no job token: {} is unset and {} did not appear within {:.0f} s (are the daemons running "
+                        "with the same SHARDMIX_RUN_DIR? still loading?)",
+                        kJobTokenEnv, path, timeout_s);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -156,7 +176,14 @@ class DaemonConnection {
     while (done < frame.size()) {
       const ssize_t n = ::send(fd_, frame.data() + done, frame.size() - done, MSG_NOSIGNAL);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return lost(std::strerror(errno));
+      if (n <= 0) {
+        const int error = errno;
+        // The daemon usually says why before it closes (an Error frame behind batches we
+        // have not read yet): report that, not the broken pipe.
+        Status reason = pending_error();
+        if (!reason.ok()) return reason;
+        return lost(std::string(std::strerror(error)) + " (did the daemon stop or crash?)");
+      }
       done += static_cast<std::size_t>(n);
     }
     return Status::ok_status();
@@ -307,6 +334,25 @@ class DaemonConnection {
     return Status::ok_status();
   }
 
+  // After a failed send: reads what the daemon left in the socket, looking for its Error
+  // frame; ok if there is none (a crash). Bounded: the peer has closed, so reads end at EOF.
+  Status pending_error() {
+    const double saved = receive_timeout_s_;
+    receive_timeout_s_ = 1;
+    Status found;
+    proto::FrameHeader header{};
+    std::vector<std::uint8_t> payload;
+    for (int frames = 0; frames < 4096; ++frames) {
+      header = {};
+      Status s = receive(header, payload);
+      if (s.ok()) continue;  // a batch or epoch end queued before the error
+      if (header.type == static_cast<std::uint16_t>(proto::FrameType::kError)) found = s;  // the daemon's reason
+      break;
+    }
+    receive_timeout_s_ = saved;
+    return found;
+  }
+
   int fd_ = -1;
   std::string socket_path_;
   double receive_timeout_s_ = 600;
@@ -402,6 +448,9 @@ Result<std::unique_ptr<DaemonConnection>> DaemonConnection::open(const ClientOpt
   proto::encode(hello, proto::Hello{static_cast<std::uint32_t>(c->who_.rank),
                                     static_cast<std::uint32_t>(c->who_.world_size),
                                     static_cast<std::uint32_t>(::getpid())});
+  auto token = find_job_token(run_dir, connect_timeout_s(options.ready_timeout_s));
+  if (!token.ok()) return token.status();
+  proto::set_hello_job_token(hello, *token);
   SHARDMIX_RETURN_IF_ERROR(c->send(hello));
 
   proto::FrameHeader header{};

@@ -215,6 +215,15 @@ const KeySpec kKeys[] = {
    "Deeper read-ahead hides storage latency and keeps storage at its bandwidth, but holds (prefetch + this) x batch.size non-local samples of staging per trainer; 0 = only the prefetch credits walk ahead (each cold read waits its turn behind the trainer).",
    "", 0, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(service.cold_readahead_batches)},
 
+  {"fault.peer_death", KeyType::kEnum, "stop",
+   "What the surviving daemons do when a peer daemon dies or stops answering (detected within fault.peer_timeout, docs/operations.md): \"stop\" = every trainer gets an error naming the dead daemon rank and the daemons exit non-zero with that message; \"degrade\" = serve the dead node's samples from storage instead (not built yet: refused with an error).",
+   "stop never hides a fault and never hangs; degrade would keep the job training at storage speed for a share of the samples.",
+   "stop|degrade", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(fault.peer_death)},
+  {"fault.peer_timeout", KeyType::kDuration, "10s",
+   "A peer daemon that answers no read (heartbeat or sample) for this long is declared dead (a duration such as \"10s\"). A peer whose process died is usually found sooner: its connection breaks at the next heartbeat (one per peer every fault.peer_timeout / 10, at most 1 s).",
+   "Shorter detects a dead node sooner but may declare a node dead that was only stalled (swapping, a long GC pause of a co-located process, a congested link).",
+   "", 100000, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_USEC_KEY(fault.peer_timeout)},
+
   {"inject.slow_peer_rank", KeyType::kInt, "-1",
    "Fault injection for tests and benchmarks: reads of samples owned by this daemon rank complete inject.slow_peer_delay late, as if that node were slow. -1 = none.",
    "None in production; it exists to show what shuffle.window buys under a straggling peer.",
@@ -229,6 +238,10 @@ const KeySpec kKeys[] = {
    "Fault injection: each cold-sample read from storage holds its storage reader this much longer (a duration such as \"5ms\"), as a parallel file system's per-read latency would.",
    "None in production; it exists to show what service.cold_readahead_batches and service.loader_threads buy against storage latency on a machine whose storage is a warm page cache.",
    "", 0, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_USEC_KEY(inject.storage_delay)},
+  {"inject.load_delay", KeyType::kDuration, "0ms",
+   "Fault injection: each loader thread sleeps this long after every sample it reads into the cache, as if storage were slow (a duration such as \"5ms\").",
+   "Only for tests of a long load (e.g. SIGTERM while loading); 0 disables it.",
+   "", 0, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_USEC_KEY(inject.load_delay)},
 
   {"telemetry.stats_file", KeyType::kString, "",
    "Rank 0 appends one JSON line per epoch of the whole job to this file (samples/s, GB/s, trainer stall, tier fractions, label entropy, affinity, Q, errors, skipped samples), once every trainer has finished the epoch; incomplete epochs are written at shutdown. \"{job}\" is replaced by the job id ($SLURM_JOB_ID, $PBS_JOBID, Open MPI's job id, else local-<pid of rank 0>). \"\" = off.",
@@ -929,6 +942,12 @@ Status validate(const Config& config, const Origins& origins) {
   }
   if (auto exts = parse_extension_list(config.dataset.sample_ext, "dataset.sample_ext"); !exts.ok()) {
     return exts.status();
+  }
+  if (config.fault.peer_death == "degrade") {
+    return make_error(StatusCode::kInvalidArgument,
+                      "config key 'fault.peer_death' = \"degrade\" ({}) would read a dead node's samples from storage; "
+                      "that failover is not built yet (the storage tier is, decisions/0025); use \"stop\"",
+                      origins.count("fault.peer_death") ? origins.at("fault.peer_death") : "default");
   }
   if (config.inject.slow_peer_rank < -1) {
     return make_error(StatusCode::kInvalidArgument, "config key 'inject.slow_peer_rank' must be -1 (none) or a rank, got {}",

@@ -79,11 +79,20 @@ struct ServiceConfig {
   bool operator==(const ServiceConfig&) const = default;
 };
 
+// What a daemon does when a peer daemon dies (docs/decisions/0025, 0026).
+struct FaultConfig {
+  std::string peer_death = "stop";     // fault.peer_death = stop|degrade (degrade: not available yet)
+  std::chrono::microseconds peer_timeout{std::chrono::seconds(10)};  // fault.peer_timeout
+
+  bool operator==(const FaultConfig&) const = default;
+};
+
 // Fault injection, for tests and benchmarks only.
 struct InjectConfig {
   std::int64_t slow_peer_rank = -1;    // inject.slow_peer_rank: -1 = none
   std::chrono::microseconds slow_peer_delay{0};  // inject.slow_peer_delay
   std::chrono::microseconds storage_delay{0};    // inject.storage_delay
+  std::chrono::microseconds load_delay{0};       // inject.load_delay: per sample loaded
 
   bool operator==(const InjectConfig&) const = default;
 };
@@ -111,6 +120,7 @@ struct Config {
   CacheConfig cache;
   FabricConfig fabric;
   ServiceConfig service;
+  FaultConfig fault;
   InjectConfig inject;
   TelemetryConfig telemetry;
   LogConfig log;
@@ -142,9 +152,10 @@ std::string_view dataset_format_name(DatasetFormat format);
 // SHARDMIX_* environment variables that are not config keys; load_config ignores them
 // (every other SHARDMIX_* name must be a key's env name). SHARDMIX_LOG_LEVEL is also the
 // env name of log.level, so it sets log.level for the daemon too.
-inline constexpr std::array<std::string_view, 8> kNonConfigEnvVars = {
+inline constexpr std::array<std::string_view, 9> kNonConfigEnvVars = {
     "SHARDMIX_RUN_DIR",    "SHARDMIX_LOG_LEVEL",  "SHARDMIX_DAEMON",     "SHARDMIX_RANK",
-    "SHARDMIX_WORLD_SIZE", "SHARDMIX_LOCAL_RANK", "SHARDMIX_LOCAL_SIZE", "SHARDMIX_CONNECT_TIMEOUT"};
+    "SHARDMIX_WORLD_SIZE", "SHARDMIX_LOCAL_RANK", "SHARDMIX_LOCAL_SIZE", "SHARDMIX_CONNECT_TIMEOUT",
+    "SHARDMIX_JOB_TOKEN"};
 
 // One row of config.cc's key table, for docs, tools and tests.
 struct ConfigKeyInfo {

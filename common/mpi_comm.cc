@@ -191,6 +191,21 @@ Status MpiSession::barrier(const std::function<void()>& progress) const {
   }
 }
 
+Status MpiSession::barrier_unless(const std::function<Status()>& check) const {
+  MPI_Request request = MPI_REQUEST_NULL;
+  SHARDMIX_MPI_CHECK("MPI_Ibarrier", MPI_Ibarrier(g_comm, &request));
+  for (;;) {
+    int done = 0;
+    SHARDMIX_MPI_CHECK("MPI_Test (barrier)", MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return Status::ok_status();
+    if (check) {
+      Status s = check();
+      if (!s.ok()) return s;
+    }
+    std::this_thread::sleep_for(kBarrierPollInterval);
+  }
+}
+
 Status MpiSession::send(int dest, int tag, std::span<const std::uint8_t> bytes) const {
   if (bytes.size() > kMaxBytesPerCall) {
     return make_error(StatusCode::kInvalidArgument, "send: {} bytes is more than one MPI message carries", bytes.size());

@@ -35,6 +35,10 @@ class MpiSession {
   // A barrier that keeps calling `progress` while it waits (MPI_Ibarrier + MPI_Test), so
   // libfabric providers with manual progress keep serving peers during shutdown.
   Status barrier(const std::function<void()>& progress = {}) const;
+  // The same, but gives up as soon as `check` (called while waiting) returns an error,
+  // and returns that error: e.g. a peer daemon was found dead and will never arrive. The
+  // barrier is then left pending: do not call MPI_Finalize (which would wait for it).
+  Status barrier_unless(const std::function<Status()>& check) const;
 
   // Point-to-point, for per-epoch telemetry only (every daemon sends its finished trainer
   // passes to rank 0; docs/decisions/0014). A blocking send of a small message (eager in

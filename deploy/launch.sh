@@ -29,6 +29,8 @@ Options:
   -h, --help                this text
 
 Environment:
+  SHARDMIX_JOB_TOKEN        token shared by this job's daemons and trainers (default:
+                            128 random bits, generated here; see docs/security.md)
   SHARDMIX_RUN_DIR          run dir for sockets and the ready file (created if missing,
                             kept afterwards). Default: a private mktemp -d dir, removed
                             at the end. Keep the path short (unix socket paths < 108 B).
@@ -334,6 +336,10 @@ sock_probe="$run_dir/d$((nodes - 1)).sock"
 ((${#sock_probe} < 108)) ||
   sm_die "run dir path too long for unix sockets (${#sock_probe} >= 108 bytes): $run_dir; set SHARDMIX_RUN_DIR to a shorter path" 2
 export SHARDMIX_RUN_DIR=$run_dir
+# One token for this job's daemons and trainers: a trainer of another job that finds these
+# daemons' sockets is refused (docs/security.md). A caller's own token is kept.
+SHARDMIX_JOB_TOKEN=${SHARDMIX_JOB_TOKEN:-$(sm_job_token)}
+export SHARDMIX_JOB_TOKEN
 
 # This script's own knobs stay here (shardmixd rejects SHARDMIX_* names it does not know).
 sm_unexport_tool_vars

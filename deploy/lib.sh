@@ -25,6 +25,8 @@ sm_die() {
 sm_section() { printf '\n== %s\n' "$*"; }
 
 sm_is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
+# A fresh per-job token for SHARDMIX_JOB_TOKEN (docs/security.md): 128 random bits as hex.
+sm_job_token() { od -An -N16 -tx1 /dev/urandom | tr -d ' \n'; }
 
 sm_build_dir() { printf '%s\n' "${SHARDMIX_BUILD_DIR:-$SM_REPO/build}"; }
 

@@ -48,6 +48,8 @@ export SHARDMIX_RUN_DIR=${SHARDMIX_RUN_DIR:-/tmp/shardmix-$(id -u)}
 mkdir -p -- "$SHARDMIX_RUN_DIR"
 chmod 0700 -- "$SHARDMIX_RUN_DIR"
 rm -f -- "$SHARDMIX_RUN_DIR/ready"  # a stale one would let trainers start too early
+SHARDMIX_JOB_TOKEN=${SHARDMIX_JOB_TOKEN:-$(sm_job_token)}  # docs/security.md
+export SHARDMIX_JOB_TOKEN
 sm_unexport_tool_vars
 export_args=()
 while IFS= read -r name; do export_args+=(-x "$name"); done < <(compgen -e | grep -E '^(SHARDMIX_|FI_)' || true)

@@ -190,6 +190,11 @@ void encode_stats(std::vector<std::uint8_t>& out, std::string_view text) {
   w.put_raw(text.data(), text.size());
 }
 
+void set_hello_job_token(std::vector<std::uint8_t>& frame, std::uint32_t token) {
+  if (frame.size() < sizeof(FrameHeader)) return;
+  std::memcpy(frame.data() + offsetof(FrameHeader, reserved), &token, sizeof(token));
+}
+
 std::int64_t request_payload_bytes(FrameType type) {
   switch (type) {
     case FrameType::kHello: return 3 * sizeof(std::uint32_t);

@@ -2,6 +2,7 @@
 //
 // A frame is a fixed 16-byte header followed by `payload_bytes` of payload:
 //   magic u32 "SMX1" | version u16 | type u16 | payload_bytes u32 | reserved u32
+// `reserved` is 0, except in a Hello, where it carries the job token (set_hello_job_token).
 // Integers are little-endian (both ends run on the same host, but the layout is pinned
 // anyway so a fuzzer and a reader of a capture agree). Payloads are decoded only through
 // Reader, which bounds-checks every field: a malformed frame is a Status, never UB.
@@ -160,6 +161,10 @@ void encode_get_catalog(std::vector<std::uint8_t>& out);
 void encode_catalog(std::vector<std::uint8_t>& out, std::span<const std::uint8_t> catalog);
 void encode_get_stats(std::vector<std::uint8_t>& out);
 void encode_stats(std::vector<std::uint8_t>& out, std::string_view text);
+// The job token (common/job_token.h, docs/decisions/0024) travels in the Hello frame's
+// header `reserved` field, so the Hello payload layout is unchanged (0 = no token).
+// Sets it in an encoded frame that starts at `frame[0]` (a Hello from encode()).
+void set_hello_job_token(std::vector<std::uint8_t>& frame, std::uint32_t token);
 
 // Decoding. Each returns an empty string on success, else what was wrong, with the byte
 // offset ("batch frame: sample count 9 needs 288 bytes, payload has 100 at offset 16").

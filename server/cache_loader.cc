@@ -15,9 +15,10 @@ namespace shardmix {
 
 Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& placement, std::uint32_t node,
                                      const DatasetConfig& dataset, std::uint32_t threads, std::uint8_t* arena,
-                                     const LoadProgress& progress) {
-  // Only the resident samples: cold ones are read from storage when a trainer needs them.
+                                     const LoadProgress& progress, const std::function<bool()>& cancelled,
+                                     std::chrono::microseconds per_sample_delay) {
   const auto& owned = placement.cached[node];
+  // Only the resident samples: cold ones are read from storage when a trainer needs them.
   const std::uint64_t total_bytes = placement.cached_bytes[node];
   auto log = log::get("loader");
   const auto start = std::chrono::steady_clock::now();
@@ -43,6 +44,7 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
       }
       loaded_samples.fetch_add(1, std::memory_order_relaxed);
       loaded_bytes.fetch_add(size, std::memory_order_relaxed);
+      if (per_sample_delay.count() > 0) std::this_thread::sleep_for(per_sample_delay);
     }
   };
   std::vector<std::thread> pool;
@@ -53,6 +55,15 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
   auto last_log = start;
   while (loaded_samples.load() + 0 < owned.size() && !failed.load()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (cancelled && cancelled()) {
+      std::lock_guard lock(error_mutex);
+      if (first_error.ok()) {
+        first_error = make_error(StatusCode::kCancelled, "loading node {}'s samples: stopped after {} of {}", node,
+                                 loaded_samples.load(), owned.size());
+      }
+      failed = true;
+      break;
+    }
     const auto now = std::chrono::steady_clock::now();
     if (progress) {
       progress(LoadStats{loaded_samples.load(), loaded_bytes.load(), std::chrono::duration<double>(now - start).count()},

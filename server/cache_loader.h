@@ -4,6 +4,7 @@
 // Thread-safety: load() is a blocking call for the main thread; it owns its workers.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 
@@ -21,11 +22,16 @@ struct LoadStats {
 };
 
 // Called on the calling thread about every 50 ms while loading, and once at the end.
+// `cancelled`, when given, is asked as often: true stops the load (kCancelled; the readers
+// finish the sample in hand), e.g. on SIGTERM during a long load. `per_sample_delay` is
+// fault injection (inject.load_delay): each reader sleeps that long after every sample.
 using LoadProgress = std::function<void(const LoadStats& so_far, std::uint64_t total_samples,
                                         std::uint64_t total_bytes, bool done)>;
 
 Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& placement, std::uint32_t node,
                                      const DatasetConfig& dataset, std::uint32_t threads, std::uint8_t* arena,
-                                     const LoadProgress& progress = {});
+                                     const LoadProgress& progress = {},
+                                     const std::function<bool()>& cancelled = {},
+                                     std::chrono::microseconds per_sample_delay = {});
 
 }  // namespace shardmix

@@ -12,7 +12,9 @@
 #include <atomic>
 #include <deque>
 #include <mutex>
+#include <future>
 #include <optional>
+#include <thread>
 
 #include "common/log.h"
 #include "proto/wire.h"
@@ -42,7 +44,8 @@ void FabricFetcher::fetch(std::vector<PeerRead> reads, std::function<void(const 
   const auto delay = slow ? slow_peer_.delay : std::chrono::microseconds(0);
   for (const PeerRead& r : reads) {
     fabric_.read(static_cast<int>(r.peer), r.remote_offset, r.length, staging_, r.staging_offset,
-                 [this, group, delay](const Status& status) {
+                 [this, group, delay, peer = r.peer](const Status& status) {
+                   if (!status.ok() && peer_error_) peer_error_(peer, status);
                    if (!status.ok()) {
                      std::lock_guard lock(group->mutex);
                      if (group->first_error.ok()) group->first_error = status;
@@ -87,6 +90,18 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     socket_.shutdown(stream::socket::shutdown_both, ignored);
     socket_.close(ignored);
     service_.forget(shared_from_this());
+  }
+
+  // The daemon is stopping: a trainer gets an Error frame saying so after what is already
+  // queued, then the connection closes (at the latest when the service is destroyed).
+  void shut_down(const Status& why) {
+    if (closed_ || closing_after_write_) return;
+    if (!scheduler_) return close();  // not a trainer yet (e.g. shardmix-stat)
+    scheduler_->close();              // no more batches
+    std::vector<std::uint8_t> out;
+    proto::encode(out, proto::ErrorFrame{static_cast<std::uint16_t>(why.code()), why.message()});
+    closing_after_write_ = true;
+    write(std::move(out));
   }
 
   // Whether the trainer closed its end (or died), even if its EOF is not processed yet.
@@ -211,7 +226,7 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
       case proto::FrameType::kHello: {
         proto::Hello hello;
         if (auto err = proto::decode(payload_, hello); !err.empty()) return protocol_error(err), false;
-        return on_hello(hello);
+        return on_hello(hello, header_.reserved);
       }
       case proto::FrameType::kStartEpoch: {
         proto::StartEpoch m;
@@ -252,11 +267,23 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     }
   }
 
-  bool on_hello(const proto::Hello& hello) {
+  bool on_hello(const proto::Hello& hello, std::uint32_t job_token) {
     if (scheduler_) return protocol_error("a second Hello on one connection"), false;
     const ServedJob& job = service_.job_;
     const std::uint32_t trainers = job.nodes * job.trainers_per_node;
     trainer_rank_ = hello.trainer_rank;
+    if (job.job_token != 0 && job_token != job.job_token) {
+      // Same uid, another job (or a stale token file): refuse before the trainer maps anything.
+      log_->warn("refusing trainer rank {} (pid {}): {} job token", hello.trainer_rank, peer_pid_,
+                 job_token == 0 ? "no" : "wrong");
+      send_error(make_error(StatusCode::kPermissionDenied,
+                            "{}: this daemon belongs to another job (job token mismatch: the trainer {}). Run the "
+                            "trainers with the SHARDMIX_JOB_TOKEN of their own daemons (deploy/launch.sh and "
+                            "shardmix.sbatch set it), or unset it to use the run dir's token file",
+                            service_.socket_path_,
+                            job_token == 0 ? "sent none" : "holds another job's token"));
+      return false;
+    }
     if (hello.world_size != trainers) {
       send_error(make_error(StatusCode::kInvalidArgument,
                             "trainer world size {} does not match the daemons' layout: {} daemons x "
@@ -508,15 +535,38 @@ void ClientService::accept_next() {
   });
 }
 
+bool ClientService::wait_all_closed(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    std::promise<bool> empty;
+    asio::post(io_, [this, &empty] { empty.set_value(connections_.empty()); });
+    if (empty.get_future().get()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 void ClientService::forget(const std::shared_ptr<TrainerConnection>& connection) { connections_.erase(connection); }
 
-void ClientService::stop() {
-  asio::post(io_, [this] {
+void ClientService::stop(const Status& why) {
+  asio::post(io_, [this, why] {
     boost::system::error_code ignored;
     acceptor_.close(ignored);
     accept_backoff_.cancel();
+    // The socket file goes now, not at destruction: a daemon killed later in its shutdown
+    // (e.g. by mpirun while it waits for a dead peer) leaves nothing behind.
+    if (listening_) {
+      ::unlink(socket_path_.c_str());
+      listening_ = false;
+    }
     auto open = connections_;
-    for (const auto& c : open) c->close();
+    for (const auto& c : open) {
+      if (why.ok()) {
+        c->close();
+      } else {
+        c->shut_down(why);
+      }
+    }
   });
 }
 

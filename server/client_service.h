@@ -1,5 +1,6 @@
 // The daemon's trainer-facing service: a Unix socket served by Boost.Asio on one thread.
-// Each connection: Hello (validated: protocol version, credentials, trainer layout) ->
+// Each connection: the peer's uid (SO_PEERCRED) must be ours; Hello (validated: protocol
+// version, job token, trainer layout) ->
 // Welcome with the arena and staging memfds (SCM_RIGHTS) -> StartEpoch / Release /
 // GetCatalog requests, answered by Batch / EpochEnd / Catalog frames from the trainer's
 // scheduler. A malformed frame or a vanished trainer closes that connection only.
@@ -41,6 +42,9 @@ struct ServedJob {
   std::vector<std::uint8_t> catalog_bytes;
   PeerFetcher* fetcher = nullptr;
   NodeTelemetry* telemetry = nullptr;  // optional: counters, finished passes, GetStats replies
+  // The job token a Hello must carry (common/job_token.h); 0 = accept any (tests only:
+  // the daemon always sets one).
+  std::uint32_t job_token = 0;
 };
 
 // Fault injection (inject.slow_peer_*): fetches that read from `rank` complete `delay` late.
@@ -57,8 +61,12 @@ class FabricFetcher : public PeerFetcher {
                 SlowPeer slow_peer = {})
       : io_(io), fabric_(fabric), staging_(staging), slow_peer_(slow_peer) {}
   void fetch(std::vector<PeerRead> reads, std::function<void(const Status&)> done) override;
+  // Called on the fabric progress thread for every failed read, with the peer's rank (the
+  // daemon's failure detector listens here). Set before the first fetch.
+  void on_peer_error(std::function<void(std::uint32_t peer, const Status&)> hook) { peer_error_ = std::move(hook); }
 
  private:
+  std::function<void(std::uint32_t, const Status&)> peer_error_;
   boost::asio::io_context& io_;
   fabric::Fabric& fabric_;
   fabric::LocalRegion staging_;
@@ -75,10 +83,15 @@ class ClientService {
   // Binds the socket (0600), replacing a stale file left by a crashed daemon, and starts
   // accepting. Fails if another live daemon answers on the path.
   Status listen();
-  // Closes the acceptor and every connection. Safe from any thread.
-  void stop();
+  // Closes the acceptor and every connection. With a `why`, each trainer first receives
+  // it as an Error frame (after the frames already queued for it), so it fails with the
+  // daemon's reason instead of a bare hang-up. Safe from any thread.
+  void stop(const Status& why = Status::ok_status());
 
-  std::size_t connections() const { return connections_.size(); }
+  std::size_t connections() const { return connections_.size(); }  // io thread only
+  // Waits (from another thread) until every connection has closed, e.g. after stop(why)
+  // once each trainer's Error frame is written, or until `timeout`; true if all closed.
+  bool wait_all_closed(std::chrono::milliseconds timeout);
   // Logs, once per epoch and node, what shuffle.min_entropy chose for `epoch` (nothing
   // when the mode is off).
   void report_epoch_choice(std::uint64_t epoch);

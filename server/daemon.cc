@@ -1,5 +1,6 @@
 #include "server/daemon.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,11 +24,13 @@
 #include "common/catalog.h"
 #include "common/epoch_plan.h"
 #include "common/fabric/fabric.h"
+#include "common/job_token.h"
 #include "common/log.h"
 #include "common/placement.h"
 #include "server/cache_loader.h"
 #include "server/client_service.h"
 #include "server/netns.h"
+#include "server/peer_monitor.h"
 #include "server/shared_region.h"
 #include "server/storage_reader.h"
 #include "server/telemetry.h"
@@ -81,12 +84,16 @@ Status make_private_dir(const std::string& dir) {
   return Status::ok_status();
 }
 
-Status write_file_atomically(const std::string& path, const std::string& text) {
+// `private_file`: mode 0600 (the ready file), else the umask's (e.g. Prometheus textfiles).
+Status write_file_atomically(const std::string& path, const std::string& text, bool private_file = false) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << text;
     if (!out) return make_error(StatusCode::kIoError, "cannot write {}", tmp);
+  }
+  if (private_file && ::chmod(tmp.c_str(), 0600) != 0) {
+    return make_error(StatusCode::kIoError, "cannot make {} private (chmod 0600): {}", tmp, std::strerror(errno));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     return make_error(StatusCode::kIoError, "cannot rename {} to {}: {}", tmp, path, std::strerror(errno));
@@ -383,6 +390,43 @@ std::string job_id(const std::string& rank0_pid) {
   return "local-" + rank0_pid;
 }
 
+// Whether `pid` is a running process: exists and is not a zombie (a SIGKILLed daemon stays
+// a zombie until its parent, e.g. an exiting mpirun, is reaped).
+bool process_running(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) return ::kill(pid, 0) == 0 || errno == EPERM;
+  const auto paren = text.rfind(')');
+  return paren == std::string::npos || paren + 2 >= text.size() || (text[paren + 2] != 'Z' && text[paren + 2] != 'X');
+}
+
+// Rank 0 at start: a daemon job that was SIGKILLed leaves RUN_DIR/ready and RUN_DIR/token
+// behind; trainers must not take them for this job's. They are stale when the rank 0 they
+// name ran on this host and is gone. (Stale sockets are found per rank by ClientService::listen.)
+void remove_stale_run_files(const std::string& run_dir, const std::string& my_host) {
+  const std::string ready = run_dir + "/ready";
+  std::ifstream in(ready);
+  if (!in) return;
+  std::string line, host, pid_text;
+  while (std::getline(in, line)) {
+    if (line.rfind("host.0=", 0) == 0) host = line.substr(7);
+    if (line.rfind("pid.0=", 0) == 0) pid_text = line.substr(6);
+  }
+  const long pid = std::strtol(pid_text.c_str(), nullptr, 10);
+  auto log = log::get("daemon");
+  if (host != my_host || pid <= 0) {
+    log->warn("{} exists and names no daemon of this host (host.0={}, pid.0={}); removing it", ready, host, pid_text);
+  } else if (process_running(static_cast<pid_t>(pid))) {
+    log->warn("{} names daemon pid {}, which is still running; another job may be using run dir {} (its sockets "
+              "will be checked before we serve)", ready, pid, run_dir);
+    return;
+  } else {
+    log->warn("removing stale {} and {} left by an earlier run whose daemon (pid {}) is gone", ready, kJobTokenFile, pid);
+  }
+  ::unlink(ready.c_str());
+  ::unlink((run_dir + "/" + kJobTokenFile).c_str());
+}
+
 }  // namespace
 
 std::string resolve_run_dir(const Config& config) {
@@ -434,6 +478,14 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   const std::string run_dir = resolve_run_dir(config);
   Status s = agree(mpi, make_private_dir(run_dir), "creating the run directory");
   if (!s.ok()) return fail(s);
+  if (rank == 0) remove_stale_run_files(run_dir, mpi.hostname());
+  // The job token (docs/decisions/0024): rank 0's, from SHARDMIX_JOB_TOKEN or random.
+  std::uint32_t job_token = rank == 0 ? job_token_from_env().value_or(random_job_token()) : 0;
+  {
+    auto tokens = mpi.allgather(std::span(reinterpret_cast<const std::uint8_t*>(&job_token), sizeof(job_token)));
+    if (!tokens.ok()) return fail(tokens.status());
+    std::memcpy(&job_token, (*tokens)[0].data(), sizeof(job_token));
+  }
 
   // 1. Catalog: each rank scans its share, everyone merges the same catalog.
   auto scan = scan_partition(config.dataset, rank, nodes);
@@ -538,6 +590,9 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   }
   fabric::FabricOptions fabric_options{config.fabric.provider, config.fabric.interface,
                                        config.fabric.max_outstanding_reads};
+  // Heartbeat reads (server/peer_monitor.h) land here, one byte per peer; declared before
+  // the fabric so it outlives every read.
+  std::vector<std::uint8_t> heartbeat_bytes(static_cast<std::size_t>(nodes));
   auto fabric_or = fabric::Fabric::create(fabric_options, rank, nodes);
   Status fabric_status = fabric_or.status();
   fabric::LocalRegion staging_region;
@@ -548,6 +603,12 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     auto local = (*fabric_or)->register_local((*staging)->data(), (*staging)->length());
     fabric_status = local.status();
     if (local.ok()) staging_region = *local;
+  }
+  fabric::LocalRegion heartbeat_region;
+  if (fabric_status.ok()) {
+    auto local = (*fabric_or)->register_local(heartbeat_bytes.data(), heartbeat_bytes.size());
+    fabric_status = local.status();
+    if (local.ok()) heartbeat_region = *local;
   }
   if (fabric_status.ok() && !config.fabric.netns.empty() && (*fabric_or)->domain_name() == "lo") {
     // Each namespace has its own loopback: peers would never answer (a hang at the first
@@ -573,13 +634,36 @@ int run_daemon(const Config& config, MpiSession& mpi) {
 
   // 5. Load owned samples into the arena.
   LoadReporter load_reporter(mpi, telemetry, placement);
+  if (config.inject.load_delay.count() > 0) {
+    log->warn("fault injection: every sample loaded costs {} us more (inject.load_delay)", config.inject.load_delay.count());
+  }
   auto loaded = load_owned_samples(catalog, placement, static_cast<std::uint32_t>(rank), config.dataset,
-                                   config.service.loader_threads, (*arena)->data(), std::ref(load_reporter));
-  s = agree(mpi, loaded.status(), "loading samples");
-  if (!s.ok()) {
-    (void)mpi.barrier();
-    fabric.stop_progress();
-    return fail(s);
+                                   config.service.loader_threads, (*arena)->data(), std::ref(load_reporter),
+                                   [&stop] { return stop.requested(); }, config.inject.load_delay);
+  // SIGTERM during the load (one daemon is enough): every daemon stops here, exit 0.
+  {
+    const std::uint8_t stopping = stop.requested() ? 1 : 0;
+    s = agree(mpi, loaded.ok() || stopping != 0 ? Status::ok_status() : loaded.status(), "loading samples");
+    auto stops = s.ok() ? mpi.allgather(std::span(&stopping, 1))
+                        : Result<std::vector<std::vector<std::uint8_t>>>(s);
+    if (!stops.ok()) {
+      (void)mpi.barrier();
+      fabric.stop_progress();
+      return fail(stops.status());
+    }
+    std::string stopped_ranks;
+    for (int r = 0; r < nodes; ++r) {
+      if (!(*stops)[static_cast<std::size_t>(r)].empty() && (*stops)[static_cast<std::size_t>(r)][0] != 0) {
+        stopped_ranks += (stopped_ranks.empty() ? "" : ", ") + std::to_string(r);
+      }
+    }
+    if (!stopped_ranks.empty()) {
+      (void)mpi.barrier();
+      fabric.stop_progress();
+      log->info("stopped during loading ({}; signal on daemon rank(s) {}); exiting",
+                loaded.ok() ? "load complete" : loaded.status().message(), stopped_ranks);
+      return 0;
+    }
   }
   log->info("loaded {} samples, {:.1f} MB in {:.2f} s ({:.0f} MB/s)", loaded->samples, loaded->bytes / 1e6,
             loaded->seconds, loaded->seconds > 0 ? loaded->bytes / 1e6 / loaded->seconds : 0.0);
@@ -598,19 +682,17 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     }
   }
 
-  if (stop.requested()) {  // SIGTERM during the load: do not start serving
-    (void)mpi.barrier();
-    fabric.stop_progress();
-    log->info("stopped during loading; exiting");
-    return 0;
-  }
-
   // 6. Serve trainers.
   SlowPeer slow_peer{config.inject.slow_peer_rank, config.inject.slow_peer_delay};
   if (slow_peer.rank >= 0 && slow_peer.delay.count() > 0) {
     log->warn("fault injection: fetches from rank {} complete {} us late (inject.slow_peer_*)", slow_peer.rank,
               slow_peer.delay.count());
   }
+  // Peer failure detection while serving and draining (docs/decisions/0025, 0026).
+  PeerMonitor monitor(static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(nodes), config.fault.peer_timeout,
+                      [&fabric, heartbeat_region](std::uint32_t peer, std::function<void(const Status&)> done) {
+                        fabric.read(static_cast<int>(peer), 0, 1, heartbeat_region, peer, std::move(done));
+                      });
   FabricFetcher fetcher(io, fabric, staging_region, slow_peer);
   // The storage tier: cold samples are read by the daemon whose trainer needs them (the
   // dataset is on a file system every node sees), with completions on the io thread.
@@ -624,6 +706,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
                 config.inject.storage_delay.count());
     }
   }
+  fetcher.on_peer_error([&monitor](std::uint32_t peer, const Status& status) { monitor.report(peer, status); });
   ServedJob served;
   served.context = SchedulerContext{&catalog, &placement, &planner, static_cast<std::uint32_t>(rank),
                                     config.service.prefetch, config.shuffle.window, catalog.num_classes(),
@@ -637,6 +720,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   served.catalog_bytes = catalog.serialize();
   served.fetcher = &fetcher;
   served.telemetry = &telemetry;
+  served.job_token = job_token;
   const std::string socket_path = run_dir + "/d" + std::to_string(rank) + ".sock";
   auto service = std::make_unique<ClientService>(io, std::move(served), socket_path);
   // On every way out from here: the service dies on its own thread (it owns Asio objects),
@@ -672,6 +756,11 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   }
 
   // 7. Ready: every daemon serves; rank 0 publishes the layout for trainers and launchers.
+  //    Every daemon writes the job token into its run dir first (run dirs are often
+  //    node-local; the allgather below orders it before rank 0's ready file).
+  const std::string token_path = run_dir + "/" + kJobTokenFile;
+  s = write_job_token_file(token_path, job_token);
+  if (!s.ok()) log->error("{}", s.to_string());
   auto pids = mpi.allgather(to_bytes(std::to_string(::getpid())));
   if (!pids.ok()) return fail(pids.status());
   const std::string ready_path = run_dir + "/ready";
@@ -680,7 +769,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
                        std::to_string(config.service.trainers_per_node) + "\n";
     for (int r = 0; r < nodes; ++r) text += "host." + std::to_string(r) + "=" + to_string((*hosts)[r]) + "\n";
     for (int r = 0; r < nodes; ++r) text += "pid." + std::to_string(r) + "=" + to_string((*pids)[r]) + "\n";
-    s = write_file_atomically(ready_path, text);
+    s = write_file_atomically(ready_path, text, /*private_file=*/true);
     if (!s.ok()) log->error("{}", s.to_string());
     log->info("ready: {} daemons serving {} samples ({:.1f} MB), {} batches of {} per trainer per epoch; run dir {}",
               nodes, catalog.size(), catalog.total_bytes() / 1e6, shape.batches_per_trainer, config.batch.size,
@@ -690,12 +779,45 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   telemetry.set_serving(true);
   TelemetryPump pump(config, mpi, telemetry, static_cast<std::uint32_t>(nodes) * config.service.trainers_per_node,
                      catalog.size(), catalog.invalid_samples(), job_id(to_string((*pids)[0])));
-  // The main thread is idle while serving: it carries the telemetry (MPI stays on it).
-  while (!stop.wait_for(std::chrono::milliseconds(100))) pump.pump();
+  // fault.peer_death = stop: every trainer of this daemon gets the reason, the run files
+  // go, and the daemon exits 1 without MPI_Finalize (which would wait for the dead rank).
+  auto stop_for_dead_peer = [&](const PeerMonitor::Failure& dead) {
+    const std::string host = dead.rank < hosts->size() ? to_string((*hosts)[dead.rank]) : "?";
+    const Status why = make_error(StatusCode::kUnavailable,
+                                  "daemon rank {} (host {}) is dead or unreachable: {}; stopping the job "
+                                  "(fault.peer_death = stop)",
+                                  dead.rank, host, dead.reason);
+    log->error("{}", why.message());
+    service->stop(why);
+    if (!service->wait_all_closed(std::chrono::seconds(5))) {
+      log->warn("not every trainer took the error within 5 s; closing their connections");
+    }
+    if (rank == 0) ::unlink(ready_path.c_str());
+    ::unlink(token_path.c_str());
+    log->error("exiting with status 1: daemon rank {} failed", dead.rank);
+    spdlog::apply_all([](const std::shared_ptr<spdlog::logger>& l) { l->flush(); });
+    std::fflush(nullptr);
+    std::_Exit(1);
+  };
+  // The main thread is idle while serving: it carries the telemetry (MPI stays on it) and
+  // the failure detector.
+  log->info("watching {} peer daemons: a heartbeat every {} ms, dead after {:.1f} s without an answer "
+            "(fault.peer_timeout), fault.peer_death = {}",
+            nodes - 1, std::chrono::duration_cast<std::chrono::milliseconds>(monitor.interval()).count(),
+            std::chrono::duration<double>(monitor.timeout()).count(), config.fault.peer_death);
+  while (!stop.wait_for(std::chrono::milliseconds(100))) {
+    pump.pump();
+    if (auto dead = monitor.poll()) stop_for_dead_peer(*dead);
+  }
+  // A stop signal may follow a peer's death (mpirun stops the job when a rank dies): then
+  // the trainers are told which rank died, not only that we were stopped.
+  if (auto dead = monitor.poll()) stop_for_dead_peer(*dead);
 
   // 8. Drain: stop serving, then wait for every peer while still progressing the fabric,
   //    so no peer's read of our arena is left hanging.
-  service->stop();
+  service->stop(make_error(StatusCode::kCancelled, "the daemon of node {} is shutting down (it received a stop "
+                                                  "signal); no more batches",
+                          rank));
   {
     // stop() closes the connections on the io thread (which records passes that ended);
     // a task posted after it runs once that is done.
@@ -704,8 +826,21 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     stopped.get_future().wait();
   }
   if (rank == 0) ::unlink(ready_path.c_str());
+  ::unlink(token_path.c_str());
   pump.finish(std::chrono::seconds(10));
-  Status drained = mpi.barrier();
+  // A peer that dies now would never reach the barrier: keep watching while waiting. A
+  // failure must persist for a second, so a peer that left the barrier first and closed
+  // its endpoint is not mistaken for a dead one.
+  std::optional<std::chrono::steady_clock::time_point> failing_since;
+  Status drained = mpi.barrier_unless([&]() -> Status {
+    auto dead = monitor.poll();
+    if (!dead) return Status::ok_status();
+    const auto now = std::chrono::steady_clock::now();
+    if (!failing_since) failing_since = now;
+    if (now - *failing_since < std::chrono::seconds(1)) return Status::ok_status();
+    stop_for_dead_peer(*dead);
+    return Status::ok_status();
+  });
   const fabric::FabricStats fs = fabric.stats();
   if (storage_readers) {
     const StorageReaderStats ss = storage_readers->stats();

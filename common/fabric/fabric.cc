@@ -1,5 +1,7 @@
 #include "common/fabric/fabric.h"
 
+#include <sys/random.h>
+
 #include <sys/prctl.h>
 
 #include <rdma/fabric.h>
@@ -187,7 +189,9 @@ struct Fabric::Impl {
   // `connected` is published). ---
   bool exposed = false;
   EndpointBlob own_blob;
-  std::uint64_t next_requested_key = 1;  // providers without FI_MR_PROV_KEY use our keys
+  // Providers without FI_MR_PROV_KEY (tcp, net) use our requested keys: random per daemon
+  // start, so a key cannot be guessed from knowing ShardMix (docs/security.md).
+  std::uint64_t next_requested_key = 1;
   std::vector<PeerRegion> peers;
   std::atomic<bool> connected{false};
   std::atomic<int> local_region_count{0};
@@ -260,6 +264,15 @@ Status Fabric::Impl::open(const FabricOptions& options) {
   provider_name = info->fabric_attr->prov_name ? info->fabric_attr->prov_name : wanted_provider;
   domain_name = info->domain_attr->name ? info->domain_attr->name : "";
   mr_mode = info->domain_attr->mr_mode;
+  {
+    // As wide as the domain's keys are (mr_key_size bytes, at most 8), never 0.
+    const std::size_t key_bytes = std::clamp<std::size_t>(info->domain_attr->mr_key_size, 1, 8);
+    std::uint64_t random = 0;
+    if (::getrandom(&random, sizeof(random), 0) != static_cast<ssize_t>(sizeof(random))) random = 0;
+    const std::uint64_t mask = key_bytes >= 8 ? ~std::uint64_t{0} : (std::uint64_t{1} << (8 * key_bytes)) - 1;
+    // Leave room for the few registrations that follow (arena, staging) without wrapping.
+    next_requested_key = std::max<std::uint64_t>(1, (random & mask) >> 1);
+  }
   wait_mode = cq_wait_mode_for(provider_name);
   max_inflight = options.max_outstanding_reads;
   if (info->tx_attr->size > 0) max_inflight = std::min<std::size_t>(max_inflight, info->tx_attr->size);
@@ -651,7 +664,9 @@ Status Fabric::expose(void* base, std::size_t length) {
   impl.own_blob.region_address = (impl.mr_mode & FI_MR_VIRT_ADDR) ? reinterpret_cast<std::uintptr_t>(base) : 0;
   impl.own_blob.region_key = key;
   impl.own_blob.region_length = length;
-  log::get("fabric")->info("exposed {} bytes (key {:#x}, remote address {:#x})", length, key,
+  // The key goes to peers over MPI only; logs (often world-readable files) never show it.
+  log::get("fabric")->info("exposed {} bytes ({} key, remote address {:#x})", length,
+                           (impl.mr_mode & FI_MR_PROV_KEY) ? "provider-chosen" : "random requested",
                            impl.own_blob.region_address);
   return Status::ok_status();
 }

@@ -19,7 +19,11 @@
 #include <sys/stat.h>
 #include <thread>
 
+#include <grp.h>
+#include <sys/wait.h>
+
 #include "client/client.h"
+#include "common/job_token.h"
 #include "common/rng.h"
 #include "server/client_service.h"
 #include "server/shared_region.h"
@@ -110,6 +114,8 @@ class ServiceTest : public ::testing::Test {
     job.catalog_bytes = catalog_.serialize();
     job.fetcher = fetcher_.get();
     job.telemetry = &telemetry_;
+    job.job_token = kJobToken;
+    ASSERT_TRUE(write_job_token_file((dir_ / kJobTokenFile).string(), kJobToken).ok());
     service_ = std::make_unique<ClientService>(io_, std::move(job), (dir_ / "d0.sock").string());
     ASSERT_TRUE(service_->listen().ok());
     io_thread_ = std::thread([this] { io_.run(); });
@@ -156,6 +162,7 @@ class ServiceTest : public ::testing::Test {
   }
 
   static constexpr std::uint64_t kStagingPerTrainer = 7 * 9088;
+  static constexpr std::uint32_t kJobToken = 0x5eed1234;
   fs::path dir_;
   Catalog catalog_;
   PlanShape shape_;
@@ -297,6 +304,7 @@ int raw_connect(const fs::path& socket_path) {
 void raw_hello(int fd, std::uint32_t rank, int fds[2]) {
   std::vector<std::uint8_t> hello;
   proto::encode(hello, proto::Hello{rank, 4, 1});
+  proto::set_hello_job_token(hello, 0x5eed1234);  // ServiceTest::kJobToken
   ASSERT_EQ(static_cast<ssize_t>(hello.size()), ::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL));
   std::uint8_t buf[256];
   iovec iov{buf, sizeof(buf)};
@@ -487,6 +495,273 @@ TEST_F(ServiceTest, SocketFileIsPrivate) {
   struct stat st {};
   ASSERT_EQ(0, ::stat((dir_ / "d0.sock").c_str(), &st));
   EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+}  // namespace
+}  // namespace shardmix
+
+namespace shardmix {
+namespace {
+
+// SHARDMIX_JOB_TOKEN set for one scope, restored afterwards.
+class ScopedJobTokenEnv {
+ public:
+  explicit ScopedJobTokenEnv(const char* value) {
+    if (const char* old = std::getenv(kJobTokenEnv)) saved_ = old;
+    if (value != nullptr) {
+      ::setenv(kJobTokenEnv, value, 1);
+    } else {
+      ::unsetenv(kJobTokenEnv);
+    }
+  }
+  ~ScopedJobTokenEnv() {
+    if (saved_) {
+      ::setenv(kJobTokenEnv, saved_->c_str(), 1);
+    } else {
+      ::unsetenv(kJobTokenEnv);
+    }
+  }
+
+ private:
+  std::optional<std::string> saved_;
+};
+
+TEST_F(ServiceTest, ATrainerOfAnotherJobIsRefusedByItsToken) {
+  {
+    ScopedJobTokenEnv other_job("job-b-0123456789");  // e.g. launch.sh of a second job
+    auto refused = Client::try_connect(options(0));
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied);
+    EXPECT_NE(refused.status().message().find("belongs to another job (job token mismatch"), std::string::npos)
+        << refused.status().message();
+  }
+  // A Hello without any token (an older client) is refused too, naming that.
+  std::vector<std::uint8_t> hello;
+  proto::encode(hello, proto::Hello{0, 4, 1});
+  const std::string message = error_message(raw_exchange(dir_ / "d0.sock", hello));
+  EXPECT_NE(message.find("the trainer sent none"), std::string::npos) << message;
+  {
+    // The launcher's token is accepted when the daemon holds the same one.
+    ScopedJobTokenEnv same_job(nullptr);
+    Client client = Client::connect(options(0));  // RUN_DIR/token
+    EXPECT_EQ(consume(client, 0), planner_->plan_node(0, 0)[0].order);
+  }
+  EXPECT_EQ(job_token_from_text("job-b-0123456789"), job_token_from_text("job-b-0123456789"));
+  EXPECT_NE(job_token_from_text("job-b-0123456789"), job_token_from_text("job-a-0123456789"));
+}
+
+TEST(JobTokenFileTest, IsPrivateAndRefusedWhenNot) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("token-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / kJobTokenFile).string();
+  ASSERT_TRUE(write_job_token_file(path, 0xabcdef01).ok());
+  struct stat st {};
+  ASSERT_EQ(0, ::stat(path.c_str(), &st));
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  auto token = read_job_token_file(path);
+  ASSERT_TRUE(token.ok()) << token.status().to_string();
+  EXPECT_EQ(*token, 0xabcdef01u);
+  ASSERT_EQ(0, ::chmod(path.c_str(), 0644));
+  auto exposed = read_job_token_file(path);
+  ASSERT_FALSE(exposed.ok());
+  EXPECT_EQ(exposed.status().code(), StatusCode::kPermissionDenied);
+  std::ofstream(path) << "not a token\n";
+  ASSERT_EQ(0, ::chmod(path.c_str(), 0600));
+  EXPECT_EQ(read_job_token_file(path).status().code(), StatusCode::kCorrupt);
+  fs::remove_all(dir);
+}
+
+// What a process of another user gets from the daemon's socket: the bytes it read, or why
+// it could not connect. The child runs as uid/gid 65534 (nobody), like
+// `setpriv --reuid=65534 --regid=65534 --clear-groups`; only async-signal-safe calls there.
+struct OtherUserResult {
+  int connect_errno = 0;
+  std::vector<std::uint8_t> answer;
+};
+OtherUserResult connect_as_nobody(const fs::path& socket_path) {
+  int pipe_fds[2];
+  EXPECT_EQ(0, ::pipe(pipe_fds));
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(pipe_fds[0]);
+    const gid_t no_groups[1] = {65534};
+    if (::setgroups(1, no_groups) != 0 || ::setresgid(65534, 65534, 65534) != 0 ||
+        ::setresuid(65534, 65534, 65534) != 0) {
+      ::_exit(2);
+    }
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, socket_path.c_str(), sizeof(addr.sun_path) - 1);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      const int e = errno;
+      (void)!::write(pipe_fds[1], &e, sizeof(e));
+      ::_exit(0);
+    }
+    const int ok = 0;
+    (void)!::write(pipe_fds[1], &ok, sizeof(ok));
+    std::uint8_t frame[sizeof(proto::FrameHeader) + 12] = {};
+    proto::FrameHeader h{proto::kMagic, proto::kProtocolVersion, static_cast<std::uint16_t>(proto::FrameType::kHello),
+                         12, 0};
+    std::memcpy(frame, &h, sizeof(h));
+    (void)!::send(fd, frame, sizeof(frame), MSG_NOSIGNAL);
+    timeval tv{10, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    std::uint8_t buf[4096];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) (void)!::write(pipe_fds[1], buf, static_cast<std::size_t>(n));
+    ::_exit(0);
+  }
+  ::close(pipe_fds[1]);
+  OtherUserResult result;
+  std::vector<std::uint8_t> all;
+  std::uint8_t buf[4096];
+  for (ssize_t n; (n = ::read(pipe_fds[0], buf, sizeof(buf))) > 0;) all.insert(all.end(), buf, buf + n);
+  ::close(pipe_fds[0]);
+  int status = 0;
+  EXPECT_EQ(child, ::waitpid(child, &status, 0));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child could not become uid 65534";
+  if (all.size() >= sizeof(int)) {
+    std::memcpy(&result.connect_errno, all.data(), sizeof(int));
+    result.answer.assign(all.begin() + sizeof(int), all.end());
+  }
+  return result;
+}
+
+TEST_F(ServiceTest, AnotherUserIsRefusedByFileModesAndByPeerCredentials) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a child as uid 65534 (setresuid)";
+  // The run dir of a real daemon is 0700; here the test dir is searchable, so this checks
+  // the socket's own mode: 0600 keeps uid 65534 out at connect().
+  ASSERT_EQ(0, ::chmod(dir_.c_str(), 0755));
+  const OtherUserResult by_mode = connect_as_nobody(dir_ / "d0.sock");
+  EXPECT_EQ(by_mode.connect_errno, EACCES);
+  // With the file modes out of the way (a misconfigured node), SO_PEERCRED still refuses.
+  ASSERT_EQ(0, ::chmod((dir_ / "d0.sock").c_str(), 0666));
+  const OtherUserResult by_cred = connect_as_nobody(dir_ / "d0.sock");
+  ASSERT_EQ(by_cred.connect_errno, 0);
+  const std::string message = error_message(by_cred.answer);
+  EXPECT_NE(message.find("uid 65534 may not use the daemon of uid 0"), std::string::npos) << message;
+  // Nothing was mapped or handed over: the answer is exactly one Error frame (no Welcome).
+  proto::FrameHeader h{};
+  ASSERT_GE(by_cred.answer.size(), sizeof(h));
+  ASSERT_TRUE(proto::decode_header(std::span(by_cred.answer).first(sizeof(h)), h).empty());
+  EXPECT_EQ(by_cred.answer.size(), sizeof(h) + h.payload_bytes);
+  // And the daemon goes on serving its own user.
+  Client client = Client::connect(options(1));
+  EXPECT_EQ(consume(client, 0), planner_->plan_node(0, 0)[1].order);
+}
+
+TEST_F(ServiceTest, StoppingTheServiceEndsATrainersEpochWithTheReason) {
+  Client client = Client::connect(options(0));
+  std::string error;
+  std::size_t batches = 0;
+  try {
+    for (const Batch& batch : client.epoch(0)) {
+      (void)batch;
+      if (++batches == 2) {
+        service_->stop(make_error(StatusCode::kCancelled, "the daemon of node 0 is shutting down"));
+      }
+    }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("the daemon of node 0 is shutting down"), std::string::npos) << error;
+  EXPECT_LT(batches, shape_.batches_per_trainer);
+}
+
+TEST_F(ServiceTest, ATrainerWhoseSendHitsAClosedDaemonReportsTheDaemonsReason) {
+  Client client = Client::connect(options(1));
+  std::string error;
+  try {
+    auto epoch = client.epoch(0);
+    auto it = epoch.begin();
+    ASSERT_FALSE(it == std::default_sentinel);
+    // The daemon says why and closes before the trainer sends its next request (a Release):
+    // the send fails with EPIPE, and the client must report the Error frame waiting in the
+    // socket behind the batches, not "Broken pipe".
+    service_->stop(make_error(StatusCode::kUnavailable, "daemon rank 1 (host h) is dead or unreachable"));
+    ASSERT_TRUE(service_->wait_all_closed(std::chrono::seconds(10)));
+    for (; !(it == std::default_sentinel); ++it) {
+    }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("daemon rank 1 (host h) is dead or unreachable"), std::string::npos) << error;
+  EXPECT_EQ(error.find("Broken pipe"), std::string::npos) << error;
+}
+
+TEST_F(ServiceTest, AFloodOfIdleConnectionsDoesNotStopTheTrainers) {
+  // 300 connections that never say Hello (a runaway script of the same user): the daemon
+  // keeps serving its trainers, and every descriptor is returned when they go.
+  const int before = [] {
+    int n = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
+    return n;
+  }();
+  std::vector<int> flood;
+  for (int i = 0; i < 300; ++i) flood.push_back(raw_connect(dir_ / "d0.sock"));
+  Client client = Client::connect(options(0));
+  EXPECT_EQ(consume(client, 0), planner_->plan_node(0, 0)[0].order);
+  for (int fd : flood) ::close(fd);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto count = [] {
+    int n = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
+    return n;
+  };
+  // The trainer's connection is still open: its socket and the daemon's end of it.
+  while (count() > before + 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_LE(count(), before + 2) << "descriptors before the flood: " << before;
+}
+
+int open_fds() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// Soak: many short epochs, by one long-lived trainer and by a trainer that reconnects
+// every epoch (fresh socket, fresh mappings of the arena and staging memfds). After a
+// warm-up, resident memory stays within a bound far below what a per-epoch leak of one
+// mapping, staging area or catalog copy would add up to, and the open files return to
+// their count. Daemon and trainers share this process, so both sides are measured.
+TEST_F(ServiceTest, SoakManyEpochsKeepsMemoryAndOpenFilesFlat) {
+  constexpr int kWarmup = 5;
+  constexpr int kEpochs = 60;
+  // A leak of one arena mapping per reconnect alone would add arena_bytes per epoch.
+  const long arena_kb = static_cast<long>(placement_.arena_bytes[0] / 1024);
+  Client steady = Client::connect(options(0));
+  long rss_after_warmup = 0, rss_max = 0;
+  int fds_after_warmup = 0;
+  for (int e = 0; e < kEpochs; ++e) {
+    EXPECT_EQ(consume(steady, static_cast<std::uint64_t>(e)).size(), shape_.trainer_quota[0]);
+    {
+      Client again = Client::connect(options(1));
+      (void)again.catalog();  // a catalog copy per connection, too
+      EXPECT_EQ(consume(again, static_cast<std::uint64_t>(e)).size(), shape_.trainer_quota[1]);
+    }
+    // The daemon side closes the old connection when it processes the hang-up; wait for
+    // the count to come back (bounded), instead of assuming when that happens.
+    if (e == kWarmup) {
+      rss_after_warmup = rss_kb();
+      fds_after_warmup = open_fds();
+    } else if (e > kWarmup) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (open_fds() > fds_after_warmup && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      EXPECT_LE(open_fds(), fds_after_warmup) << "epoch " << e << ": open files grew";
+      rss_max = std::max(rss_max, rss_kb());
+    }
+  }
+  const long grown_kb = rss_max - rss_after_warmup;
+  RecordProperty("rss_after_warmup_kb", std::to_string(rss_after_warmup));
+  RecordProperty("rss_growth_kb", std::to_string(grown_kb));
+  std::printf("soak: %d epochs, RSS after warm-up %ld kB, max growth %ld kB (bound %ld kB), open fds %d\n", kEpochs,
+              rss_after_warmup, grown_kb, std::max(2048L, 4 * arena_kb), fds_after_warmup);
+  // Bound: 2 MiB or 4 arenas, whichever is more; 54 leaked arena mappings would be far beyond.
+  EXPECT_LE(grown_kb, std::max(2048L, 4 * arena_kb));
 }
 
 }  // namespace

@@ -1,0 +1,101 @@
+#include "server/peer_monitor.h"
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+namespace shardmix {
+
+struct PeerMonitor::State {
+  struct Peer {
+    bool monitored = true;
+    bool outstanding = false;
+    Clock::time_point posted{};
+    Clock::time_point next{};  // when the next heartbeat is due
+  };
+  mutable std::mutex mutex;  // guards everything below
+  std::vector<Peer> peers;
+  std::optional<Failure> failure;
+
+  void fail(std::uint32_t rank, std::string reason) {
+    if (!failure) failure = Failure{rank, std::move(reason)};
+  }
+};
+
+PeerMonitor::PeerMonitor(std::uint32_t self, std::uint32_t nodes, std::chrono::microseconds timeout,
+                         Heartbeat heartbeat)
+    : self_(self),
+      timeout_(timeout),
+      interval_(std::clamp<std::chrono::microseconds>(timeout / 10, std::chrono::milliseconds(10),
+                                                      std::chrono::seconds(1))),
+      heartbeat_(std::move(heartbeat)),
+      state_(std::make_shared<State>()) {
+  state_->peers.resize(nodes);
+  if (self < nodes) state_->peers[self].monitored = false;
+}
+
+std::optional<PeerMonitor::Failure> PeerMonitor::poll(Clock::time_point now) {
+  std::vector<std::uint32_t> due;
+  {
+    std::lock_guard lock(state_->mutex);
+    if (state_->failure) return state_->failure;
+    for (std::uint32_t r = 0; r < state_->peers.size(); ++r) {
+      State::Peer& p = state_->peers[r];
+      if (!p.monitored) continue;
+      if (p.outstanding) {
+        if (now - p.posted >= timeout_) {
+          const double seconds = std::chrono::duration<double>(now - p.posted).count();
+          state_->fail(r, fmt::format("no answer to a heartbeat read for {:.1f} s (fault.peer_timeout = {:.1f} s)",
+                                      seconds, std::chrono::duration<double>(timeout_).count()));
+          return state_->failure;
+        }
+        continue;
+      }
+      if (now >= p.next) {
+        p.outstanding = true;
+        p.posted = now;
+        p.next = now + interval_;
+        due.push_back(r);
+      }
+    }
+  }
+  // Outside the lock: a completion may run inline.
+  for (std::uint32_t r : due) {
+    std::weak_ptr<State> weak = state_;
+    heartbeat_(r, [weak, r](const Status& status) {
+      auto state = weak.lock();
+      if (!state) return;
+      std::lock_guard lock(state->mutex);
+      State::Peer& p = state->peers[r];
+      p.outstanding = false;
+      if (status.ok() || status.code() == StatusCode::kCancelled) return;  // answered, or we are stopping
+      if (status.code() == StatusCode::kInvalidArgument) {
+        p.monitored = false;  // e.g. the peer exposes no memory: nothing to read
+        return;
+      }
+      state->fail(r, "a heartbeat read failed: " + status.message());
+    });
+  }
+  std::lock_guard lock(state_->mutex);
+  return state_->failure;
+}
+
+void PeerMonitor::report(std::uint32_t peer, const Status& status) {
+  if (status.ok() || status.code() != StatusCode::kUnavailable || peer == self_) return;
+  std::lock_guard lock(state_->mutex);
+  if (peer >= state_->peers.size()) return;
+  state_->fail(peer, "a sample read failed: " + status.message());
+}
+
+std::optional<PeerMonitor::Failure> PeerMonitor::failure() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->failure;
+}
+
+std::uint32_t PeerMonitor::monitored() const {
+  std::lock_guard lock(state_->mutex);
+  return static_cast<std::uint32_t>(
+      std::count_if(state_->peers.begin(), state_->peers.end(), [](const State::Peer& p) { return p.monitored; }));
+}
+
+}  // namespace shardmix

@@ -1,0 +1,59 @@
+// Failure detector for peer daemons (docs/decisions/0025-peer-failure-detector.md).
+// Every interval (fault.peer_timeout / 10, at most 1 s) the daemon reads one byte of each
+// peer's exposed cache arena: a heartbeat over the same fabric path that samples take, so
+// a peer that can no longer serve samples is the peer that is declared dead. A peer is
+// dead when
+//   - a heartbeat read fails (tcp: the connection broke, e.g. the process died), or
+//   - a heartbeat stays unanswered for fault.peer_timeout (a hung or unreachable node;
+//     with manual progress a peer that stopped progressing looks the same), or
+//   - a sample read from it fails with a transport error (report(), from the fetch path).
+// The first failure is sticky; what to do about it is the daemon's policy (fault.peer_death).
+// Peers that expose no memory (own no samples) cannot be read and are not monitored.
+// Thread-safety: poll() from one thread (the daemon's main thread); report(), failure()
+// and the heartbeat completions from any thread (one mutex inside guards the state).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/status.h"
+
+namespace shardmix {
+
+class PeerMonitor {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // Posts one heartbeat read from `peer`; `done` runs once, on any thread.
+  using Heartbeat = std::function<void(std::uint32_t peer, std::function<void(const Status&)> done)>;
+  struct Failure {
+    std::uint32_t rank = 0;
+    std::string reason;  // "no answer to a heartbeat for 10.0 s (fault.peer_timeout)"
+  };
+
+  PeerMonitor(std::uint32_t self, std::uint32_t nodes, std::chrono::microseconds timeout, Heartbeat heartbeat);
+
+  std::chrono::microseconds interval() const { return interval_; }
+  std::chrono::microseconds timeout() const { return timeout_; }
+  // Posts the heartbeats that are due and checks the overdue ones; the first failure.
+  std::optional<Failure> poll(Clock::time_point now = Clock::now());
+  // A read of a sample from `peer` failed: a transport error (kUnavailable) marks it dead;
+  // cancellations (our own shutdown) and rejected requests do not.
+  void report(std::uint32_t peer, const Status& status);
+  std::optional<Failure> failure() const;
+  // Peers being watched (those that answered or have not been found unreadable).
+  std::uint32_t monitored() const;
+
+ private:
+  struct State;
+  std::uint32_t self_;
+  std::chrono::microseconds timeout_;
+  std::chrono::microseconds interval_;
+  Heartbeat heartbeat_;
+  std::shared_ptr<State> state_;  // shared with heartbeat completions that may outlive us
+};
+
+}  // namespace shardmix

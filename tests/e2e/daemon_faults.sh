@@ -1,0 +1,281 @@
+#!/usr/bin/env bash
+# End-to-end fault tests of the daemons (issue 5; docs/operations.md "Faults"). Each case
+# provokes one fault on a 2-daemon job on this machine and checks what everyone sees:
+#   load       SIGTERM while the daemons load (inject.load_delay makes the load long):
+#              both exit 0 without serving; no socket, ready or token file is left.
+#   epoch      SIGTERM while trainers are mid-epoch: daemons exit 0; each trainer fails
+#              with the daemon's reason ("shutting down"), not a hang; the run dir is
+#              empty. Before that, while serving: a trainer with another job's token and
+#              a process of another user (setpriv, uid 65534) are refused.
+#   killed     SIGKILL of both daemons mid-epoch: the trainers fail ("lost the
+#              connection"), not hang; the leftovers (sockets, ready, token) are found
+#              and removed by the next start in the same run dir, which then serves an
+#              epoch exactly as planned.
+#   peer_dead  SIGKILL of daemon 1 while daemon 0's trainer reads only local samples
+#              (shuffle.exchange_fraction = 0, so only the heartbeat can notice): within
+#              fault.peer_timeout (3 s) daemon 0 names rank 1 to its trainer and exits 1.
+#   peer_hung  SIGSTOP of daemon 1 (a hung node): after fault.peer_timeout (2 s) daemon 0
+#              names rank 1 to its trainer and exits 1.
+# The peer cases run mpirun with --enable-recovery: without it Open MPI's mpirun itself
+# kills the whole job about a second after a rank dies (measured; docs/operations.md),
+# and the survivor's own detection is what is under test here.
+# Every wait is bounded; no check depends on how long something took.
+#   tests/e2e/daemon_faults.sh [CASE...]      (default: all cases)
+set -euo pipefail
+SM_PROG=daemon_faults
+export SM_PROG
+here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
+# shellcheck source=deploy/lib.sh
+source "$here/../../deploy/lib.sh"
+
+daemon=$(sm_find_exe shardmixd) || sm_die "shardmixd not found; build first"
+gen=$(sm_find_exe shardmix-gen) || sm_die "shardmix-gen not found; build first"
+consume=$(sm_find_exe shardmix-consume) || sm_die "shardmix-consume not found; build first"
+python=$(sm_python) || sm_die "python3 not found"
+sm_mpirun_init
+sm_unexport_tool_vars
+unset SHARDMIX_JOB_TOKEN SHARDMIX_RUN_DIR
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/smx-faults.XXXXXX")
+mpirun_pid=""
+trainer_pids=()
+cleanup() {
+  local p
+  for p in "${trainer_pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  if [[ -n $mpirun_pid ]]; then
+    for p in $(pgrep -P "$mpirun_pid" 2>/dev/null || true); do kill -KILL "$p" 2>/dev/null || true; done
+    kill -KILL "$mpirun_pid" 2>/dev/null || true
+  fi
+  rm -rf -- "$tmp"
+}
+trap cleanup EXIT
+"$gen" --out "$tmp/data" --samples 800 --classes 8 --median-kib 8 --seed 5 --quiet
+
+fail() {
+  local log
+  for log in "$tmp"/*.log; do
+    [[ -f $log ]] || continue
+    echo "---- $log (last 15 lines)" >&2
+    tail -n 15 "$log" >&2
+  done
+  sm_die "$CASE: $*" 1
+}
+# wait_until SECONDS WHAT COMMAND...: polls COMMAND every 0.1 s; fails naming WHAT.
+wait_until() {
+  local limit=$1 what=$2 i
+  shift 2
+  for ((i = 0; i < limit * 10; i++)); do
+    if "$@"; then return 0; fi
+    sleep 0.1
+  done
+  fail "timed out after $limit s waiting for $what"
+}
+has() { grep -q -- "$2" "$1" 2>/dev/null; }
+gone() { ! kill -0 "$1" 2>/dev/null; }
+both_past_epoch_0() { has "$tmp/t0.log" "epoch 0:" && has "$tmp/t1.log" "epoch 0:"; }
+# count_at_least FILE PATTERN N: FILE has at least N lines matching PATTERN.
+count_at_least() {
+  local n
+  n=$(grep -c -- "$2" "$1" 2>/dev/null || true)
+  ((${n:-0} >= $3))
+}
+
+# start_daemons RUN_DIR [mpirun args...] -- [--set k=v...]: 2 daemons in the background.
+start_daemons() {
+  local run_dir=$1 mpi_extra=() sets=()
+  shift
+  while (($#)) && [[ $1 != -- ]]; do mpi_extra+=("$1"); shift; done
+  if (($#)); then shift; sets=("$@"); fi
+  cat >"$tmp/c.toml" <<TOML
+[dataset]
+path = "$tmp/data"
+[batch]
+size = 8
+[fabric]
+provider = "tcp"
+[service]
+trainers_per_node = 1
+run_dir = "$run_dir"
+TOML
+  "$SM_MPIRUN" "${SM_MPIRUN_FLAGS[@]}" "${mpi_extra[@]}" -np 2 "$daemon" --config "$tmp/c.toml" "${sets[@]}" \
+    >>"$tmp/daemons.log" 2>&1 &
+  mpirun_pid=$!
+}
+# The log line, not the file: a stale ready file of a killed run must not count.
+wait_ready() {
+  wait_until 60 "the daemons to be ready" count_at_least "$tmp/daemons.log" "\[rank 0\]\[daemon\] ready: " 1
+  test -f "$1/ready" || fail "rank 0 said ready but $1/ready does not exist"
+}
+daemon_pid() { sed -n "s/^pid.$2=//p" "$1/ready"; }
+# start_trainer RUN_DIR RANK NAME [consume args...]
+start_trainer() {
+  local run_dir=$1 rank=$2 name=$3
+  shift 3
+  env SHARDMIX_RUN_DIR="$run_dir" SHARDMIX_RANK="$rank" SHARDMIX_WORLD_SIZE=2 SHARDMIX_CONNECT_TIMEOUT=60 \
+    "$consume" "$@" >"$tmp/$name.log" 2>&1 &
+  trainer_pids+=($!)
+}
+# wait_exit PID SECONDS WHAT: waits for PID to end; sets $rc to its exit status.
+wait_exit() {
+  wait_until "$2" "$3 to exit" gone "$1"
+  rc=0
+  wait "$1" 2>/dev/null || rc=$?
+}
+run_dir_empty() {
+  local left
+  left=$(find "$1" -mindepth 1 -maxdepth 1 2>/dev/null | sort | tr '\n' ' ')
+  [[ -z $left ]] || fail "run dir $1 not clean after the daemons exited: $left"
+}
+reset() {
+  mpirun_pid=""
+  trainer_pids=()
+  rm -f -- "$tmp"/*.log
+}
+
+case_load() {
+  local run=$tmp/rl p
+  # 400 samples per daemon, one loader thread, 20 ms each: a load of ~8 s.
+  start_daemons "$run" -- --set service.loader_threads=1 --set inject.load_delay=20ms
+  wait_until 60 "both daemons loading" count_at_least "$tmp/daemons.log" "\[loader\] loading: " 2
+  for p in $(pgrep -P "$mpirun_pid" -x shardmixd); do kill -TERM "$p"; done
+  wait_exit "$mpirun_pid" 60 "mpirun (daemons stopped while loading)"
+  ((rc == 0)) || fail "the daemons stopped during the load exited $rc, expected 0"
+  [[ $(grep -c "stopped during loading" "$tmp/daemons.log") == 2 ]] || fail "not both daemons said 'stopped during loading'"
+  grep -q "stopped after [0-9]* of 400" "$tmp/daemons.log" || fail "the load was not interrupted (no 'stopped after N of 400')"
+  has "$tmp/daemons.log" "ready:" && fail "the daemons became ready although stopped during the load"
+  run_dir_empty "$run"
+}
+
+case_epoch() {
+  local run=$tmp/re t0 t1
+  start_daemons "$run"
+  wait_ready "$run"
+  start_trainer "$run" 0 t0 --epochs 1000 --compute-ms 5
+  t0=$!
+  start_trainer "$run" 1 t1 --epochs 1000 --compute-ms 5
+  t1=$!
+  wait_until 60 "both trainers past epoch 0" both_past_epoch_0
+  # Another job's trainer (its own SHARDMIX_JOB_TOKEN) finds these sockets: refused.
+  rc=0
+  env SHARDMIX_RUN_DIR="$run" SHARDMIX_RANK=0 SHARDMIX_WORLD_SIZE=2 SHARDMIX_JOB_TOKEN=another-job \
+    timeout 60 "$consume" --epochs 1 >"$tmp/other-job.log" 2>&1 || rc=$?
+  ((rc != 0 && rc != 124)) || fail "a trainer with another job's token was not refused (exit $rc)"
+  has "$tmp/other-job.log" "belongs to another job (job token mismatch" || fail "no token error for another job's trainer"
+  # Another user: the 0700 run dir and the 0600 socket keep it out.
+  if command -v setpriv >/dev/null 2>&1; then
+    rc=0
+    timeout 60 setpriv --reuid=65534 --regid=65534 --clear-groups env SHARDMIX_RUN_DIR="$run" SHARDMIX_RANK=0 \
+      SHARDMIX_WORLD_SIZE=2 "$consume" --epochs 1 --daemon 0 >"$tmp/other-user.log" 2>&1 || rc=$?
+    ((rc != 0 && rc != 124)) || fail "a process of uid 65534 was not refused (exit $rc)"
+    has "$tmp/other-user.log" "Permission denied" || fail "uid 65534 was refused without 'Permission denied'"
+  else
+    echo "$SM_PROG: setpriv not found: the other-user check runs in the unit test only"
+  fi
+  kill -TERM "$(daemon_pid "$run" 0)" "$(daemon_pid "$run" 1)"
+  wait_exit "$mpirun_pid" 60 "mpirun (daemons stopped mid-epoch)"
+  ((rc == 0)) || fail "the daemons stopped mid-epoch exited $rc, expected 0"
+  wait_exit "$t0" 60 "trainer 0"
+  ((rc != 0)) || fail "trainer 0 finished 1000 epochs?"
+  wait_exit "$t1" 60 "trainer 1"
+  ((rc != 0)) || fail "trainer 1 finished 1000 epochs?"
+  has "$tmp/t0.log" "daemon of node 0 is shutting down (it received a stop signal)" || fail "trainer 0 was not told why"
+  has "$tmp/t1.log" "daemon of node 1 is shutting down (it received a stop signal)" || fail "trainer 1 was not told why"
+  run_dir_empty "$run"
+}
+
+case_killed() {
+  local run=$tmp/rk t0 t1 f
+  start_daemons "$run"
+  wait_ready "$run"
+  start_trainer "$run" 0 t0 --epochs 1000 --compute-ms 5
+  t0=$!
+  start_trainer "$run" 1 t1 --epochs 1000 --compute-ms 5
+  t1=$!
+  wait_until 60 "both trainers past epoch 0" both_past_epoch_0
+  kill -KILL "$(daemon_pid "$run" 0)" "$(daemon_pid "$run" 1)"
+  wait_exit "$t0" 60 "trainer 0 (its daemon was SIGKILLed)"
+  ((rc != 0)) || fail "trainer 0 exited 0 after its daemon was killed"
+  wait_exit "$t1" 60 "trainer 1 (its daemon was SIGKILLed)"
+  ((rc != 0)) || fail "trainer 1 exited 0 after its daemon was killed"
+  has "$tmp/t0.log" "lost the connection to the daemon of node 0" || fail "trainer 0 did not say it lost its daemon"
+  has "$tmp/t1.log" "lost the connection to the daemon of node 1" || fail "trainer 1 did not say it lost its daemon"
+  wait_exit "$mpirun_pid" 60 "mpirun (daemons SIGKILLed)"
+  for f in d0.sock d1.sock ready token; do
+    [[ -e $run/$f ]] || fail "expected a leftover $f after SIGKILL (the test provokes nothing otherwise)"
+  done
+  # The next start in the same run dir finds and removes the leftovers, then serves.
+  : >"$tmp/daemons.log"
+  trainer_pids=()
+  start_daemons "$run"
+  wait_ready "$run"
+  has "$tmp/daemons.log" "removing stale $run/ready and token" || fail "the stale ready/token files were not reported"
+  [[ $(grep -c "removing stale socket" "$tmp/daemons.log") == 2 ]] || fail "not both stale sockets were reported"
+  start_trainer "$run" 0 r0 --epochs 1 --trace "$tmp/trace"
+  t0=$!
+  start_trainer "$run" 1 r1 --epochs 1 --trace "$tmp/trace"
+  t1=$!
+  wait_exit "$t0" 120 "trainer 0 after the restart"
+  ((rc == 0)) || fail "trainer 0 failed after the restart (exit $rc)"
+  wait_exit "$t1" 120 "trainer 1 after the restart"
+  ((rc == 0)) || fail "trainer 1 failed after the restart (exit $rc)"
+  # Exactly once, bytes as on disk: the restarted job is a normal job.
+  "$python" "$here/check_traces.py" "$tmp/trace" --dataset "$tmp/data" --epochs 1 --trainers 2 \
+    --trainers-per-node 1 --batch-size 8 || fail "the restarted job's trace is wrong"
+  kill -TERM "$(daemon_pid "$run" 0)" "$(daemon_pid "$run" 1)"
+  wait_exit "$mpirun_pid" 60 "mpirun (restarted daemons)"
+  ((rc == 0)) || fail "the restarted daemons exited $rc"
+  run_dir_empty "$run"
+}
+
+# peer_case SIGNAL EXPECTED-REASON [--set ...]: daemon 1 gets SIGNAL; daemon 0 must stop
+# its trainer with an error naming rank 1, and exit 1.
+peer_case() {
+  local signal=$1 reason=$2 run=$tmp/rp t0 t1
+  shift 2
+  start_daemons "$run" --enable-recovery -- --set shuffle.exchange_fraction=0 "$@"
+  wait_ready "$run"
+  start_trainer "$run" 0 t0 --epochs 1000 --compute-ms 5
+  t0=$!
+  start_trainer "$run" 1 t1 --epochs 1000 --compute-ms 5
+  t1=$!
+  wait_until 60 "both trainers past epoch 0" both_past_epoch_0
+  local d0 d1
+  d0=$(daemon_pid "$run" 0)
+  d1=$(daemon_pid "$run" 1)
+  kill "-$signal" "$d1"
+  wait_exit "$t0" 60 "trainer 0 (its daemon's peer got SIG$signal)"
+  ((rc != 0)) || fail "trainer 0 exited 0"
+  has "$tmp/t0.log" "daemon rank 1 (host .*) is dead or unreachable: $reason" ||
+    fail "trainer 0's error does not name daemon rank 1 with '$reason'"
+  echo "$SM_PROG: $CASE: trainer 0 got: $(grep -o 'daemon rank 1 .*' "$tmp/t0.log" | head -n 1)"
+  wait_until 60 "daemon 0 to exit" gone "$d0"
+  has "$tmp/daemons.log" "\[rank 0\]\[daemon\] exiting with status 1: daemon rank 1 failed" ||
+    fail "daemon 0 did not exit naming rank 1"
+  [[ -e $run/d0.sock ]] && fail "daemon 0 left its socket"
+  kill -KILL "$d1" 2>/dev/null || true
+  wait_exit "$t1" 60 "trainer 1 (its daemon is gone)"
+  wait_exit "$mpirun_pid" 60 "mpirun"
+  # Not asserted: under --enable-recovery Open MPI 4.1's mpirun exited 0 here although
+  # rank 0 exited 1 and rank 1 was killed (docs/operations.md warns about it).
+  echo "$SM_PROG: $CASE: mpirun --enable-recovery exited $rc"
+  return 0
+}
+# tcp;ofi_rxm on loopback: a heartbeat to a SIGKILLed peer whose connection was idle
+# neither completes nor fails (measured), so the timeout finds it; a read in flight when the
+# connection breaks fails at once. Either way rank 1 must be named within the bound.
+case_peer_dead() {
+  peer_case KILL "\(a heartbeat read failed\|a sample read failed\|no answer to a heartbeat read for 3\)" \
+    --set fault.peer_timeout=3s
+}
+case_peer_hung() { peer_case STOP "no answer to a heartbeat read for 2" --set fault.peer_timeout=2s; }
+
+cases=("$@")
+((${#cases[@]})) || cases=(load epoch killed peer_dead peer_hung)
+for CASE in "${cases[@]}"; do
+  declare -F "case_$CASE" >/dev/null || sm_die "unknown case '$CASE'" 2
+  reset
+  : >"$tmp/daemons.log"
+  "case_$CASE"
+  echo "$SM_PROG: $CASE: PASS"
+done
+echo "daemon_faults: PASS (${cases[*]})"

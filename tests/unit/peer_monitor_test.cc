@@ -1,0 +1,102 @@
+// The failure detector alone, with a fake heartbeat: which peer is declared dead, when
+// (counted in poll() calls at given instants, not in wall-clock time), and why.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <vector>
+
+#include "server/peer_monitor.h"
+
+namespace shardmix {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = PeerMonitor::Clock;
+
+// Holds every heartbeat until the test answers it.
+struct FakeHeartbeats {
+  std::map<std::uint32_t, std::vector<std::function<void(const Status&)>>> pending;
+  int posted = 0;
+  PeerMonitor::Heartbeat hook() {
+    return [this](std::uint32_t peer, std::function<void(const Status&)> done) {
+      ++posted;
+      pending[peer].push_back(std::move(done));
+    };
+  }
+  void answer(std::uint32_t peer, const Status& s = Status::ok_status()) {
+    auto waiting = std::move(pending[peer]);
+    pending[peer].clear();
+    for (auto& done : waiting) done(s);
+  }
+};
+
+TEST(PeerMonitorTest, AnsweringPeersAreNeverDeclaredDead) {
+  FakeHeartbeats hb;
+  PeerMonitor monitor(0, 3, 2s, hb.hook());
+  EXPECT_EQ(monitor.interval(), 200ms);
+  const Clock::time_point t0{};
+  for (int i = 0; i < 100; ++i) {  // 100 intervals = 10 timeouts
+    EXPECT_FALSE(monitor.poll(t0 + i * 200ms).has_value()) << "poll " << i;
+    hb.answer(1);
+    hb.answer(2);
+  }
+  EXPECT_EQ(hb.posted, 200);  // one per peer per interval, never to ourselves
+  EXPECT_EQ(monitor.monitored(), 2u);
+}
+
+TEST(PeerMonitorTest, AnUnansweredHeartbeatMakesThePeerDeadAfterTheTimeout) {
+  FakeHeartbeats hb;
+  PeerMonitor monitor(1, 3, 2s, hb.hook());
+  const Clock::time_point t0{};
+  std::optional<PeerMonitor::Failure> dead;
+  int polls = 0;
+  for (auto t = t0; !dead && t < t0 + 10s; t += 100ms, ++polls) {
+    dead = monitor.poll(t);
+    hb.answer(0);  // peer 0 answers, peer 2 is silent (a hung or unreachable node)
+  }
+  ASSERT_TRUE(dead.has_value());
+  EXPECT_EQ(dead->rank, 2u);
+  EXPECT_NE(dead->reason.find("no answer to a heartbeat read for 2.0 s"), std::string::npos) << dead->reason;
+  EXPECT_EQ(polls, 21);  // posted at t0, declared at t0 + 2 s: the bound is the timeout
+  // Sticky: the first failure stays the answer.
+  hb.answer(2, Status(StatusCode::kUnavailable, "late"));
+  EXPECT_EQ(monitor.poll(t0 + 20s)->rank, 2u);
+}
+
+TEST(PeerMonitorTest, AFailedHeartbeatOrSampleReadMakesThePeerDeadAtOnce) {
+  FakeHeartbeats hb;
+  PeerMonitor monitor(0, 4, 10s, hb.hook());
+  const Clock::time_point t0{};
+  EXPECT_FALSE(monitor.poll(t0).has_value());
+  hb.answer(3, Status(StatusCode::kUnavailable, "read from peer 3: Transport endpoint is not connected"));
+  auto dead = monitor.poll(t0 + 1ms);
+  ASSERT_TRUE(dead.has_value());
+  EXPECT_EQ(dead->rank, 3u);
+  EXPECT_NE(dead->reason.find("a heartbeat read failed: read from peer 3"), std::string::npos) << dead->reason;
+
+  PeerMonitor by_sample(0, 4, 10s, hb.hook());
+  by_sample.report(2, Status(StatusCode::kUnavailable, "read from peer 2: connection reset"));
+  ASSERT_TRUE(by_sample.failure().has_value());
+  EXPECT_EQ(by_sample.failure()->rank, 2u);
+  EXPECT_NE(by_sample.failure()->reason.find("a sample read failed"), std::string::npos);
+}
+
+TEST(PeerMonitorTest, OurOwnShutdownAndUnreadablePeersAreNotFailures) {
+  FakeHeartbeats hb;
+  PeerMonitor monitor(0, 3, 1s, hb.hook());
+  const Clock::time_point t0{};
+  EXPECT_FALSE(monitor.poll(t0).has_value());
+  hb.answer(1, Status(StatusCode::kCancelled, "read from peer 1: the fabric has stopped"));
+  hb.answer(2, Status(StatusCode::kInvalidArgument, "read from peer 2: the peer exposes no memory"));
+  monitor.report(1, Status(StatusCode::kCancelled, "cancelled by stop_progress"));
+  EXPECT_FALSE(monitor.poll(t0 + 100ms).has_value());
+  EXPECT_EQ(monitor.monitored(), 1u);  // peer 2 owns nothing: not watched any more
+  for (auto t = t0 + 200ms; t < t0 + 5s; t += 100ms) {
+    EXPECT_FALSE(monitor.poll(t).has_value());
+    hb.answer(1);
+  }
+  EXPECT_TRUE(hb.pending[2].empty());
+}
+
+}  // namespace
+}  // namespace shardmix
