@@ -4,7 +4,7 @@
 // 16-byte header, then payload_bytes of payload, then the next frame. A header that does
 // not decode ends the stream (the real peer closes the connection). Every payload (or,
 // after a bad header, the rest of the input) goes through EVERY payload decoder, the
-// daemon's (Hello, StartEpoch, Release) and the client's (Welcome, Error, Batch,
+// daemon's (Hello, StartEpoch and the checkpoint blob it may carry, Release) and the client's (Welcome, Error, Batch,
 // EpochEnd, Stats), so each decoder sees arbitrary bytes, not only those of its own type.
 // The catalog payload is Catalog::deserialize's, fuzzed by catalog_fuzz.cc.
 //
@@ -19,6 +19,7 @@
 #include <span>
 #include <string>
 
+#include "proto/checkpoint.h"
 #include "proto/wire.h"
 #include "tests/fuzz/fuzz.h"
 
@@ -85,6 +86,18 @@ bool try_decode(Span payload, FrameType type, Message& m) {
   return true;
 }
 
+// The checkpoint blob (Client::checkpoint(), StartEpoch's resume, files in
+// resume.checkpoint_dir) is outside bytes too: same rules, one encoding per value.
+void check_checkpoint(Span bytes) {
+  Checkpoint c;
+  if (!decode_checkpoint(bytes, c).empty()) return;
+  FUZZ_CHECK(c.early.size() == c.late.size(), "checkpoint with unpaired exceptions accepted");
+  FUZZ_CHECK(c.rank < c.world_size, "checkpoint with rank >= world size accepted");
+  FUZZ_CHECK(c.late.empty() || c.late.back() < c.samples_consumed, "checkpoint with a late position too high accepted");
+  const Bytes again = encode_checkpoint(c);
+  FUZZ_CHECK(std::equal(again.begin(), again.end(), bytes.begin(), bytes.end()), "checkpoint: encode(decode(x)) != x");
+}
+
 void run_every_decoder(Span payload) {
   if (Hello m; try_decode(payload, FrameType::kHello, m)) {
     FUZZ_CHECK(m.trainer_rank < m.world_size, "hello with rank >= world size accepted");
@@ -95,7 +108,10 @@ void run_every_decoder(Span payload) {
     FUZZ_CHECK(m.message.size() + 6 == payload.size(), "error frame message length wrong");
   }
   if (StartEpoch m; try_decode(payload, FrameType::kStartEpoch, m)) {
+    FUZZ_CHECK(m.resume.size() <= kMaxCheckpointBytes, "start-epoch resume blob over the limit accepted");
+    check_checkpoint(m.resume);
   }
+  check_checkpoint(payload);
   if (Release m; try_decode(payload, FrameType::kRelease, m)) {
   }
   if (EpochStats m; try_decode(payload, FrameType::kEpochEnd, m)) {
@@ -110,6 +126,7 @@ void run_every_decoder(Span payload) {
   }
   if (BatchFrame m; try_decode(payload, FrameType::kBatch, m)) {
     FUZZ_CHECK(m.samples.size() <= kMaxBatchSamples, "batch over the sample limit accepted");
+    FUZZ_CHECK(m.positions.size() == m.samples.size(), "batch without one plan position per sample accepted");
     for (const SampleDescriptor& s : m.samples) {
       FUZZ_CHECK(s.region <= static_cast<std::uint8_t>(Region::kStaging), "unknown region accepted");
       FUZZ_CHECK(s.tier <= static_cast<std::uint8_t>(Tier::kStorage), "unknown tier accepted");
