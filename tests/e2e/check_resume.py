@@ -16,6 +16,8 @@ come from check_traces.py, the project's other referee; nothing from the project
   * --redealt: in AFTER every new rank has the same number of batches, numbered 0..;
   * every batch has at most B samples, positions 0..size-1;
   * each later epoch in AFTER: every sample exactly once, equal batch counts numbered 0...
+An empty last batch leaves no row in a trace, so run shapes without them (N not leaving
+fewer samples than trainers in the last step), as check_traces.py does.
 Exit status: 0 PASS, 1 FAIL, 2 usage error.
 """
 
