@@ -205,7 +205,7 @@ void TrainerScheduler::fail_if_stuck() {
   fail(make_error(StatusCode::kResourceExhausted,
                   "epoch {} batch {} needs {} contiguous staging bytes; {} are held by samples staged ahead "
                   "(shuffle.window = {}) and service.staging_bytes_per_trainer is {}: raise it{}",
-                  p.epoch, b, needed, held, context_.window, staging_->capacity(),
+                  p.epoch, p.first_batch + b, needed, held, context_.window, staging_->capacity(),
                   context_.window > 0 ? " or lower shuffle.window" : ""));
 }
 
