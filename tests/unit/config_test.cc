@@ -467,7 +467,12 @@ TEST(ConfigKeysTest, TableIsWellFormed) {
 // docs/configuration.md holds the generated reference between two markers. Regenerate with
 //   REGENERATE_DOCS=1 ./shardmix_unit_tests --gtest_filter='ConfigDocsTest.*'
 TEST(ConfigDocsTest, ConfigurationMdDocumentsEveryKey) {
-  const fs::path doc = fs::path(__FILE__).parent_path().parent_path().parent_path() / "docs" / "configuration.md";
+  // __FILE__ may be relative (ccache's base_dir rewrites the compiler's paths), and ctest
+  // runs this in <build>/tests: look for the repo from there too, upwards.
+  fs::path doc = fs::path(__FILE__).parent_path().parent_path().parent_path() / "docs" / "configuration.md";
+  for (fs::path dir = fs::current_path(); !fs::exists(doc) && dir.has_relative_path(); dir = dir.parent_path()) {
+    if (fs::exists(dir / "common" / "config.h")) doc = dir / "docs" / "configuration.md";
+  }
   std::ifstream in(doc);
   ASSERT_TRUE(in) << "cannot open " << doc;
   std::stringstream buffer;
