@@ -105,6 +105,7 @@ class ServiceTest : public ::testing::Test {
     ServedJob job;
     job.context = SchedulerContext{&catalog_, &placement_, planner_.get(), 0, 3};
     job.context.window = window_;
+    job.context.redealt = redealt_.plans.empty() ? nullptr : &redealt_;
     job.plan_digest = plan_digest(catalog_digest(catalog_), catalog_.size(), shape_.job, shuffle,
                                   PlacementPolicy::kBalanced);
     job.seed = shuffle.seed;
@@ -166,6 +167,7 @@ class ServiceTest : public ::testing::Test {
   // Set by a derived fixture's constructor, before SetUp.
   std::uint32_t window_ = 0;
   std::uint64_t staging_per_trainer_ = kStagingPerTrainer;
+  RedealtEpoch redealt_;  // plans empty: no re-dealt epoch
   fs::path dir_;
   Catalog catalog_;
   PlanShape shape_;
@@ -649,6 +651,51 @@ TEST_F(WindowServiceTest, ACheckpointUnderTheWindowCarriesItsExceptionsAndResume
   const Half second = take(back, 0, 1000, blob);
   expect_exactly_the_plan(first, second, plan);
   EXPECT_EQ(consume(back, 1).size(), planner_->plan_node(1, 0)[0].order.size());
+}
+
+// A job restarted with another world size: the daemons re-dealt epoch 3 from checkpoints
+// (here: every sample with an odd id is left). Trainers learn the epoch from the Welcome,
+// get the re-dealt plan, and can checkpoint and restore inside it with the same world size.
+class RedealtServiceTest : public ServiceTest {
+ protected:
+  RedealtServiceTest() {
+    std::vector<SampleId> rest;
+    for (SampleId id = 1; id < 203; id += 2) rest.push_back(id);
+    redealt_.epoch = 3;
+    redealt_.digest = redeal_digest(77, 3, rest);
+    redealt_.plans = redeal_epoch(rest, JobShape{2, 2, 7, false}, 4, 3);
+    redealt_.batches_per_trainer = redealt_.plans[0].num_batches();
+  }
+};
+
+TEST_F(RedealtServiceTest, TrainersIterateTheReDealtEpochAndCanCheckpointInsideIt) {
+  const TrainerPlan& plan = redealt_.plans[1];
+  std::vector<std::uint8_t> normal_blob, blob;
+  Half first;
+  {
+    Client client = Client::connect(options(1));
+    ASSERT_EQ(client.resumed_epoch(), std::optional<std::uint64_t>(3));
+    take(client, 2, 1);
+    normal_blob = client.checkpoint();  // epoch 2 follows the normal plan
+    first = take(client, 3, 2);
+    blob = client.checkpoint();
+  }
+  EXPECT_TRUE(Client::inspect_checkpoint(blob).redealt);
+  EXPECT_FALSE(Client::inspect_checkpoint(normal_blob).redealt);
+  Client back = Client::connect(options(1));
+  const Half second = take(back, 3, 1000, blob);
+  expect_exactly_the_plan(first, second, plan);
+  // A blob of the normal plan cannot resume the re-dealt epoch.
+  proto::Checkpoint c;
+  ASSERT_EQ(proto::decode_checkpoint(normal_blob, c), "");
+  c.epoch = 3;
+  const auto wrong = proto::encode_checkpoint(c);
+  try {
+    take(back, 3, 1000, wrong);
+    ADD_FAILURE() << "a normal plan's checkpoint resumed a re-dealt epoch";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("re-dealt that epoch"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
