@@ -201,7 +201,24 @@ Seeds seeds() {
   add("hello", [](Bytes& f) { encode(f, Hello{3, 8, 4242}); });
   add("welcome", [](Bytes& f) { encode(f, Welcome{1, 4, 2, 4, 1000, 16, 125, 1 << 20, 1 << 16}); });
   add("error", [](Bytes& f) { encode(f, ErrorFrame{6, "trainer world size 3 does not match"}); });
-  add("start-epoch", [](Bytes& f) { encode(f, StartEpoch{2, 5}); });
+  add("start-epoch", [](Bytes& f) { encode(f, StartEpoch{2, 5, {}}); });
+  add("start-epoch-resume", [](Bytes& f) {
+    Checkpoint c;
+    c.plan_digest = 0x1234;
+    c.num_samples = 1000;
+    c.nodes = 2;
+    c.trainers_per_node = 2;
+    c.batch_size = 8;
+    c.window = 4;
+    c.rank = 3;
+    c.world_size = 4;
+    c.epoch = 2;
+    c.batches_consumed = 3;
+    c.samples_consumed = 24;
+    c.early = {25, 30};
+    c.late = {20, 23};
+    encode(f, StartEpoch{2, 5, encode_checkpoint(c)});
+  });
   add("release", [](Bytes& f) { encode(f, Release{2, 5, 7}); });
   add("get-catalog", [](Bytes& f) { encode_get_catalog(f); });
   add("get-stats", [](Bytes& f) { encode_get_stats(f); });
@@ -231,19 +248,20 @@ Seeds seeds() {
     b.samples.push_back(SampleDescriptor{17, 4, 0, 0, 0, 0, 4096, 112 * 1024});
     b.samples.push_back(SampleDescriptor{99, 0, 1, 1, 1, 0, 0, 1});
     b.samples.push_back(SampleDescriptor{5, 7, 2, 1, 2, 0, 1 << 20, 0});
+    b.positions = {24, 31, 27};
     encode(f, b);
   });
-  add("empty-batch", [](Bytes& f) { encode(f, BatchFrame{4, 2, 9, {}}); });
+  add("empty-batch", [](Bytes& f) { encode(f, BatchFrame{4, 2, 9, {}, {}}); });
   // One connection's requests back to back, and a reply sequence.
   add("request-stream", [](Bytes& f) {
     encode(f, Hello{0, 2, 1});
     encode_get_catalog(f);
-    encode(f, StartEpoch{0, 1});
+    encode(f, StartEpoch{0, 1, {}});
     encode(f, Release{0, 1, 0});
   });
   add("reply-stream", [](Bytes& f) {
     encode(f, Welcome{0, 2, 1, 4, 10, 2, 5, 4096, 4096});
-    encode(f, BatchFrame{0, 1, 0, {SampleDescriptor{1, 1, 0, 0, 0, 0, 0, 64}}});
+    encode(f, BatchFrame{0, 1, 0, {SampleDescriptor{1, 1, 0, 0, 0, 0, 0, 64}}, {0}});
     encode(f, EpochStats{});
   });
   return out;

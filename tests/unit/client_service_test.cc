@@ -415,7 +415,7 @@ TEST_F(ServiceTest, ATrainerRestartedWhileItsOldReadsAreInFlightGetsItsEpoch) {
     ::close(fds[0]);
     ::close(fds[1]);
     std::vector<std::uint8_t> start;
-    proto::encode(start, proto::StartEpoch{0, 1});
+    proto::encode(start, proto::StartEpoch{0, 1, {}});
     ASSERT_EQ(static_cast<ssize_t>(start.size()), ::send(fd, start.data(), start.size(), MSG_NOSIGNAL));
     while (fetcher_->held_count() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     ::close(fd);  // the trainer dies with reads in flight that fill its staging ring
