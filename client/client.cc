@@ -2,6 +2,7 @@
 
 #include "common/config.h"
 #include "common/job_token.h"
+#include "proto/checkpoint.h"
 
 #include <poll.h>
 #include <sys/mman.h>
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -208,13 +210,77 @@ class DaemonConnection {
 
   // Starts a new pass over `epoch`. Each pass gets a fresh stream id: frames of an
   // abandoned pass (even over the same epoch) are recognised and dropped.
-  Status start_epoch(std::uint64_t epoch) {
+  // With `resume` (a checkpoint blob), the daemon continues from its position.
+  Status start_epoch(std::uint64_t epoch, std::span<const std::uint8_t> resume = {}) {
+    Position restored;
+    restored.started = true;
+    restored.epoch = epoch;
+    if (!resume.empty()) {
+      proto::Checkpoint c;
+      if (auto err = proto::decode_checkpoint(resume, c); !err.empty()) {
+        return make_error(StatusCode::kInvalidArgument, "cannot resume epoch {}: {}", epoch, err);
+      }
+      if (c.epoch != epoch) {
+        return make_error(StatusCode::kInvalidArgument, "cannot resume epoch {} from a checkpoint of epoch {}", epoch,
+                          c.epoch);
+      }
+      restored.batches = c.batches_consumed;
+      restored.samples = c.samples_consumed;
+      restored.early.insert(c.early.begin(), c.early.end());
+      restored.late.insert(c.late.begin(), c.late.end());
+    }
     std::vector<std::uint8_t> out;
-    proto::encode(out, proto::StartEpoch{epoch, next_stream_});
+    proto::StartEpoch start{epoch, next_stream_, {}};
+    start.resume.assign(resume.begin(), resume.end());
+    proto::encode(out, start);
     SHARDMIX_RETURN_IF_ERROR(send(out));
     current_stream_ = next_stream_++;
     in_epoch_ = true;
+    position_ = std::move(restored);
     return Status::ok_status();
+  }
+
+  // A batch was handed to the trainer: its samples count as delivered.
+  void delivered(const proto::BatchFrame& frame) {
+    Position& p = position_;
+    const std::uint64_t end = p.samples + frame.samples.size();
+    for (const std::uint64_t position : frame.positions) {
+      if (position < p.samples) {
+        p.late.erase(position);
+      } else {
+        p.early.insert(position);
+      }
+    }
+    for (std::uint64_t position = p.samples; position < end; ++position) {
+      if (p.early.erase(position) == 0) p.late.insert(position);
+    }
+    p.samples = end;
+    ++p.batches;
+  }
+
+  Result<std::vector<std::uint8_t>> checkpoint() const {
+    if (!position_.started) {
+      return make_error(StatusCode::kInvalidArgument, "checkpoint() before any epoch was started: nothing to save");
+    }
+    proto::Checkpoint c;
+    const bool redealt = welcome_.resumed_epoch == position_.epoch;
+    c.flags = redealt ? proto::kCheckpointRedealt : 0;
+    c.plan_digest = redealt ? welcome_.resumed_digest : welcome_.plan_digest;
+    c.num_samples = welcome_.num_samples;
+    c.seed = welcome_.seed;
+    c.nodes = welcome_.nodes;
+    c.trainers_per_node = welcome_.trainers_per_node;
+    c.batch_size = welcome_.batch_size;
+    c.drop_last = welcome_.drop_last != 0;
+    c.window = welcome_.window;
+    c.rank = static_cast<std::uint32_t>(who_.rank);
+    c.world_size = static_cast<std::uint32_t>(who_.world_size);
+    c.epoch = position_.epoch;
+    c.batches_consumed = position_.batches;
+    c.samples_consumed = position_.samples;
+    c.early.assign(position_.early.begin(), position_.early.end());
+    c.late.assign(position_.late.begin(), position_.late.end());
+    return proto::encode_checkpoint(c);
   }
 
   Status release(std::uint64_t epoch, std::uint64_t batch, std::uint64_t wait_us) {
@@ -274,6 +340,16 @@ class DaemonConnection {
     return &*catalog_;
   }
 
+  // This trainer's position in the epoch it iterates (or last iterated).
+  struct Position {
+    bool started = false;
+    std::uint64_t epoch = 0;
+    std::uint64_t batches = 0;         // batches handed to the trainer
+    std::uint64_t samples = 0;         // samples in them
+    std::set<std::uint64_t> early;     // delivered plan positions >= samples
+    std::set<std::uint64_t> late;      // undelivered plan positions < samples
+  };
+  Position position_;
   proto::Welcome welcome_;
   LauncherRank who_;
   std::uint32_t node_ = 0;
@@ -568,10 +644,10 @@ Result<std::string> query_daemon_stats(const ClientOptions& options, int daemon)
 
 // ---- iterator ----
 
-EpochIterator::EpochIterator(DaemonConnection* connection, std::uint64_t epoch)
+EpochIterator::EpochIterator(DaemonConnection* connection, std::uint64_t epoch, std::span<const std::uint8_t> resume)
     : connection_(connection), epoch_(epoch), done_(false) {
   waiting_since_ = std::chrono::steady_clock::now();
-  Status s = connection_->start_epoch(epoch);
+  Status s = connection_->start_epoch(epoch, resume);
   if (!s.ok()) throw Error(s);
   fetch_next();
 }
@@ -601,6 +677,7 @@ void EpochIterator::fetch_next() {
     batch_.samples_[i].data_ = *where;
     batch_.samples_[i].desc_ = frame.samples[i];
   }
+  connection_->delivered(frame);
   holding_ = true;
   // The wait for this batch goes back to the daemon in its Release (trainer stall time).
   wait_us_ = static_cast<std::uint64_t>(
@@ -622,7 +699,7 @@ EpochIterator& EpochIterator::operator++() {
   return *this;
 }
 
-EpochIterator Epoch::begin() { return EpochIterator(connection_, epoch_); }
+EpochIterator Epoch::begin() { return EpochIterator(connection_, epoch_, resume_); }
 const std::optional<proto::EpochStats>& Epoch::stats() const { return connection_->last_stats_; }
 
 // ---- client ----
@@ -645,6 +722,35 @@ Client Client::connect(const ClientOptions& options) {
 }
 
 Epoch Client::epoch(std::uint64_t epoch) { return Epoch(connection_.get(), epoch); }
+Epoch Client::epoch(std::uint64_t epoch, std::span<const std::uint8_t> resume_from) {
+  Epoch e(connection_.get(), epoch);
+  e.resume_.assign(resume_from.begin(), resume_from.end());
+  return e;
+}
+
+std::vector<std::uint8_t> Client::checkpoint() const {
+  auto blob = connection_->checkpoint();
+  if (!blob.ok()) throw Error(blob.status());
+  return std::move(*blob);
+}
+
+std::optional<std::uint64_t> Client::resumed_epoch() const {
+  if (connection_->welcome_.resumed_epoch == proto::kNoResumedEpoch) return std::nullopt;
+  return connection_->welcome_.resumed_epoch;
+}
+
+CheckpointInfo Client::inspect_checkpoint(std::span<const std::uint8_t> blob) {
+  proto::Checkpoint c;
+  if (auto err = proto::decode_checkpoint(blob, c); !err.empty()) throw Error(Status(StatusCode::kInvalidArgument, err));
+  CheckpointInfo info;
+  info.epoch = c.epoch;
+  info.batches_consumed = c.batches_consumed;
+  info.samples_consumed = c.samples_consumed;
+  info.rank = static_cast<int>(c.rank);
+  info.world_size = static_cast<int>(c.world_size);
+  info.redealt = c.redealt();
+  return info;
+}
 int Client::rank() const { return connection_->who_.rank; }
 int Client::world_size() const { return connection_->who_.world_size; }
 std::uint32_t Client::node() const { return connection_->node_; }

@@ -12,6 +12,19 @@
 // a batch's views stay valid until the iterator moves past it (then the batch is released
 // and its staging bytes are reused). Starting another epoch releases the previous one.
 //
+// Checkpoint and resume (docs/decisions/0022-checkpoint-and-resume.md):
+//   auto blob = client.checkpoint();                  // after the optimizer step, inside the loop
+//   ... restart ...
+//   auto info = shardmix::Client::inspect_checkpoint(blob);
+//   for (auto e = info.epoch; e < 90; ++e)
+//     for (const auto& batch : e == info.epoch ? client.epoch(e, blob) : client.epoch(e)) ...
+// A batch counts as delivered once the iterator has yielded it (operator* is valid), so a
+// checkpoint taken in the loop body after training on a batch includes that batch; the
+// resumed pass delivers exactly the rest of the epoch, keeping batch indices. Restoring
+// needs the same job (dataset, seed, exchange fraction, batch size, world size); with a
+// different number of trainers, start the daemons with resume.checkpoint_dir holding every
+// old rank's blob and iterate client.resumed_epoch() without a blob.
+//
 // Errors: exceptions at this edge only (shardmix::Error, with the daemon's message),
 // thrown by connect() and by the iterator. The library writes nothing to stdout or
 // stderr (it does not log at all).
@@ -116,6 +129,16 @@ class Batch {
 
 class DaemonConnection;
 
+// What a checkpoint blob says, readable without a daemon (Client::inspect_checkpoint).
+struct CheckpointInfo {
+  std::uint64_t epoch = 0;
+  std::uint64_t batches_consumed = 0;  // batches yielded in `epoch` when it was taken
+  std::uint64_t samples_consumed = 0;
+  int rank = 0;
+  int world_size = 0;
+  bool redealt = false;  // taken in an epoch re-dealt from resume.checkpoint_dir
+};
+
 // Input iterator over one epoch's batches. Advancing releases the current batch.
 class EpochIterator {
  public:
@@ -138,7 +161,7 @@ class EpochIterator {
 
  private:
   friend class Epoch;
-  EpochIterator(DaemonConnection* connection, std::uint64_t epoch);
+  EpochIterator(DaemonConnection* connection, std::uint64_t epoch, std::span<const std::uint8_t> resume);
   void fetch_next();
 
   DaemonConnection* connection_ = nullptr;
@@ -163,6 +186,7 @@ class Epoch {
   Epoch(DaemonConnection* connection, std::uint64_t epoch) : connection_(connection), epoch_(epoch) {}
   DaemonConnection* connection_;
   std::uint64_t epoch_;
+  std::vector<std::uint8_t> resume_;  // checkpoint blob to resume from, or empty
 };
 
 class Client {
@@ -176,6 +200,21 @@ class Client {
 
   // The batches of `epoch` for this trainer. Only one epoch is iterated at a time.
   Epoch epoch(std::uint64_t epoch);
+  // The batches of `epoch` not yet delivered when `resume_from` (a checkpoint() blob of
+  // this rank, taken in `epoch`) was saved. The blob is copied. A blob of another job,
+  // rank, epoch or world size makes begin() throw an Error saying what differs.
+  Epoch epoch(std::uint64_t epoch, std::span<const std::uint8_t> resume_from);
+
+  // This trainer's position: the epoch last started and the batches yielded in it, as an
+  // opaque, versioned blob (proto/checkpoint.h; about 100 bytes plus 16 per sample that
+  // shuffle.window delivered out of order). Throws if no epoch was started yet. Cheap: no
+  // daemon round trip.
+  std::vector<std::uint8_t> checkpoint() const;
+  // Reads a blob without a daemon (e.g. to find the epoch to resume). Throws on a bad blob.
+  static CheckpointInfo inspect_checkpoint(std::span<const std::uint8_t> blob);
+  // The epoch the daemons re-dealt from resume.checkpoint_dir (a job restarted with a
+  // different number of trainers), if any: iterate it with epoch(e), without a blob.
+  std::optional<std::uint64_t> resumed_epoch() const;
 
   int rank() const;
   int world_size() const;

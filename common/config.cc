@@ -256,6 +256,11 @@ const KeySpec kKeys[] = {
    "Shorter gives fresher gauges (connected trainers, counters within an epoch) at the cost of more small file writes.",
    "", 1000, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_USEC_KEY(telemetry.interval)},
 
+  {"resume.checkpoint_dir", KeyType::kString, "",
+   "A directory holding the checkpoint blob of every trainer rank of an earlier run (files *.ckpt, as shardmix-consume --checkpoint-dir writes them: rank-<R>.ckpt), all taken in the same epoch. At start-up the daemons re-deal the samples of that epoch that no old trainer was given among this job's trainers (any number of them), equal batch counts, each sample exactly once; trainers iterate that epoch (Client::resumed_epoch()) without a blob, later epochs follow the normal plan. \"\" = off.",
+   "Needed only when the number of trainers changes: with the same world size each trainer restores its own blob (Client::epoch(e, blob)), which keeps the planned order and locality; the re-dealt epoch is a fresh global shuffle of what is left (peer reads regardless of shuffle.exchange_fraction).",
+   "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(resume.checkpoint_dir)},
+
   {"log.level", KeyType::kEnum, "info",
    "Daemon log level.",
    "debug/trace explain every decision but are verbose on many nodes; warn keeps logs short.",

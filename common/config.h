@@ -106,6 +106,13 @@ struct TelemetryConfig {
   bool operator==(const TelemetryConfig&) const = default;
 };
 
+// Resuming an epoch with a different number of trainers (docs/decisions/0022).
+struct ResumeConfig {
+  std::string checkpoint_dir;          // resume.checkpoint_dir: every old rank's checkpoint blob; "" = off
+
+  bool operator==(const ResumeConfig&) const = default;
+};
+
 struct LogConfig {
   std::string level = "info";          // log.level = trace|debug|info|warn|error
   std::string components;              // log.components = "fabric=debug,service=warn"
@@ -123,6 +130,7 @@ struct Config {
   FaultConfig fault;
   InjectConfig inject;
   TelemetryConfig telemetry;
+  ResumeConfig resume;
   LogConfig log;
 
   bool operator==(const Config&) const = default;

@@ -1,5 +1,7 @@
 #include "proto/wire.h"
 
+#include "proto/checkpoint.h"
+
 #include <bit>
 #include <cstddef>
 #include <string>
@@ -124,6 +126,14 @@ void encode(std::vector<std::uint8_t>& out, const Welcome& m) {
   w.put(m.samples_this_trainer);
   w.put(m.arena_bytes);
   w.put(m.staging_bytes);
+  w.put(m.plan_digest);
+  w.put(m.seed);
+  w.put(m.batch_size);
+  w.put(m.drop_last);
+  w.put(m.window);
+  w.put(m.resumed_epoch);
+  w.put(m.resumed_digest);
+  w.put(m.resumed_batches);
 }
 
 void encode(std::vector<std::uint8_t>& out, const ErrorFrame& m) {
@@ -136,6 +146,8 @@ void encode(std::vector<std::uint8_t>& out, const StartEpoch& m) {
   Writer w(out, FrameType::kStartEpoch);
   w.put(m.epoch);
   w.put(m.stream);
+  w.put(static_cast<std::uint32_t>(m.resume.size()));
+  w.put_raw(m.resume.data(), m.resume.size());
 }
 
 void encode(std::vector<std::uint8_t>& out, const BatchFrame& m) {
@@ -145,6 +157,8 @@ void encode(std::vector<std::uint8_t>& out, const BatchFrame& m) {
   w.put(m.batch);
   w.put(static_cast<std::uint32_t>(m.samples.size()));
   w.put_raw(m.samples.data(), m.samples.size() * sizeof(SampleDescriptor));
+  // One position per sample (a frame built without them carries zeros).
+  for (std::size_t i = 0; i < m.samples.size(); ++i) w.put(i < m.positions.size() ? m.positions[i] : std::uint64_t{0});
 }
 
 void encode(std::vector<std::uint8_t>& out, const Release& m) {
@@ -198,12 +212,19 @@ void set_hello_job_token(std::vector<std::uint8_t>& frame, std::uint32_t token) 
 std::int64_t request_payload_bytes(FrameType type) {
   switch (type) {
     case FrameType::kHello: return 3 * sizeof(std::uint32_t);
-    case FrameType::kStartEpoch: return 2 * sizeof(std::uint64_t);
+    case FrameType::kStartEpoch: return 2 * sizeof(std::uint64_t) + sizeof(std::uint32_t);
     case FrameType::kRelease: return 4 * sizeof(std::uint64_t);
     case FrameType::kGetCatalog: return 0;
     case FrameType::kGetStats: return 0;
     default: return -1;
   }
+}
+
+std::int64_t request_payload_max_bytes(FrameType type) {
+  if (type == FrameType::kStartEpoch) {
+    return request_payload_bytes(type) + static_cast<std::int64_t>(kMaxCheckpointBytes);
+  }
+  return request_payload_bytes(type);
 }
 
 std::string decode_header(std::span<const std::uint8_t> bytes, FrameHeader& out) {
@@ -255,7 +276,17 @@ std::string decode(std::span<const std::uint8_t> payload, Welcome& out) {
   r.get(out.samples_this_trainer, "samples_this_trainer");
   r.get(out.arena_bytes, "arena_bytes");
   r.get(out.staging_bytes, "staging_bytes");
-  return r.finish();
+  r.get(out.plan_digest, "plan_digest");
+  r.get(out.seed, "seed");
+  r.get(out.batch_size, "batch_size");
+  r.get(out.drop_last, "drop_last");
+  r.get(out.window, "window");
+  r.get(out.resumed_epoch, "resumed_epoch");
+  r.get(out.resumed_digest, "resumed_digest");
+  r.get(out.resumed_batches, "resumed_batches");
+  std::string err = r.finish();
+  if (err.empty() && out.drop_last > 1) err = "welcome frame: drop_last " + std::to_string(out.drop_last) + " is not 0 or 1";
+  return err;
 }
 
 std::string decode(std::span<const std::uint8_t> payload, ErrorFrame& out) {
@@ -267,8 +298,22 @@ std::string decode(std::span<const std::uint8_t> payload, ErrorFrame& out) {
 
 std::string decode(std::span<const std::uint8_t> payload, StartEpoch& out) {
   Reader r(payload, "start-epoch frame");
+  std::uint32_t resume_bytes = 0;
   r.get(out.epoch, "epoch");
   r.get(out.stream, "stream");
+  if (!r.get(resume_bytes, "resume_bytes")) return r.finish();
+  if (resume_bytes > kMaxCheckpointBytes) {
+    r.fail("resume blob of " + std::to_string(resume_bytes) + " bytes exceeds the limit of " +
+           std::to_string(kMaxCheckpointBytes));
+    return r.finish();
+  }
+  if (resume_bytes != r.remaining()) {
+    r.fail("resume blob of " + std::to_string(resume_bytes) + " bytes, payload has " + std::to_string(r.remaining()) +
+           " after offset 20");
+    return r.finish();
+  }
+  out.resume.resize(resume_bytes);
+  r.get_raw(out.resume.data(), resume_bytes, "resume");
   return r.finish();
 }
 
@@ -283,14 +328,16 @@ std::string decode(std::span<const std::uint8_t> payload, BatchFrame& out) {
     r.fail("sample count " + std::to_string(count) + " exceeds the limit of " + std::to_string(kMaxBatchSamples));
     return r.finish();
   }
-  if (static_cast<std::uint64_t>(count) * sizeof(SampleDescriptor) != r.remaining()) {
-    r.fail("sample count " + std::to_string(count) + " needs " +
-           std::to_string(std::uint64_t{count} * sizeof(SampleDescriptor)) + " bytes, payload has " +
-           std::to_string(r.remaining()) + " after offset 28");
+  constexpr std::uint64_t kPerSample = sizeof(SampleDescriptor) + sizeof(std::uint64_t);
+  if (static_cast<std::uint64_t>(count) * kPerSample != r.remaining()) {
+    r.fail("sample count " + std::to_string(count) + " needs " + std::to_string(std::uint64_t{count} * kPerSample) +
+           " bytes, payload has " + std::to_string(r.remaining()) + " after offset 28");
     return r.finish();
   }
   out.samples.resize(count);
+  out.positions.resize(count);
   r.get_raw(out.samples.data(), count * sizeof(SampleDescriptor), "samples");
+  r.get_raw(out.positions.data(), count * sizeof(std::uint64_t), "positions");
   std::string err = r.finish();
   if (!err.empty()) return err;
   for (std::uint32_t i = 0; i < count; ++i) {

@@ -26,8 +26,10 @@
 namespace shardmix::proto {
 
 inline constexpr std::uint32_t kMagic = 0x31584d53;  // "SMX1" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 4;  // 2: stream ids on epoch frames; 3: quality figures;
-                                                      // 4: trainer wait in Release, GetStats/Stats
+inline constexpr std::uint16_t kProtocolVersion = 5;  // 2: stream ids on epoch frames; 3: quality figures;
+                                                      // 4: trainer wait in Release, GetStats/Stats;
+                                                      // 5: checkpoint/resume (plan identity in Welcome,
+                                                      //    resume blob in StartEpoch, plan positions in Batch)
 // Upper bound on any payload we accept; the catalog frame is the largest.
 inline constexpr std::uint32_t kMaxPayloadBytes = 1u << 30;
 inline constexpr std::uint32_t kMaxBatchSamples = 1u << 20;
@@ -88,7 +90,19 @@ struct Welcome {
   std::uint64_t samples_this_trainer = 0;  // per epoch
   std::uint64_t arena_bytes = 0;
   std::uint64_t staging_bytes = 0;
+  // Plan identity, copied into checkpoints (proto/checkpoint.h).
+  std::uint64_t plan_digest = 0;
+  std::uint64_t seed = 0;
+  std::uint32_t batch_size = 0;
+  std::uint32_t drop_last = 0;  // 0 or 1
+  std::uint32_t window = 0;
+  // The epoch the daemons re-dealt from resume.checkpoint_dir (kNoResumedEpoch: none),
+  // its plan digest and this trainer's batch count in it.
+  std::uint64_t resumed_epoch = 0;
+  std::uint64_t resumed_digest = 0;
+  std::uint64_t resumed_batches = 0;
 };
+inline constexpr std::uint64_t kNoResumedEpoch = ~std::uint64_t{0};
 
 struct ErrorFrame {
   std::uint16_t code = 0;  // StatusCode
@@ -98,9 +112,13 @@ struct ErrorFrame {
 // Every StartEpoch carries a stream id chosen by the client (increasing per connection).
 // Batches, releases and the epoch end carry it back, so frames of an abandoned pass over
 // an epoch are never taken for a new pass over the same epoch.
+// `resume`: empty, or a checkpoint blob (proto/checkpoint.h, at most kMaxCheckpointBytes)
+// to continue the pass from: the daemon delivers exactly the samples it says were not
+// delivered yet.
 struct StartEpoch {
   std::uint64_t epoch = 0;
   std::uint64_t stream = 0;
+  std::vector<std::uint8_t> resume;
 };
 
 struct BatchFrame {
@@ -108,6 +126,9 @@ struct BatchFrame {
   std::uint64_t stream = 0;
   std::uint64_t batch = 0;   // index within the epoch
   std::vector<SampleDescriptor> samples;
+  // Planned position of each sample in this trainer's order for the epoch (same length
+  // as samples): lets the client checkpoint exactly under shuffle.window > 0.
+  std::vector<std::uint64_t> positions;
 };
 
 struct Release {
@@ -146,8 +167,10 @@ struct EpochStats {
 
 // Exact payload size of a request frame type, checked before its payload is read, so a
 // header cannot make the daemon allocate more than a request needs. -1 for types that
-// are never requests (daemon -> client only).
+// are never requests (daemon -> client only). StartEpoch is the one request of variable
+// size: this is its size without a resume blob, request_payload_max_bytes its largest.
 std::int64_t request_payload_bytes(FrameType type);
+std::int64_t request_payload_max_bytes(FrameType type);
 
 // Encoding: appends a whole frame (header + payload) to `out`.
 void encode(std::vector<std::uint8_t>& out, const Hello& m);

@@ -1,5 +1,7 @@
 #include "server/client_service.h"
 
+#include "proto/checkpoint.h"
+
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -176,11 +178,15 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
         // allocate (kMaxPayloadBytes is for the daemon's own large replies).
         const auto type = static_cast<proto::FrameType>(header.type);
         const std::int64_t expected = proto::request_payload_bytes(type);
+        const std::int64_t most = proto::request_payload_max_bytes(type);
         if (expected < 0) {
           err = "frame type " + std::to_string(header.type) + " is not a request";
-        } else if (header.payload_bytes != expected) {
+        } else if (most == expected && header.payload_bytes != expected) {
           err = "frame type " + std::to_string(header.type) + " must carry " + std::to_string(expected) +
                 " payload bytes, header says " + std::to_string(header.payload_bytes);
+        } else if (header.payload_bytes < expected || header.payload_bytes > most) {
+          err = "frame type " + std::to_string(header.type) + " must carry " + std::to_string(expected) + " to " +
+                std::to_string(most) + " payload bytes, header says " + std::to_string(header.payload_bytes);
         }
       }
       if (!err.empty()) {
@@ -231,6 +237,12 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
       case proto::FrameType::kStartEpoch: {
         proto::StartEpoch m;
         if (auto err = proto::decode(payload_, m); !err.empty()) return protocol_error(err), false;
+        std::optional<ResumePoint> resume;
+        if (!m.resume.empty()) {
+          auto point = accept_checkpoint(m.resume, service_.job_, trainer_rank_, m.epoch);
+          if (!point.ok()) return send_error(point.status()), false;
+          resume = std::move(*point);
+        }
         service_.report_epoch_choice(m.epoch);
         finish_pass();  // a pass abandoned before its end is not reported
         pass_open_ = true;
@@ -239,7 +251,14 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
         pass_released_ = 0;
         pass_start_ = wall_seconds_now();
         pass_end_.reset();
-        scheduler_->start_epoch(m.epoch, m.stream);
+        if (resume) {
+          Status s = scheduler_->start_epoch(m.epoch, m.stream, *resume);
+          if (!s.ok()) return send_error(s), false;
+          log_->info("trainer rank {} resumes epoch {} after {} batches ({} samples; {} delivered early)",
+                     trainer_rank_, m.epoch, resume->batches_consumed, resume->samples_consumed, resume->early.size());
+        } else {
+          scheduler_->start_epoch(m.epoch, m.stream);
+        }
         return !closed_;
       }
       case proto::FrameType::kRelease: {
@@ -326,6 +345,17 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     w.samples_this_trainer = job.shape->trainer_quota[hello.trainer_rank];
     w.arena_bytes = job.arena->length();
     w.staging_bytes = job.staging->length();
+    w.plan_digest = job.plan_digest;
+    w.seed = job.seed;
+    w.batch_size = job.shape->job.batch_size;
+    w.drop_last = job.shape->job.drop_last ? 1 : 0;
+    w.window = job.context.window;
+    w.resumed_epoch = proto::kNoResumedEpoch;
+    if (const RedealtEpoch* redealt = job.context.redealt; redealt != nullptr) {
+      w.resumed_epoch = redealt->epoch;
+      w.resumed_digest = redealt->digest;
+      w.resumed_batches = redealt->batches_per_trainer;
+    }
     std::vector<std::uint8_t> out;
     proto::encode(out, w);
     // The Welcome is the first thing written on this socket, so a blocking sendmsg cannot
@@ -448,6 +478,66 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
   double pass_start_ = 0;
   std::optional<proto::EpochStats> pass_end_;
 };
+
+Result<ResumePoint> accept_checkpoint(std::span<const std::uint8_t> blob, const ServedJob& job,
+                                      std::uint32_t trainer_rank, std::uint64_t epoch) {
+  proto::Checkpoint c;
+  if (auto err = proto::decode_checkpoint(blob, c); !err.empty()) {
+    return make_error(StatusCode::kInvalidArgument, "trainer rank {}: cannot resume epoch {}: {}", trainer_rank, epoch,
+                      err);
+  }
+  const JobShape& shape = job.shape->job;
+  auto refuse = [&](const std::string& why) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "trainer rank {}: cannot resume epoch {} from a checkpoint of rank {} (epoch {}, {} trainers): {}",
+                      trainer_rank, epoch, c.rank, c.epoch, c.world_size, why);
+  };
+  if (c.epoch != epoch) return refuse(fmt::format("it was taken in epoch {}", c.epoch));
+  if (c.nodes != shape.nodes || c.trainers_per_node != shape.trainers_per_node) {
+    return refuse(fmt::format("it was taken with {} nodes x {} trainers per node, this job has {} x {} "
+                              "(a different world size resumes through resume.checkpoint_dir)",
+                              c.nodes, c.trainers_per_node, shape.nodes, shape.trainers_per_node));
+  }
+  if (c.rank != trainer_rank) return refuse("it is another rank's checkpoint");
+  if (c.early.size() > c.window) {
+    return refuse(fmt::format("it lists {} samples delivered early, more than its shuffle.window {}", c.early.size(),
+                              c.window));
+  }
+  const RedealtEpoch* redealt = job.context.redealt;
+  const bool this_redealt = redealt != nullptr && redealt->epoch == epoch;
+  if (c.redealt() != this_redealt) {
+    return refuse(c.redealt() ? "it was taken in an epoch re-dealt from checkpoints; start the daemons with the "
+                                "same resume.checkpoint_dir"
+                              : "this daemon re-dealt that epoch from resume.checkpoint_dir; resume it without a "
+                                "checkpoint (Client::resumed_epoch())");
+  }
+  const std::uint64_t expected = this_redealt ? redealt->digest : job.plan_digest;
+  if (c.plan_digest != expected) {
+    std::vector<std::string> differ;
+    if (c.num_samples != job.shape->num_samples) {
+      differ.push_back(fmt::format("dataset samples {} vs {}", c.num_samples, job.shape->num_samples));
+    }
+    if (c.seed != job.seed) differ.push_back(fmt::format("shuffle.seed {} vs {}", c.seed, job.seed));
+    if (c.batch_size != shape.batch_size) {
+      differ.push_back(fmt::format("batch.size {} vs {}", c.batch_size, shape.batch_size));
+    }
+    if (c.drop_last != shape.drop_last) differ.push_back("batch.drop_last");
+    if (differ.empty()) {
+      differ.push_back(this_redealt ? "the checkpoints in resume.checkpoint_dir"
+                                    : "the catalog, shuffle.exchange_fraction, shuffle.min_entropy or "
+                                      "dataset.placement");
+    }
+    std::string list;
+    for (const auto& d : differ) list += (list.empty() ? "" : ", ") + d;
+    return refuse("its plan differs from this job's (" + list + ")");
+  }
+  ResumePoint point;
+  point.batches_consumed = c.batches_consumed;
+  point.samples_consumed = c.samples_consumed;
+  point.early = std::move(c.early);
+  point.late = std::move(c.late);
+  return point;
+}
 
 ClientService::ClientService(asio::io_context& io, ServedJob job, std::string socket_path)
     : io_(io), job_(std::move(job)), socket_path_(std::move(socket_path)), acceptor_(io), accept_backoff_(io) {

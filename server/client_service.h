@@ -45,7 +45,16 @@ struct ServedJob {
   // The job token a Hello must carry (common/job_token.h); 0 = accept any (tests only:
   // the daemon always sets one).
   std::uint32_t job_token = 0;
+  // Plan identity for checkpoints (common/resume_plan.h plan_digest; proto/checkpoint.h).
+  std::uint64_t plan_digest = 0;
+  std::uint64_t seed = 0;
 };
+
+// Checks a trainer's checkpoint blob against what this daemon serves (plan digest, job
+// shape, trainer rank, epoch; a re-dealt epoch's digest for that epoch) and returns its
+// position. The error says which fields differ, naming the config keys.
+Result<ResumePoint> accept_checkpoint(std::span<const std::uint8_t> blob, const ServedJob& job,
+                                      std::uint32_t trainer_rank, std::uint64_t epoch);
 
 // Fault injection (inject.slow_peer_*): fetches that read from `rank` complete `delay` late.
 struct SlowPeer {

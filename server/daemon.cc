@@ -1,6 +1,8 @@
 #include "server/daemon.h"
 
 #include <signal.h>
+#include "server/resume_loader.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -535,6 +537,24 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   const Placement placement =
       make_placement(catalog.sizes(), shape, config.dataset.placement, config.shuffle.seed, capacity);
   const EpochPlanner planner(shape, placement, config.shuffle, catalog.labels());
+  // Checkpoint/resume (docs/decisions/0022): the plan's identity, and an epoch re-dealt
+  // from another world size's checkpoints.
+  const std::uint64_t digest =
+      plan_digest(catalog_digest(catalog), catalog.size(), job, config.shuffle, config.dataset.placement);
+  std::optional<RedealtEpoch> redealt;
+  if (!config.resume.checkpoint_dir.empty()) {
+    auto loaded_redeal = load_redealt_epoch(config.resume.checkpoint_dir, config, catalog, job, digest);
+    s = agree(mpi, loaded_redeal.status(), "re-dealing the checkpointed epoch (resume.checkpoint_dir)");
+    if (!s.ok()) return fail(s);
+    redealt = std::move(*loaded_redeal);
+    if (rank == 0) {
+      log->info("resume: epoch {} re-dealt from {} checkpoints of {} trainers: {} samples left, {} batches per "
+                "trainer{}",
+                redealt->epoch, redealt->old_world_size, redealt->old_world_size, redealt->samples,
+                redealt->batches_per_trainer,
+                redealt->skipped > 0 ? fmt::format(", {} skipped (batch.drop_last)", redealt->skipped) : "");
+    }
+  }
 
   Status limits;
   const std::uint64_t arena_bytes = placement.arena_bytes[rank];
@@ -711,6 +731,9 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   served.context = SchedulerContext{&catalog, &placement, &planner, static_cast<std::uint32_t>(rank),
                                     config.service.prefetch, config.shuffle.window, catalog.num_classes(),
                                     storage_readers.get(), config.service.cold_readahead_batches};
+  served.context.redealt = redealt ? &*redealt : nullptr;
+  served.plan_digest = digest;
+  served.seed = config.shuffle.seed;
   served.shape = &shape;
   served.nodes = static_cast<std::uint32_t>(nodes);
   served.trainers_per_node = config.service.trainers_per_node;

@@ -5,16 +5,26 @@
 
 #include <fmt/format.h>
 
+#include "proto/checkpoint.h"
+
 namespace shardmix {
 
 TrainerScheduler::TrainerScheduler(const SchedulerContext& context, std::uint32_t local_trainer,
                                    std::shared_ptr<StagingAllocator> staging, PeerFetcher& fetcher, FrameSink& sink)
     : context_(context), local_trainer_(local_trainer), staging_(std::move(staging)), fetcher_(fetcher), sink_(sink) {}
 
+TrainerPlan TrainerScheduler::plan_of(std::uint64_t epoch) const {
+  if (context_.redealt != nullptr && context_.redealt->epoch == epoch) {
+    const std::uint32_t trainer = context_.planner->shape().job.first_trainer_of_node(context_.node) + local_trainer_;
+    return context_.redealt->plans[trainer];
+  }
+  return std::move(context_.planner->plan_node(epoch, context_.node)[local_trainer_]);
+}
+
 std::shared_ptr<TrainerScheduler::Pass> TrainerScheduler::new_pass(std::uint64_t epoch) {
   auto pass = std::make_shared<Pass>();
   pass->epoch = epoch;
-  pass->plan = std::move(context_.planner->plan_node(epoch, context_.node)[local_trainer_]);
+  pass->plan = plan_of(epoch);
   return pass;
 }
 
@@ -45,6 +55,24 @@ void TrainerScheduler::free_sent() {
 }
 
 void TrainerScheduler::start_epoch(std::uint64_t epoch, std::uint64_t stream) {
+  begin_pass(nullptr, epoch, stream);
+}
+
+Status TrainerScheduler::start_epoch(std::uint64_t epoch, std::uint64_t stream, const ResumePoint& resume) {
+  // The window bound was checked against the checkpoint's own job (accept_checkpoint): a
+  // position taken under one shuffle.window resumes correctly under any other.
+  auto resumed = resume_trainer_plan(plan_of(epoch), resume, proto::kMaxCheckpointExceptions);
+  if (!resumed.ok()) return resumed.status().with_context(fmt::format("resuming epoch {}", epoch));
+  auto pass = std::make_shared<Pass>();
+  pass->epoch = epoch;
+  pass->plan = std::move(resumed->plan);
+  pass->first_batch = resumed->first_batch;
+  pass->planned_position = std::move(resumed->planned_position);
+  begin_pass(std::move(pass), epoch, stream);
+  return Status::ok_status();
+}
+
+void TrainerScheduler::begin_pass(std::shared_ptr<Pass> pass, std::uint64_t epoch, std::uint64_t stream) {
   // Our own waiter (if the old pass was blocked on staging) must not fire while we
   // retire the old pass: it would pump the old plan.
   staging_->wait_for_release(nullptr);
@@ -52,11 +80,11 @@ void TrainerScheduler::start_epoch(std::uint64_t epoch, std::uint64_t stream) {
   // being fetched free their staging when the fetches land.
   free_sent();
   if (current_) abandon(current_);
-  if (ahead_ && ahead_->epoch == epoch) {
+  if (!pass && ahead_ && ahead_->epoch == epoch) {
     current_ = std::move(ahead_);  // staged ahead of its StartEpoch: adopt it
   } else {
     if (ahead_) abandon(ahead_);
-    current_ = new_pass(epoch);
+    current_ = pass ? std::move(pass) : new_pass(epoch);
   }
   ahead_.reset();
   started_ = true;
@@ -179,7 +207,7 @@ void TrainerScheduler::fail_if_stuck() {
   fail(make_error(StatusCode::kResourceExhausted,
                   "epoch {} batch {} needs {} contiguous staging bytes; {} are held by samples staged ahead "
                   "(shuffle.window = {}) and service.staging_bytes_per_trainer is {}: raise it{}",
-                  p.epoch, b, needed, held, context_.window, staging_->capacity(),
+                  p.epoch, p.first_batch + b, needed, held, context_.window, staging_->capacity(),
                   context_.window > 0 ? " or lower shuffle.window" : ""));
 }
 
@@ -323,9 +351,10 @@ bool TrainerScheduler::deliver_next() {
 
   proto::BatchFrame frame;
   frame.epoch = p.epoch;
-  frame.batch = j;
+  frame.batch = p.first_batch + j;
   frame.stream = stream_;
   frame.samples.reserve(n);
+  frame.positions.reserve(n);
   SentBatch sent;
   sent.samples = n;
   for (const std::size_t k : chosen) {
@@ -333,6 +362,7 @@ bool TrainerScheduler::deliver_next() {
     slot.state = SlotState::kDelivered;
     const proto::SampleDescriptor& d = slot.descriptor;
     frame.samples.push_back(d);
+    frame.positions.push_back(p.planned_position.empty() ? p.base + k : p.planned_position[p.base + k]);
     if (slot.staged_bytes > 0) sent.staging.emplace_back(d.offset, std::exchange(slot.staged_bytes, 0));
     const std::uint64_t position = p.base + k;
     if (position < plan_begin || position >= plan_begin + n) ++stats_.substituted_samples;
@@ -361,7 +391,7 @@ bool TrainerScheduler::deliver_next() {
     ++p.base;
   }
   ++stats_.batches;
-  sent_.emplace(j, std::move(sent));
+  sent_.emplace(frame.batch, std::move(sent));
   sent_samples_ += n;
   ++next_to_send_;
   sink_.send_batch(frame);

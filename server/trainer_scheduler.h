@@ -46,6 +46,7 @@
 #include "common/catalog.h"
 #include "common/epoch_plan.h"
 #include "common/placement.h"
+#include "common/resume_plan.h"
 #include "common/shuffle_metrics.h"
 #include "common/status.h"
 #include "proto/wire.h"
@@ -113,6 +114,8 @@ struct SchedulerContext {
   // staged ahead beyond `prefetch`, so that storage reads are posted early enough to keep
   // the reader pool busy (bounded by the trainer's staging bytes). 0 when nothing is cold.
   std::uint32_t cold_readahead_batches = 0;
+  // An epoch re-dealt from resume.checkpoint_dir (its plans replace the planner's), or null.
+  const RedealtEpoch* redealt = nullptr;
 };
 
 class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
@@ -124,6 +127,11 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   // carry it back). Batches of an earlier stream that were not released are released
   // implicitly (the client invalidates them when it starts a new pass).
   void start_epoch(std::uint64_t epoch, std::uint64_t stream);
+  // The same, resuming from a checkpoint's position in this trainer's plan of `epoch`:
+  // delivers exactly the samples not yet delivered, as batches resume.batches_consumed..
+  // (resume_trainer_plan). A position that does not fit the plan is an error, and
+  // nothing changes (the previous pass, if any, goes on).
+  Status start_epoch(std::uint64_t epoch, std::uint64_t stream, const ResumePoint& resume);
   // The trainer is done with this batch of `stream`; its staging bytes may be reused.
   Status release(std::uint64_t stream, std::uint64_t batch);
   // The connection is gone: send nothing more; staging is freed as fetches complete.
@@ -151,6 +159,10 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   struct Pass {
     std::uint64_t epoch = 0;
     TrainerPlan plan;
+    // A resumed pass: plan batch 0 is batch first_batch of the epoch, and plan position p
+    // is position planned_position[p] of the trainer's full plan (empty: identity).
+    std::uint64_t first_batch = 0;
+    std::vector<std::uint64_t> planned_position;
     bool abandoned = false;
     std::uint64_t next_to_stage = 0;  // planned batch
     std::uint64_t base = 0;           // plan position of slots.front()
@@ -172,6 +184,8 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   };
 
   std::shared_ptr<Pass> new_pass(std::uint64_t epoch);
+  TrainerPlan plan_of(std::uint64_t epoch) const;
+  void begin_pass(std::shared_ptr<Pass> pass, std::uint64_t epoch, std::uint64_t stream);
   void pump();
   // Stages the next planned batch of `pass`; false if it must wait for staging bytes.
   bool stage_next(const std::shared_ptr<Pass>& pass);
@@ -208,7 +222,7 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   std::shared_ptr<Pass> current_;
   std::shared_ptr<Pass> ahead_;  // the next epoch, staged ahead of its StartEpoch
   std::uint64_t next_to_send_ = 0;
-  std::map<std::uint64_t, SentBatch> sent_;  // current pass, by batch index
+  std::map<std::uint64_t, SentBatch> sent_;  // current pass, by batch index in the epoch
   std::uint64_t sent_samples_ = 0;
   bool end_sent_ = true;
   bool pumping_ = false;

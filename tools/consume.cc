@@ -5,9 +5,19 @@
 // (path relative to dataset.path, or "<shard>@<offset>" for a sample inside a tar or
 // TFRecord shard; CSV-quoted when needed; xxh64 seed 0, 16 hex digits).
 // Run it as the trainer ranks, e.g. under deploy/launch.sh.
+// Checkpoint and resume (docs/decisions/0022): --checkpoint-after K --checkpoint-dir DIR
+// saves Client::checkpoint() to DIR/rank-<R>.ckpt after the K-th batch of the first epoch
+// and then exits at once, still holding that batch, as a trainer killed right after its
+// checkpoint would (the trace holds exactly the batches the checkpoint covers).
+// --resume-dir DIR continues: from DIR/rank-<R>.ckpt (same world size), or, when the
+// daemons re-dealt an epoch from resume.checkpoint_dir, from Client::resumed_epoch();
+// --epochs then counts from the resumed epoch.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <thread>
 #include <vector>
 #include <filesystem>
@@ -61,7 +71,19 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "Also print one 'JSON {...}' line per epoch for scripts");
   app.add_option("--compute-ms", compute_ms, "Simulated compute per batch (sleep), as a training step would take")
       ->check(CLI::NonNegativeNumber);
+  std::uint64_t checkpoint_after = 0;
+  std::string checkpoint_dir;
+  std::string resume_dir;
+  app.add_option("--checkpoint-after", checkpoint_after,
+                 "Save a checkpoint after this many batches of the first epoch, then exit at once (0 = never)");
+  app.add_option("--checkpoint-dir", checkpoint_dir, "Where --checkpoint-after writes rank-<R>.ckpt");
+  app.add_option("--resume-dir", resume_dir,
+                 "Resume: from DIR/rank-<R>.ckpt, or from the epoch the daemons re-dealt (resume.checkpoint_dir)");
   CLI11_PARSE(app, argc, argv);
+  if (checkpoint_after > 0 && checkpoint_dir.empty()) {
+    std::fprintf(stderr, "shardmix-consume: --checkpoint-after needs --checkpoint-dir\n");
+    return 2;
+  }
 
   try {
     shardmix::ClientOptions options;
@@ -85,6 +107,25 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "shardmix-consume: --trace needs --touch hash\n");
       return 2;
     }
+    std::vector<std::uint8_t> resume_blob;
+    if (!resume_dir.empty()) {
+      if (auto redealt = client.resumed_epoch()) {
+        first_epoch = *redealt;  // the daemons re-dealt it: iterate it without a blob
+      } else {
+        const std::string path = fmt::format("{}/rank-{}.ckpt", resume_dir, rank);
+        std::ifstream in(path, std::ios::binary);
+        if (!in) {
+          std::fprintf(stderr, "shardmix-consume: cannot read %s\n", path.c_str());
+          return 1;
+        }
+        resume_blob.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+        const shardmix::CheckpointInfo info = shardmix::Client::inspect_checkpoint(resume_blob);
+        first_epoch = info.epoch;
+        std::printf("rank %d: resuming epoch %llu after %llu batches (%s)\n", rank,
+                    static_cast<unsigned long long>(info.epoch), static_cast<unsigned long long>(info.batches_consumed),
+                    path.c_str());
+      }
+    }
     const bool copy = touch == "copy";
     const bool none = touch == "none";
     std::vector<std::byte> sink;
@@ -97,7 +138,8 @@ int main(int argc, char** argv) {
       // is in hand. The wait that only ends the epoch (no batch) is not counted.
       std::chrono::steady_clock::duration stall{0};
       auto waiting_since = start;
-      for (const shardmix::Batch& batch : client.epoch(e)) {
+      const bool resuming = e == first_epoch && !resume_blob.empty();
+      for (const shardmix::Batch& batch : resuming ? client.epoch(e, resume_blob) : client.epoch(e)) {
         stall += std::chrono::steady_clock::now() - waiting_since;
         ++batches;
         std::size_t position = 0;
@@ -124,6 +166,24 @@ int main(int argc, char** argv) {
           ++position;
         }
         if (compute_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(compute_ms));
+        if (checkpoint_after > 0 && e == first_epoch && batches == checkpoint_after) {
+          // After the "optimizer step" on this batch: save, then die holding it.
+          const std::vector<std::uint8_t> blob = client.checkpoint();
+          std::filesystem::create_directories(checkpoint_dir);
+          const std::string path = fmt::format("{}/rank-{}.ckpt", checkpoint_dir, rank);
+          const std::string tmp = path + ".tmp";
+          std::ofstream(tmp, std::ios::binary)
+              .write(reinterpret_cast<const char*>(blob.data()), static_cast<std::streamsize>(blob.size()));
+          std::filesystem::rename(tmp, path);
+          if (trace != nullptr) {
+            std::fwrite(rows.data(), 1, rows.size(), trace);
+            std::fclose(trace);
+          }
+          std::printf("rank %d: checkpoint after %llu batches of epoch %llu written to %s; exiting\n", rank,
+                      static_cast<unsigned long long>(batches), static_cast<unsigned long long>(e), path.c_str());
+          std::fflush(stdout);
+          std::_Exit(0);  // no clean-up: like a trainer killed right after its checkpoint
+        }
         if (rows.size() > (1u << 20)) {
           std::fwrite(rows.data(), 1, rows.size(), trace);
           rows.clear();

@@ -4,7 +4,7 @@
 // 16-byte header, then payload_bytes of payload, then the next frame. A header that does
 // not decode ends the stream (the real peer closes the connection). Every payload (or,
 // after a bad header, the rest of the input) goes through EVERY payload decoder, the
-// daemon's (Hello, StartEpoch, Release) and the client's (Welcome, Error, Batch,
+// daemon's (Hello, StartEpoch and the checkpoint blob it may carry, Release) and the client's (Welcome, Error, Batch,
 // EpochEnd, Stats), so each decoder sees arbitrary bytes, not only those of its own type.
 // The catalog payload is Catalog::deserialize's, fuzzed by catalog_fuzz.cc.
 //
@@ -19,6 +19,7 @@
 #include <span>
 #include <string>
 
+#include "proto/checkpoint.h"
 #include "proto/wire.h"
 #include "tests/fuzz/fuzz.h"
 
@@ -85,6 +86,18 @@ bool try_decode(Span payload, FrameType type, Message& m) {
   return true;
 }
 
+// The checkpoint blob (Client::checkpoint(), StartEpoch's resume, files in
+// resume.checkpoint_dir) is outside bytes too: same rules, one encoding per value.
+void check_checkpoint(Span bytes) {
+  Checkpoint c;
+  if (!decode_checkpoint(bytes, c).empty()) return;
+  FUZZ_CHECK(c.early.size() == c.late.size(), "checkpoint with unpaired exceptions accepted");
+  FUZZ_CHECK(c.rank < c.world_size, "checkpoint with rank >= world size accepted");
+  FUZZ_CHECK(c.late.empty() || c.late.back() < c.samples_consumed, "checkpoint with a late position too high accepted");
+  const Bytes again = encode_checkpoint(c);
+  FUZZ_CHECK(std::equal(again.begin(), again.end(), bytes.begin(), bytes.end()), "checkpoint: encode(decode(x)) != x");
+}
+
 void run_every_decoder(Span payload) {
   if (Hello m; try_decode(payload, FrameType::kHello, m)) {
     FUZZ_CHECK(m.trainer_rank < m.world_size, "hello with rank >= world size accepted");
@@ -95,7 +108,10 @@ void run_every_decoder(Span payload) {
     FUZZ_CHECK(m.message.size() + 6 == payload.size(), "error frame message length wrong");
   }
   if (StartEpoch m; try_decode(payload, FrameType::kStartEpoch, m)) {
+    FUZZ_CHECK(m.resume.size() <= kMaxCheckpointBytes, "start-epoch resume blob over the limit accepted");
+    check_checkpoint(m.resume);
   }
+  check_checkpoint(payload);
   if (Release m; try_decode(payload, FrameType::kRelease, m)) {
   }
   if (EpochStats m; try_decode(payload, FrameType::kEpochEnd, m)) {
@@ -110,6 +126,7 @@ void run_every_decoder(Span payload) {
   }
   if (BatchFrame m; try_decode(payload, FrameType::kBatch, m)) {
     FUZZ_CHECK(m.samples.size() <= kMaxBatchSamples, "batch over the sample limit accepted");
+    FUZZ_CHECK(m.positions.size() == m.samples.size(), "batch without one plan position per sample accepted");
     for (const SampleDescriptor& s : m.samples) {
       FUZZ_CHECK(s.region <= static_cast<std::uint8_t>(Region::kStaging), "unknown region accepted");
       FUZZ_CHECK(s.tier <= static_cast<std::uint8_t>(Tier::kStorage), "unknown tier accepted");
@@ -184,7 +201,24 @@ Seeds seeds() {
   add("hello", [](Bytes& f) { encode(f, Hello{3, 8, 4242}); });
   add("welcome", [](Bytes& f) { encode(f, Welcome{1, 4, 2, 4, 1000, 16, 125, 1 << 20, 1 << 16}); });
   add("error", [](Bytes& f) { encode(f, ErrorFrame{6, "trainer world size 3 does not match"}); });
-  add("start-epoch", [](Bytes& f) { encode(f, StartEpoch{2, 5}); });
+  add("start-epoch", [](Bytes& f) { encode(f, StartEpoch{2, 5, {}}); });
+  add("start-epoch-resume", [](Bytes& f) {
+    Checkpoint c;
+    c.plan_digest = 0x1234;
+    c.num_samples = 1000;
+    c.nodes = 2;
+    c.trainers_per_node = 2;
+    c.batch_size = 8;
+    c.window = 4;
+    c.rank = 3;
+    c.world_size = 4;
+    c.epoch = 2;
+    c.batches_consumed = 3;
+    c.samples_consumed = 24;
+    c.early = {25, 30};
+    c.late = {20, 23};
+    encode(f, StartEpoch{2, 5, encode_checkpoint(c)});
+  });
   add("release", [](Bytes& f) { encode(f, Release{2, 5, 7}); });
   add("get-catalog", [](Bytes& f) { encode_get_catalog(f); });
   add("get-stats", [](Bytes& f) { encode_get_stats(f); });
@@ -214,19 +248,20 @@ Seeds seeds() {
     b.samples.push_back(SampleDescriptor{17, 4, 0, 0, 0, 0, 4096, 112 * 1024});
     b.samples.push_back(SampleDescriptor{99, 0, 1, 1, 1, 0, 0, 1});
     b.samples.push_back(SampleDescriptor{5, 7, 2, 1, 2, 0, 1 << 20, 0});
+    b.positions = {24, 31, 27};
     encode(f, b);
   });
-  add("empty-batch", [](Bytes& f) { encode(f, BatchFrame{4, 2, 9, {}}); });
+  add("empty-batch", [](Bytes& f) { encode(f, BatchFrame{4, 2, 9, {}, {}}); });
   // One connection's requests back to back, and a reply sequence.
   add("request-stream", [](Bytes& f) {
     encode(f, Hello{0, 2, 1});
     encode_get_catalog(f);
-    encode(f, StartEpoch{0, 1});
+    encode(f, StartEpoch{0, 1, {}});
     encode(f, Release{0, 1, 0});
   });
   add("reply-stream", [](Bytes& f) {
     encode(f, Welcome{0, 2, 1, 4, 10, 2, 5, 4096, 4096});
-    encode(f, BatchFrame{0, 1, 0, {SampleDescriptor{1, 1, 0, 0, 0, 0, 0, 64}}});
+    encode(f, BatchFrame{0, 1, 0, {SampleDescriptor{1, 1, 0, 0, 0, 0, 0, 64}}, {0}});
     encode(f, EpochStats{});
   });
   return out;

@@ -24,7 +24,9 @@
 
 #include "client/client.h"
 #include "common/job_token.h"
+#include "common/resume_plan.h"
 #include "common/rng.h"
+#include "proto/checkpoint.h"
 #include "server/client_service.h"
 #include "server/shared_region.h"
 
@@ -51,7 +53,7 @@ class LocalArenaFetcher : public PeerFetcher {
       }
       done(Status::ok_status());
     };
-    if (hold) {
+    if (hold || hold_first.fetch_sub(1) > 0) {
       held_.push_back(std::move(land));
       return;
     }
@@ -70,6 +72,7 @@ class LocalArenaFetcher : public PeerFetcher {
     });
   }
   std::atomic<bool> hold{false};
+  std::atomic<int> hold_first{0};  // hold this many fetches, let later ones land (a straggler)
 
  private:
   std::vector<std::function<void()>> held_;  // io thread only
@@ -96,7 +99,7 @@ class ServiceTest : public ::testing::Test {
     planner_ = std::make_unique<EpochPlanner>(shape_, placement_, shuffle);
 
     arena_ = std::move(SharedRegion::create("test-arena", placement_.arena_bytes[0]).value());
-    staging_ = std::move(SharedRegion::create("test-staging", 2 * kStagingPerTrainer).value());
+    staging_ = std::move(SharedRegion::create("test-staging", 2 * staging_per_trainer_).value());
     peer_arena_.resize(placement_.arena_bytes[1] + 1);
     for (SampleId id = 0; id < catalog_.size(); ++id) {
       std::uint8_t* base = placement_.owner[id] == 0 ? arena_->data() : peer_arena_.data();
@@ -105,12 +108,17 @@ class ServiceTest : public ::testing::Test {
     fetcher_ = std::make_unique<LocalArenaFetcher>(io_, peer_arena_, *staging_);
     ServedJob job;
     job.context = SchedulerContext{&catalog_, &placement_, planner_.get(), 0, 3};
+    job.context.window = window_;
+    job.context.redealt = redealt_.plans.empty() ? nullptr : &redealt_;
+    job.plan_digest = plan_digest(catalog_digest(catalog_), catalog_.size(), shape_.job, shuffle,
+                                  PlacementPolicy::kBalanced);
+    job.seed = shuffle.seed;
     job.shape = &shape_;
     job.nodes = 2;
     job.trainers_per_node = 2;
     job.arena = arena_.get();
     job.staging = staging_.get();
-    job.staging_per_trainer = kStagingPerTrainer;
+    job.staging_per_trainer = staging_per_trainer_;
     job.catalog_bytes = catalog_.serialize();
     job.fetcher = fetcher_.get();
     job.telemetry = &telemetry_;
@@ -163,6 +171,10 @@ class ServiceTest : public ::testing::Test {
 
   static constexpr std::uint64_t kStagingPerTrainer = 7 * 9088;
   static constexpr std::uint32_t kJobToken = 0x5eed1234;
+  // Set by a derived fixture's constructor, before SetUp.
+  std::uint32_t window_ = 0;
+  std::uint64_t staging_per_trainer_ = kStagingPerTrainer;
+  RedealtEpoch redealt_;  // plans empty: no re-dealt epoch
   fs::path dir_;
   Catalog catalog_;
   PlanShape shape_;
@@ -411,7 +423,7 @@ TEST_F(ServiceTest, ATrainerRestartedWhileItsOldReadsAreInFlightGetsItsEpoch) {
     ::close(fds[0]);
     ::close(fds[1]);
     std::vector<std::uint8_t> start;
-    proto::encode(start, proto::StartEpoch{0, 1});
+    proto::encode(start, proto::StartEpoch{0, 1, {}});
     ASSERT_EQ(static_cast<ssize_t>(start.size()), ::send(fd, start.data(), start.size(), MSG_NOSIGNAL));
     while (fetcher_->held_count() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     ::close(fd);  // the trainer dies with reads in flight that fill its staging ring
@@ -762,6 +774,235 @@ TEST_F(ServiceTest, SoakManyEpochsKeepsMemoryAndOpenFilesFlat) {
               rss_after_warmup, grown_kb, std::max(2048L, 4 * arena_kb), fds_after_warmup);
   // Bound: 2 MiB or 4 arenas, whichever is more; 54 leaked arena mappings would be far beyond.
   EXPECT_LE(grown_kb, std::max(2048L, 4 * arena_kb));
+}
+
+// Checkpoint and resume (docs/decisions/0022). A trainer consumes k batches, saves
+// checkpoint(), "dies" (its connection closes), and a new process of the same rank
+// resumes from the blob: both halves together must be its planned samples exactly once,
+// in batches k.. of the epoch with the planned sizes, and the next epoch is normal.
+struct Half {
+  std::vector<SampleId> ids;
+  std::vector<std::uint64_t> batch_index;
+  std::vector<std::size_t> batch_size;
+};
+
+Half take(Client& client, std::uint64_t epoch, std::size_t batches, std::span<const std::uint8_t> resume = {}) {
+  Half h;
+  auto pass = resume.empty() ? client.epoch(epoch) : client.epoch(epoch, resume);
+  for (const Batch& batch : pass) {
+    h.batch_index.push_back(batch.index());
+    h.batch_size.push_back(batch.size());
+    for (const Sample& s : batch) h.ids.push_back(s.id());
+    if (h.batch_index.size() == batches) break;  // the checkpoint is taken while holding this batch
+  }
+  return h;
+}
+
+void expect_exactly_the_plan(const Half& a, const Half& b, const TrainerPlan& plan) {
+  std::multiset<SampleId> all(a.ids.begin(), a.ids.end());
+  all.insert(b.ids.begin(), b.ids.end());
+  EXPECT_EQ(all, std::multiset<SampleId>(plan.order.begin(), plan.order.end()));
+  std::vector<std::uint64_t> indices = a.batch_index;
+  indices.insert(indices.end(), b.batch_index.begin(), b.batch_index.end());
+  ASSERT_EQ(indices.size(), plan.num_batches());
+  std::vector<std::size_t> sizes = a.batch_size;
+  sizes.insert(sizes.end(), b.batch_size.begin(), b.batch_size.end());
+  for (std::uint64_t j = 0; j < plan.num_batches(); ++j) {
+    EXPECT_EQ(indices[j], j);
+    EXPECT_EQ(sizes[j], plan.batch_begin[j + 1] - plan.batch_begin[j]) << "batch " << j;
+  }
+}
+
+TEST_F(ServiceTest, ACheckpointedTrainerResumesWithExactlyTheRestOfItsEpoch) {
+  const TrainerPlan plan = planner_->plan_node(1, 0)[1];
+  std::vector<std::uint8_t> blob;
+  Half first;
+  {
+    Client client = Client::connect(options(1));
+    EXPECT_THROW((void)client.checkpoint(), Error);  // no epoch started: nothing to save
+    EXPECT_EQ(consume(client, 0), planner_->plan_node(0, 0)[1].order);
+    first = take(client, 1, 3);
+    blob = client.checkpoint();
+  }  // the trainer dies holding batch 2
+  const CheckpointInfo info = Client::inspect_checkpoint(blob);
+  EXPECT_EQ(info.epoch, 1u);
+  EXPECT_EQ(info.batches_consumed, 3u);
+  EXPECT_EQ(info.rank, 1);
+  EXPECT_EQ(first.ids, std::vector<SampleId>(plan.order.begin(), plan.order.begin() + 21));  // W = 0: plan order
+
+  Client back = Client::connect(options(1));
+  // The resumed half is checkpointed again and resumed once more: positions compose.
+  Half second = take(back, 1, 2, blob);
+  const auto blob2 = back.checkpoint();
+  EXPECT_EQ(Client::inspect_checkpoint(blob2).batches_consumed, 5u);
+  Half third = take(back, 1, 1000, blob2);
+  second.ids.insert(second.ids.end(), third.ids.begin(), third.ids.end());
+  second.batch_index.insert(second.batch_index.end(), third.batch_index.begin(), third.batch_index.end());
+  second.batch_size.insert(second.batch_size.end(), third.batch_size.begin(), third.batch_size.end());
+  expect_exactly_the_plan(first, second, plan);
+  EXPECT_EQ(std::vector<SampleId>(plan.order.begin() + 21, plan.order.end()), second.ids);
+  ASSERT_TRUE(back.last_epoch_stats().has_value());
+  EXPECT_EQ(back.last_epoch_stats()->samples, third.ids.size());  // the last pass's own figures
+  // A checkpoint at the end of the epoch resumes to nothing; the next epoch is normal.
+  const auto done = back.checkpoint();
+  EXPECT_TRUE(take(back, 1, 1000, done).ids.empty());
+  EXPECT_EQ(consume(back, 2), planner_->plan_node(2, 0)[1].order);
+}
+
+TEST_F(ServiceTest, AMismatchedCheckpointIsAClearError) {
+  std::vector<std::uint8_t> blob;
+  {
+    Client client = Client::connect(options(0));
+    take(client, 0, 2);
+    blob = client.checkpoint();
+  }
+  Client other = Client::connect(options(1));
+  try {
+    take(other, 0, 1000, blob);
+    ADD_FAILURE() << "another rank's checkpoint was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("another rank's checkpoint"), std::string::npos) << e.what();
+  }
+  Client same = Client::connect(options(0));
+  try {
+    take(same, 1, 1000, blob);  // taken in epoch 0
+    ADD_FAILURE() << "a checkpoint of epoch 0 resumed epoch 1";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("epoch 0"), std::string::npos) << e.what();
+  }
+  auto damaged = blob;
+  damaged[damaged.size() / 2] ^= 1;
+  EXPECT_THROW(take(same, 0, 1000, damaged), Error);
+  EXPECT_THROW((void)Client::inspect_checkpoint(damaged), Error);
+  // The same job's blob, with a plan digest from another seed: refused, naming the cause.
+  proto::Checkpoint c;
+  ASSERT_EQ(proto::decode_checkpoint(blob, c), "");
+  c.seed += 1;
+  c.plan_digest += 1;
+  const auto foreign = proto::encode_checkpoint(c);
+  try {
+    take(same, 0, 1000, foreign);  // the errors above were the client's own: still connected
+    ADD_FAILURE() << "a checkpoint of another plan was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("shuffle.seed"), std::string::npos) << e.what();
+  }
+}
+
+// With a window and a straggling peer, samples of later batches overtake late ones: the
+// checkpoint carries those exceptions and the resumed pass delivers exactly the rest.
+class WindowServiceTest : public ServiceTest {
+ protected:
+  WindowServiceTest() {
+    window_ = 7;  // = batch.size: a late batch can always be completed from the next one
+    staging_per_trainer_ = 8 * kStagingPerTrainer;
+  }
+};
+
+TEST_F(WindowServiceTest, ACheckpointUnderTheWindowCarriesItsExceptionsAndResumesExactly) {
+  const TrainerPlan plan = planner_->plan_node(0, 0)[0];
+  fetcher_->hold_first = 1;  // the first peer read straggles until the trainer is gone
+  std::vector<std::uint8_t> blob;
+  Half first;
+  {
+    Client client = Client::connect(options(0));
+    first = take(client, 0, 3);
+    blob = client.checkpoint();
+  }
+  proto::Checkpoint c;
+  ASSERT_EQ(proto::decode_checkpoint(blob, c), "");
+  ASSERT_FALSE(c.late.empty()) << "the straggler was not overtaken: the test provoked nothing";
+  EXPECT_EQ(c.early.size(), c.late.size());
+  EXPECT_LE(c.early.size(), 7u);
+  EXPECT_NE(std::vector<SampleId>(plan.order.begin(), plan.order.begin() + 21), first.ids);
+  fetcher_->hold_first = 0;
+  fetcher_->release_held();  // the straggler's read lands after its trainer died
+  Client back = Client::connect(options(0));
+  const Half second = take(back, 0, 1000, blob);
+  expect_exactly_the_plan(first, second, plan);
+  EXPECT_EQ(consume(back, 1).size(), planner_->plan_node(1, 0)[0].order.size());
+}
+
+// Every checkpoint point of the epoch, each followed by a resume that meets a straggler of
+// its own and is checkpointed and resumed once more: exceptions compose across passes.
+TEST_F(WindowServiceTest, CheckpointsAtEveryPointWithStragglersInEveryPassResumeExactly) {
+  const TrainerPlan plan = planner_->plan_node(2, 0)[0];
+  std::size_t with_exceptions = 0;
+  // The second leg's batch is followed by a full batch: a straggler held until its trainer
+  // is gone can be overtaken only while W ready samples follow it in the plan; at the end
+  // of the epoch the trainer waits for it (as it must: nothing is skipped), and here it
+  // would never land. (This plan's last batch holds 2 samples.)
+  ASSERT_GE(plan.num_batches(), 5u);
+  for (std::size_t k = 1; k + 3 <= plan.num_batches(); ++k) {
+    std::vector<std::uint8_t> blob;
+    Half all;
+    auto append = [&all](const Half& h) {
+      all.ids.insert(all.ids.end(), h.ids.begin(), h.ids.end());
+      all.batch_index.insert(all.batch_index.end(), h.batch_index.begin(), h.batch_index.end());
+      all.batch_size.insert(all.batch_size.end(), h.batch_size.begin(), h.batch_size.end());
+    };
+    for (int leg = 0; leg < 2; ++leg) {
+      fetcher_->hold_first = 1;
+      {
+        Client client = Client::connect(options(0));
+        append(take(client, 2, leg == 0 ? k : 1, blob));
+        blob = client.checkpoint();
+      }
+      proto::Checkpoint c;
+      ASSERT_EQ(proto::decode_checkpoint(blob, c), "");
+      if (!c.late.empty()) ++with_exceptions;
+      fetcher_->hold_first = 0;
+      fetcher_->release_held();
+    }
+    Client last = Client::connect(options(0));
+    const Half rest = take(last, 2, 1000, blob);
+    expect_exactly_the_plan(all, rest, plan);
+  }
+  EXPECT_GT(with_exceptions, 0u) << "no checkpoint carried exceptions: the test provoked nothing";
+}
+
+// A job restarted with another world size: the daemons re-dealt epoch 3 from checkpoints
+// (here: every sample with an odd id is left). Trainers learn the epoch from the Welcome,
+// get the re-dealt plan, and can checkpoint and restore inside it with the same world size.
+class RedealtServiceTest : public ServiceTest {
+ protected:
+  RedealtServiceTest() {
+    std::vector<SampleId> rest;
+    for (SampleId id = 1; id < 203; id += 2) rest.push_back(id);
+    redealt_.epoch = 3;
+    redealt_.digest = redeal_digest(77, 3, rest);
+    redealt_.plans = redeal_epoch(rest, JobShape{2, 2, 7, false}, 4, 3);
+    redealt_.batches_per_trainer = redealt_.plans[0].num_batches();
+  }
+};
+
+TEST_F(RedealtServiceTest, TrainersIterateTheReDealtEpochAndCanCheckpointInsideIt) {
+  const TrainerPlan& plan = redealt_.plans[1];
+  std::vector<std::uint8_t> normal_blob, blob;
+  Half first;
+  {
+    Client client = Client::connect(options(1));
+    ASSERT_EQ(client.resumed_epoch(), std::optional<std::uint64_t>(3));
+    take(client, 2, 1);
+    normal_blob = client.checkpoint();  // epoch 2 follows the normal plan
+    first = take(client, 3, 2);
+    blob = client.checkpoint();
+  }
+  EXPECT_TRUE(Client::inspect_checkpoint(blob).redealt);
+  EXPECT_FALSE(Client::inspect_checkpoint(normal_blob).redealt);
+  Client back = Client::connect(options(1));
+  const Half second = take(back, 3, 1000, blob);
+  expect_exactly_the_plan(first, second, plan);
+  // A blob of the normal plan cannot resume the re-dealt epoch.
+  proto::Checkpoint c;
+  ASSERT_EQ(proto::decode_checkpoint(normal_blob, c), "");
+  c.epoch = 3;
+  const auto wrong = proto::encode_checkpoint(c);
+  try {
+    take(back, 3, 1000, wrong);
+    ADD_FAILURE() << "a normal plan's checkpoint resumed a re-dealt epoch";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("re-dealt that epoch"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# End-to-end checkpoint and resume (docs/decisions/0022). A job of 4 daemons x 1 trainer
+# runs part of epoch 1: each trainer saves a checkpoint after 2 + rank batches and exits at
+# once (as if killed). Then:
+#   same:   the job restarts with the same world size; each trainer resumes from its own
+#           blob, finishes epoch 1 and runs epoch 2;
+#   redeal: the job restarts as 3 daemons x 2 trainers with resume.checkpoint_dir; the
+#           daemons re-deal the rest of epoch 1 to the 6 trainers, which then run epoch 2.
+# Judged by check_resume.py from the traces of both halves: every sample of epoch 1 exactly
+# once, equal batch counts, bytes verified on disk; epoch 2 exactly once.
+#   tests/e2e/resume_e2e.sh same|redeal [tcp|shm]
+set -euo pipefail
+SM_PROG=resume_e2e
+export SM_PROG
+here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
+# shellcheck source=deploy/lib.sh
+source "$here/../../deploy/lib.sh"
+
+mode=${1:-same}
+provider=${2:-tcp}
+[[ $mode == same || $mode == redeal ]] || sm_die "mode must be same or redeal, got '$mode'" 2
+batch=8 epoch=1
+gen=$(sm_find_exe shardmix-gen) || sm_die "shardmix-gen not found; build first"
+consume=$(sm_find_exe shardmix-consume) || sm_die "shardmix-consume not found; build first"
+python=$(sm_python) || sm_die "python3 not found"
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardmix-resume.XXXXXX")
+trap 'rm -rf -- "$tmp"' EXIT
+"$gen" --out "$tmp/data" --samples 800 --classes 8 --median-kib 16 --seed 5 --quiet
+cat >"$tmp/c.toml" <<TOML
+[dataset]
+path = "$tmp/data"
+[batch]
+size = $batch
+[shuffle]
+seed = 91
+exchange_fraction = 0.5
+window = 4
+[fabric]
+provider = "$provider"
+[service]
+prefetch = 3
+TOML
+
+# Each trainer checkpoints after 2 + rank batches, so the old ranks stop at different points.
+cat >"$tmp/first.sh" <<'FIRST'
+#!/usr/bin/env bash
+set -euo pipefail
+rank=${OMPI_COMM_WORLD_RANK:?}
+exec "$1" --first-epoch "$2" --epochs 1 --trace "$3/trace-before" --checkpoint-dir "$3/ckpt" \
+  --checkpoint-after $((2 + rank)) --compute-ms 1
+FIRST
+
+run() {  # nodes per_node log -- trainer command...
+  local nodes=$1 per_node=$2 log=$3
+  shift 4
+  local rc=0
+  timeout -s TERM -k 30 240 bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "$tmp/c.toml" \
+    --trainers-per-node "$per_node" --daemon-log "$log" "${extra[@]}" -- "$@" || rc=$?
+  if ((rc != 0)); then
+    tail -20 "$log" >&2
+    sm_die "launch.sh ($log) failed with exit code $rc" 1
+  fi
+}
+
+extra=()
+run 4 1 "$tmp/before.log" -- bash "$tmp/first.sh" "$consume" "$epoch" "$tmp"
+n=$(find "$tmp/ckpt" -name 'rank-*.ckpt' | wc -l)
+((n == 4)) || sm_die "expected 4 checkpoints, found $n" 1
+
+if [[ $mode == same ]]; then
+  run 4 1 "$tmp/after.log" -- "$consume" --resume-dir "$tmp/ckpt" --epochs 2 --trace "$tmp/trace-after"
+  grep -q "trainer rank 3 resumes epoch $epoch after 5 batches" "$tmp/after.log" ||
+    sm_die "the daemons did not resume trainer rank 3 from its checkpoint" 1
+  "$python" "$here/check_resume.py" --dataset "$tmp/data" --epoch "$epoch" --batch-size "$batch" \
+    --before "$tmp/trace-before" --before-trainers 4 --after "$tmp/trace-after" --after-trainers 4 --later 1
+else
+  extra=(--set "resume.checkpoint_dir=$tmp/ckpt")
+  run 3 2 "$tmp/after.log" -- "$consume" --resume-dir "$tmp/ckpt" --epochs 2 --trace "$tmp/trace-after"
+  grep -q "resume: epoch $epoch re-dealt from 4 checkpoints" "$tmp/after.log" ||
+    sm_die "the daemons did not re-deal epoch $epoch" 1
+  "$python" "$here/check_resume.py" --dataset "$tmp/data" --epoch "$epoch" --batch-size "$batch" \
+    --before "$tmp/trace-before" --before-trainers 4 --after "$tmp/trace-after" --after-trainers 6 \
+    --redealt --later 1
+fi
+echo "resume_e2e $mode: PASS"
