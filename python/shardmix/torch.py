@@ -31,6 +31,8 @@ DataLoader workers: the connection is one per trainer process and rank, and the 
 already prefetches, so the loader runs in the main process (num_workers=0); iterating
 the dataset inside a DataLoader worker raises RuntimeError.
 """
+import warnings
+
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -62,7 +64,7 @@ class ShardMixDataset(IterableDataset):
         self.pad_to = pad_to
         self.transform = transform
         self.with_ids = with_ids
-        self.pin_memory = pin_memory
+        self.pin_memory = pin_memory  # ignored, with a warning, when CUDA is not available
         self._client_options = client_options
         self._client = client
         self.epoch = epoch
@@ -117,10 +119,13 @@ class ShardMixDataset(IterableDataset):
                                "(make_loader does); the daemon already prefetches")
         client = self.client
         epoch = self.epoch
+        pin = self.pin_memory and torch.cuda.is_available()
+        if self.pin_memory and not pin:
+            warnings.warn("ShardMixDataset: pin_memory=True but CUDA is not available; batches are not pinned")
         for batch in client.epoch(epoch):
             n = len(batch)
             stride = self._stride(batch)
-            x = torch.empty((n, stride), dtype=torch.uint8, pin_memory=self.pin_memory)
+            x = torch.empty((n, stride), dtype=torch.uint8, pin_memory=pin)
             if n:
                 batch.copy_into(x.numpy(), stride=stride)
             if self.sample_shape is not None:
