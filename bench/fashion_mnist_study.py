@@ -53,7 +53,8 @@ def run_one(args, build, data_root, q, seed, work):
     for k in [k for k in env if k.startswith("SHARDMIX_") and k not in ("SHARDMIX_BUILD_DIR", "SHARDMIX_TRAINER_MPI_ARGS",
                                                                        "SHARDMIX_MPIRUN", "SHARDMIX_MPIRUN_FLAGS")]:
         del env[k]  # a stray config override in the caller's shell must not change the study
-    cmd = ["bash", os.path.join(REPO, "deploy/launch.sh"), "--nodes", "4", "--trainers-per-node", "1",
+    # timeout(1) sends SIGTERM to launch.sh, whose traps stop the daemons and trainers.
+    cmd = ["timeout", "-s", "TERM", "-k", "30", str(int(args.run_timeout)), "bash", os.path.join(REPO, "deploy/launch.sh"), "--nodes", "4", "--trainers-per-node", "1",
            "--config", os.path.join(REPO, "examples/fashion_mnist.toml"),
            "--set", f"dataset.path={data_root}", "--set", f"shuffle.seed={seed}",
            "--set", f"shuffle.exchange_fraction={q}", "--daemon-log", log + ".daemons", "--",
@@ -63,7 +64,7 @@ def run_one(args, build, data_root, q, seed, work):
         os.unlink(out_json)
     t0 = time.monotonic()
     with open(log, "w") as f:
-        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=args.run_timeout)
+        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
     wall = time.monotonic() - t0
     if rc != 0 or not os.path.exists(out_json):
         print(f"  {tag}: FAILED (exit {rc}); see {log}", flush=True)
@@ -171,7 +172,7 @@ def main():
     ap.add_argument("--work", default="/tmp/shardmix-fmnist-study")
     ap.add_argument("--data", default="/tmp/shardmix-fmnist", help="converted dataset (made if missing)")
     ap.add_argument("--build", default=os.environ.get("SHARDMIX_BUILD_DIR", os.path.join(REPO, "build")))
-    ap.add_argument("--run-timeout", type=float, default=900)
+    ap.add_argument("--run-timeout", type=float, default=600, help="seconds per run")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     if args.quick:

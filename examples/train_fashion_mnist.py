@@ -65,7 +65,7 @@ def evaluate(model, images, labels):
     with torch.no_grad():
         for i in range(0, len(images), 1000):
             x, _ = to_input(torch.from_numpy(images[i:i + 1000].copy()).unsqueeze(1), None)
-            correct += (model(x).argmax(1) == torch.from_numpy(labels[i:i + 1000]).long()).sum().item()
+            correct += (model(x).argmax(1) == torch.from_numpy(labels[i:i + 1000].astype(np.int64))).sum().item()
     model.train()
     return correct / len(images)
 
@@ -147,8 +147,14 @@ def main():
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1, allow_nan=True)
     dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    # Exit without tearing down the process group: with torch 1.13 the DDP reducer's
+    # destructor can deadlock at interpreter exit (~ProcessGroupGloo joins a gloo worker
+    # thread that waits for the GIL the joining thread holds; seen here as one rank hanging
+    # forever after the run's JSON was written). Everything is written; the daemon sees the
+    # socket close when the process ends.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

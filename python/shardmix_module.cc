@@ -398,6 +398,7 @@ GIL released: this is the copy shardmix.torch makes.)doc")
         State& s = *e.state;
         if (e.stream == 0) throw py::value_error("call iter() on the epoch first (for batch in client.epoch(e): ...)");
         if (e.finished) throw py::stop_iteration();
+        s.get();  // a closed client: ValueError, never a stale iterator
         if (e.stream != s.stream) throw py::value_error("epoch " + std::to_string(e.epoch) + ": another epoch was started on this client since; only one epoch is iterated at a time");
         auto b = next_batch(e.state, e);
         if (!b) throw py::stop_iteration();

@@ -212,6 +212,27 @@ class BindingInJob(unittest.TestCase):
         self.assertIn(f"trainer world size {world + 1} does not match the daemons' layout", str(cm.exception))
         self.assertIsInstance(cm.exception, RuntimeError)
 
+    def test_8_close_refuses_while_exports_live_and_then_disconnects(self):
+        # Last test: closes its own second client (the module's rank connection is reused
+        # by reconnecting after it is closed).
+        global client
+        rank, world, node = client.rank, client.world_size, client.node
+        it = iter(client.epoch(7))
+        b = next(it)
+        m = memoryview(b[0])
+        with self.assertRaises(BufferError):
+            client.close()
+        self.assertFalse(client.closed)
+        del m
+        client.close()
+        self.assertTrue(client.closed)
+        with self.assertRaises(ValueError):
+            next(it)
+        with self.assertRaises(shardmix.ReleasedError):
+            memoryview(b[0])
+        client = shardmix.Client(daemon=node, rank=rank, world_size=world)  # the daemon took the rank back
+        self.assertEqual(sum(1 for _ in client.epoch(8)), client.batches_per_epoch)
+
     def test_7_checkpoint_hook_is_marked_unavailable(self):
         self.assertFalse(shardmix.HAS_CHECKPOINT)
         with self.assertRaises(TypeError):
