@@ -67,6 +67,7 @@ class ShardMixDataset(IterableDataset):
         self.pin_memory = pin_memory  # ignored, with a warning, when CUDA is not available
         self._client_options = client_options
         self._client = client
+        self._checked = False  # rank/world compared with torch.distributed on first use
         self.epoch = epoch
         self.last_stats = None  # the daemon's statistics of the last finished epoch (dict)
 
@@ -75,7 +76,9 @@ class ShardMixDataset(IterableDataset):
     def client(self):
         if self._client is None:
             self._client = shardmix.Client(**self._client_options)
+        if not self._checked:
             self._check_distributed()
+            self._checked = True
         return self._client
 
     def _check_distributed(self):

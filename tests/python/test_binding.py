@@ -200,6 +200,21 @@ class BindingInJob(unittest.TestCase):
         with self.assertRaises(ValueError):
             make_loader(ds, num_workers=2)
 
+    def test_5b_torch_dataset_refuses_a_different_torch_distributed_rank(self):
+        import tempfile
+        import torch.distributed as dist
+        from shardmix.torch import ShardMixDataset
+        with tempfile.TemporaryDirectory() as d:
+            # A one-process group: rank 0 of 1, which disagrees with ShardMix's rank r of 2.
+            dist.init_process_group("gloo", init_method=f"file://{d}/store", rank=0, world_size=1)
+            try:
+                with self.assertRaises(ValueError) as cm:
+                    len(ShardMixDataset(client=client))
+                self.assertIn(f"torch.distributed is rank 0 of 1, but ShardMix took rank {client.rank} of "
+                              f"{client.world_size}", str(cm.exception))
+            finally:
+                dist.destroy_process_group()
+
     def test_6_errors_carry_the_daemons_message(self):
         rank, world = client.rank, client.world_size
         with self.assertRaises(shardmix.Error) as cm:  # this rank is connected already (above)
