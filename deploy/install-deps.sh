@@ -22,6 +22,12 @@ packages=(
   # emulated cluster and the entropy-vs-locality sweep (deploy/netns-cluster.sh, bench/sweep.sh)
   iproute2                            # ip netns, veth, bridge; tc tbf
   python3-matplotlib                  # bench/sweep_report.py draws the PNG
+  # Python binding (python/) and its tests, the PyTorch example and study
+  # (examples/, bench/fashion_mnist_study.sh); built for the system's /usr/bin/python3
+  pybind11-dev python3-dev            # the extension module shardmix._shardmix
+  python3-numpy python3-pytest        # numpy.frombuffer views; the tests (unittest, pytest-compatible)
+  python3-torch                       # shardmix.torch, examples/train_fashion_mnist.py
+  dataset-fashion-mnist               # /usr/share/datasets/fashion-mnist: the study's data
 )
 
 missing=()

@@ -4,7 +4,9 @@
 #
 #   release  Release build (gcc) of everything; ctest runs it all: unit and property
 #            tests, multi-process MPI tests on tcp and shm, end-to-end runs of daemons and
-#            trainers, and one replay of every fuzz target's corpus. Same build dir and type
+#            trainers, the Python binding's tests (label python), and one replay of every
+#            fuzz target's corpus. The sanitizer stages do not build the Python module
+#            (docs/decisions/0020). Same build dir and type
 #            as deploy/demo.sh, so running one after the other rebuilds nothing.
 #   asan     clang-14, AddressSanitizer + UndefinedBehaviorSanitizer (+ libFuzzer coverage,
 #            SHARDMIX_FUZZ=ON, so the fuzz stage reuses this build): every test of the

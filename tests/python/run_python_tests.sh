@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The Python binding in a real job (ctest: python_binding_in_job). 2 shardmixd daemons
+# (tcp over loopback), 1 trainer per node, a small generated dataset:
+#   1. shardmix-consume (the C++ client) traces epochs 0-1;
+#   2. the same config and seed again, with tests/python/test_binding.py as the trainers:
+#      every rank compares its ids, labels and bytes (XXH64) with the C++ trace and checks
+#      zero-copy, release, strict mode, statistics, shardmix.torch and errors.
+# Env: SHARDMIX_BUILD_DIR (default <repo>/build), SHARDMIX_PYTHON (default /usr/bin/python3
+# if present, else python3): the interpreter the module was built for. Temp files go in one
+# dir, removed at the end (SHARDMIX_E2E_KEEP=1 keeps it).
+set -euo pipefail
+
+SM_PROG=run_python_tests
+here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
+# shellcheck source=deploy/lib.sh
+source "$here/../../deploy/lib.sh"
+
+build=$(sm_build_dir)
+py=${SHARDMIX_PYTHON:-}
+if [[ -z $py ]]; then
+  if [[ -x /usr/bin/python3 ]]; then py=/usr/bin/python3; else py=$(command -v python3); fi
+fi
+[[ -d $build/python/shardmix ]] || sm_die "$build/python/shardmix not built (cmake --build $build)"
+gen=$(sm_find_exe shardmix-gen) || sm_die "shardmix-gen not built"
+consume=$(sm_find_exe shardmix-consume) || sm_die "shardmix-consume not built"
+
+nodes=2 per_node=1 q=0.5 seed=4242
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardmix-py.XXXXXX")
+cleanup() {
+  if [[ ${SHARDMIX_E2E_KEEP:-0} == 1 ]]; then sm_log "kept $tmp"; else rm -rf -- "$tmp"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+"$gen" --out "$tmp/data" --samples 300 --classes 6 --median-kib 4 --seed 3 --quiet
+cat >"$tmp/job.toml" <<TOML
+[dataset]
+path = "$tmp/data"
+[batch]
+size = 8
+drop_last = false
+[shuffle]
+seed = $seed
+exchange_fraction = $q
+[fabric]
+provider = "tcp"
+interface = "lo"
+[service]
+trainers_per_node = $per_node
+prefetch = 3
+TOML
+
+run() { # LOG -- COMMAND...
+  local log=$1
+  shift
+  timeout -s TERM -k 20 100 bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "$tmp/job.toml" \
+    --daemon-log "$log" "$@"
+}
+sm_section "reference: the C++ client (shardmix-consume), epochs 0-1"
+run "$tmp/daemons-cpp.log" -- "$consume" --epochs 2 --trace "$tmp/ref" >/dev/null ||
+  { cat "$tmp/daemons-cpp.log" >&2; sm_die "the reference job failed"; }
+
+sm_section "the Python binding as the trainers ($py)"
+export PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH} PYTHONDONTWRITEBYTECODE=1
+export SMX_TEST_REF=$tmp/ref SMX_TEST_DATA=$tmp/data SMX_TEST_Q=$q
+SHARDMIX_TRAINER_MPI_ARGS="--tag-output -x PYTHONPATH -x PYTHONDONTWRITEBYTECODE" \
+  run "$tmp/daemons-py.log" -- "$py" "$here/test_binding.py" ||
+  { tail -n 30 "$tmp/daemons-py.log" >&2; sm_die "the binding's tests failed"; }
+echo "python binding: every rank passed"
