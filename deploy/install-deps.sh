@@ -21,6 +21,9 @@ packages=(
   # emulated cluster and the entropy-vs-locality sweep (deploy/netns-cluster.sh, bench/sweep.sh)
   iproute2                            # ip netns, veth, bridge; tc tbf
   python3-matplotlib                  # bench/sweep_report.py draws the PNG
+  # slow-storage benchmark (bench/storage.sh, docs/decisions/0027)
+  fuse3 libfuse3-dev                  # bench/slowfs: FUSE passthrough with latency and a bandwidth cap
+  python3-torch                       # the PyTorch DataLoader baseline (/usr/bin/python3)
 )
 
 missing=()
