@@ -197,10 +197,11 @@ for ((r = 0; r < repeat; r++)); do
   sm_section "storage bound: $readers threads read $cold_expected cold bytes in random order (run $((r + 1))/$repeat, load $(loadavg))"
   drop_caches
   mount_slowfs "bound-$r"
+  load_before=$(loadavg)
   if "$reader" --dir "$mnt" --list "$work/files.txt" --threads "$readers" --bytes "$cold_expected" \
       --seed $((100 + r)) --json >"$work/r.txt" 2>&1; then
     grep -v '^JSON ' "$work/r.txt"
-    grep '^JSON ' "$work/r.txt" | sed "s/^JSON {/{\"kind\": \"bound\", \"run\": $r, \"load\": \"$(loadavg)\", /" >>"$raw"
+    grep '^JSON ' "$work/r.txt" | sed "s/^JSON {/{\"kind\": \"bound\", \"run\": $r, \"load\": \"$load_before\", /" >>"$raw"
   else
     cat "$work/r.txt"; failures=$((failures + 1))
   fi
