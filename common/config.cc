@@ -137,8 +137,8 @@ const KeySpec kKeys[] = {
    [](const Config& c) -> Value { return c.shuffle.min_entropy; }},
 
   {"cache.capacity", KeyType::kCapacity, "0.8",
-   "RAM per node for the cache arena: integer bytes, a size such as \"8GiB\", or a fraction 0 < x <= 1 of physical RAM written with a decimal point (0.5). 0 = no limit beyond RAM.",
-   "More cache keeps more of the dataset in RAM (fewer storage reads per epoch) but leaves less memory for the trainers on the same node.",
+   "RAM per node for the cache arena: integer bytes, a size such as \"8GiB\", or a fraction 0 < x <= 1 of physical RAM written with a decimal point (0.5). 0 = no limit beyond RAM. When a node's share of the dataset is larger, a seeded-random subset that fits stays resident and the rest is cold: read from storage (the shared file system) by the daemon whose trainer needs it, every epoch (docs/decisions/0015-storage-tier.md).",
+   "More cache keeps more of the dataset in RAM (fewer storage reads per epoch: the cold fraction is about 1 - nodes x capacity / dataset bytes) but leaves less memory for the trainers on the same node.",
    "", 0, std::numeric_limits<std::uint64_t>::max(), 0, 0, false,
    [](Config& c, const Value& v) {
      auto cap = parse_capacity(as_str(v));  // validated when the Value was made
@@ -177,13 +177,17 @@ const KeySpec kKeys[] = {
    "More hides fetch latency and stragglers but holds more staging memory and delays the release of cache slots.",
    "", 1, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(service.prefetch)},
   {"service.staging_bytes_per_trainer", KeyType::kSize, "256MiB",
-   "Memory per trainer for samples that are not in the local cache (read from a peer or from storage). Integer bytes or a size such as \"256MiB\".",
-   "Must hold at least prefetch x batch.size remote samples; more allows deeper prefetch of remote/cold samples, less leaves RAM for the cache.",
+   "Memory per trainer for samples that are not in the local cache (read from a peer or from storage). Integer bytes or a size such as \"256MiB\". Must hold the largest possible batch (checked at start-up).",
+   "Staging for (prefetch + cold_readahead_batches, the latter only with cold samples) x batch.size non-local samples + shuffle.window lets the scheduler walk that far ahead; less is not an error, it only shortens the read-ahead; more RAM here is RAM taken from the cache.",
    "", 1, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_U64_KEY(service.staging_bytes_per_trainer)},
   {"service.loader_threads", KeyType::kUint, "4",
    "Threads reading samples from storage (initial load and cold reads).",
    "More threads hide parallel-file-system latency; too many compete with the trainers for CPU and the metadata server.",
    "", 1, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(service.loader_threads)},
+  {"service.cold_readahead_batches", KeyType::kUint, "8",
+   "Storage tier (a dataset larger than the nodes' cache.capacity): planned batches each trainer's scheduler stages beyond service.prefetch, so that reads of cold samples (cached on no node) are posted that far ahead of need and the storage readers (service.loader_threads) stay busy. Bounded by service.staging_bytes_per_trainer. Unused when every sample is cached.",
+   "Deeper read-ahead hides storage latency and keeps storage at its bandwidth, but holds (prefetch + this) x batch.size non-local samples of staging per trainer; 0 = only the prefetch credits walk ahead (each cold read waits its turn behind the trainer).",
+   "", 0, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(service.cold_readahead_batches)},
 
   {"inject.slow_peer_rank", KeyType::kInt, "-1",
    "Fault injection for tests and benchmarks: reads of samples owned by this daemon rank complete inject.slow_peer_delay late, as if that node were slow. -1 = none.",

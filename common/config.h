@@ -69,7 +69,8 @@ struct ServiceConfig {
   std::uint32_t trainers_per_node = 1; // service.trainers_per_node
   std::uint32_t prefetch = 4;          // service.prefetch: batches in flight per trainer
   std::uint64_t staging_bytes_per_trainer = 256ull << 20;  // service.staging_bytes_per_trainer
-  std::uint32_t loader_threads = 4;    // service.loader_threads
+  std::uint32_t loader_threads = 4;    // service.loader_threads (also the storage readers of cold samples)
+  std::uint32_t cold_readahead_batches = 8;  // service.cold_readahead_batches
 
   bool operator==(const ServiceConfig&) const = default;
 };

@@ -48,25 +48,73 @@ std::vector<std::uint32_t> place_balanced(const std::vector<std::uint64_t>& size
   return owner;
 }
 
+// Stream id of the residency choice (distinct from the planner's streams 1..3).
+constexpr std::uint64_t kStreamResident = 0x7265736964656e74ull;  // "resident"
+
 }  // namespace
 
+std::uint64_t Placement::total_cold_samples() const {
+  std::uint64_t total = 0;
+  for (std::uint64_t c : cold_samples) total += c;
+  return total;
+}
+
+std::vector<SampleId> choose_resident(const std::vector<std::uint64_t>& sizes, const std::vector<SampleId>& owned,
+                                      std::uint64_t capacity, std::uint64_t seed, std::uint32_t node) {
+  std::uint64_t needed = 0;
+  for (SampleId id : owned) {
+    needed += align_to_arena(sizes[id]);
+    if (needed > capacity) break;
+  }
+  if (needed <= capacity) return owned;  // everything fits: no randomness spent
+  // Random, not by id: ids are sorted by label, so a prefix would make the resident set
+  // (and with it what stays local at low exchange_fraction) class-sorted.
+  std::vector<SampleId> order(owned);
+  Rng rng = Rng::for_stream(seed, {kStreamResident, node});
+  shuffle(std::span<SampleId>(order), rng);
+  std::vector<SampleId> resident;
+  std::uint64_t used = 0;
+  for (SampleId id : order) {
+    const std::uint64_t bytes = align_to_arena(sizes[id]);
+    if (bytes > capacity - used) continue;  // first fit: a smaller one later may still fit
+    used += bytes;
+    resident.push_back(id);
+  }
+  std::sort(resident.begin(), resident.end());
+  return resident;
+}
+
 Placement make_placement(const std::vector<std::uint64_t>& sizes, const PlanShape& shape,
-                         PlacementPolicy policy, std::uint64_t seed) {
+                         PlacementPolicy policy, std::uint64_t seed, std::uint64_t capacity_bytes) {
   Placement p;
   p.owner = policy == PlacementPolicy::kSorted ? place_sorted(sizes.size(), shape)
                                                : place_balanced(sizes, shape, seed);
   const std::uint32_t nodes = shape.job.nodes;
   p.owned.assign(nodes, {});
   for (std::uint32_t k = 0; k < nodes; ++k) p.owned[k].reserve(shape.node_owned[k]);
-  p.arena_offset.assign(sizes.size(), 0);
-  p.arena_bytes.assign(nodes, 0);
   p.sample_bytes.assign(nodes, 0);
   for (SampleId id = 0; id < sizes.size(); ++id) {
     const std::uint32_t k = p.owner[id];
     p.owned[k].push_back(id);
-    p.arena_offset[id] = p.arena_bytes[k];
-    p.arena_bytes[k] = align_to_arena(p.arena_bytes[k] + sizes[id]);
     p.sample_bytes[k] += sizes[id];
+  }
+  p.arena_offset.assign(sizes.size(), kNotResident);
+  p.resident.assign(sizes.size(), 0);
+  p.arena_bytes.assign(nodes, 0);
+  p.cached.assign(nodes, {});
+  p.cached_bytes.assign(nodes, 0);
+  p.cold_samples.assign(nodes, 0);
+  p.cold_bytes.assign(nodes, 0);
+  for (std::uint32_t k = 0; k < nodes; ++k) {
+    p.cached[k] = choose_resident(sizes, p.owned[k], capacity_bytes, seed, k);
+    for (SampleId id : p.cached[k]) {
+      p.resident[id] = 1;
+      p.arena_offset[id] = p.arena_bytes[k];
+      p.arena_bytes[k] = align_to_arena(p.arena_bytes[k] + sizes[id]);
+      p.cached_bytes[k] += sizes[id];
+    }
+    p.cold_samples[k] = p.owned[k].size() - p.cached[k].size();
+    p.cold_bytes[k] = p.sample_bytes[k] - p.cached_bytes[k];
   }
   return p;
 }

@@ -9,7 +9,17 @@
 //    each other in bytes while the counts stay exact.
 //  - sorted: contiguous runs of sample ids (ids are sorted by label, then path), i.e.
 //    class-sorted shards: the worst case for local shuffles, for studies.
-// Thread-safety: immutable value after make_placement.
+//
+// Residency (the storage tier, docs/decisions/0015): when a node's share does not fit its
+// cache capacity, only a *resident* subset of its owned samples is in its arena; the rest
+// are *cold*: cached nowhere, read from storage by whichever daemon's trainer needs them.
+// Ownership (which node's trainers keep a sample at exchange_fraction < 1) does not depend
+// on the capacity, so the epoch plan is the same with or without a storage tier. Which
+// owned samples are resident is choose_resident(): a seeded-random order (never by id,
+// which is class-sorted), first fit, so every cold sample is larger than the room left.
+// The arena holds the resident samples only, at aligned offsets in ascending id order;
+// every daemon computes every node's layout, so peers still need no lookup message.
+// Thread-safety: immutable value after make_placement; the functions are pure.
 #pragma once
 
 #include <cstdint>
@@ -30,15 +40,38 @@ constexpr std::uint64_t align_to_arena(std::uint64_t bytes) {
   return (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
 }
 
+// A capacity that never limits (cache.capacity = 0 means "no limit beyond RAM").
+inline constexpr std::uint64_t kNoCapacityLimit = ~std::uint64_t{0};
+// arena_offset of a cold sample (in no arena): never a valid offset.
+inline constexpr std::uint64_t kNotResident = ~std::uint64_t{0};
+
 struct Placement {
   std::vector<std::uint32_t> owner;          // sample -> node
-  std::vector<std::uint64_t> arena_offset;   // sample -> offset in its owner's arena
+  std::vector<std::uint64_t> arena_offset;   // sample -> offset in its owner's arena; kNotResident if cold
   std::vector<std::vector<SampleId>> owned;  // node -> its samples, ascending ids
-  std::vector<std::uint64_t> arena_bytes;    // node -> arena size (aligned sum)
-  std::vector<std::uint64_t> sample_bytes;   // node -> sum of sample sizes
+  std::vector<std::uint64_t> arena_bytes;    // node -> arena size (aligned sum of its resident samples)
+  std::vector<std::uint64_t> sample_bytes;   // node -> sum of its owned samples' sizes
+  std::vector<std::uint8_t> resident;        // sample -> 1 if in its owner's arena, 0 if cold
+  std::vector<std::vector<SampleId>> cached; // node -> its resident samples, ascending ids
+  std::vector<std::uint64_t> cached_bytes;   // node -> sum of its resident samples' sizes
+  std::vector<std::uint64_t> cold_samples;   // node -> owned samples that are not resident
+  std::vector<std::uint64_t> cold_bytes;     // node -> their bytes
+
+  bool is_resident(SampleId id) const { return resident[id] != 0; }
+  std::uint64_t total_cold_samples() const;
 };
 
+// The resident subset of one node's `owned` samples (ascending ids) for an arena of
+// `capacity` bytes: the owned samples in a seeded-random order (stream {seed, node}), each
+// taken if its aligned size still fits (first fit), returned in ascending id order. Zero-byte
+// samples always fit. Deterministic: a pure function of its arguments.
+std::vector<SampleId> choose_resident(const std::vector<std::uint64_t>& sizes, const std::vector<SampleId>& owned,
+                                      std::uint64_t capacity, std::uint64_t seed, std::uint32_t node);
+
+// `capacity_bytes`: each node's arena limit (the same on every node; kNoCapacityLimit = all
+// owned samples resident, the layout of a dataset that fits in RAM).
 Placement make_placement(const std::vector<std::uint64_t>& sizes, const PlanShape& shape,
-                         PlacementPolicy policy, std::uint64_t seed);
+                         PlacementPolicy policy, std::uint64_t seed,
+                         std::uint64_t capacity_bytes = kNoCapacityLimit);
 
 }  // namespace shardmix

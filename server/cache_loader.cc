@@ -16,8 +16,9 @@ namespace shardmix {
 Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& placement, std::uint32_t node,
                                      const DatasetConfig& dataset, std::uint32_t threads, std::uint8_t* arena,
                                      const LoadProgress& progress) {
-  const auto& owned = placement.owned[node];
-  const std::uint64_t total_bytes = placement.sample_bytes[node];
+  // Only the resident samples: cold ones are read from storage when a trainer needs them.
+  const auto& owned = placement.cached[node];
+  const std::uint64_t total_bytes = placement.cached_bytes[node];
   auto log = log::get("loader");
   const auto start = std::chrono::steady_clock::now();
   std::atomic<std::size_t> next{0};

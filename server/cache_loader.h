@@ -1,4 +1,4 @@
-// Loads a node's owned samples from storage into its cache arena with a bounded pool of
+// Loads a node's resident samples (Placement::cached) from storage into its cache arena with a bounded pool of
 // reader threads, logging progress. A file that vanished, shrank or grew since the scan
 // is an error naming the file and the offset (the catalog would otherwise lie).
 // Thread-safety: load() is a blocking call for the main thread; it owns its workers.

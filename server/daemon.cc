@@ -29,6 +29,7 @@
 #include "server/client_service.h"
 #include "server/netns.h"
 #include "server/shared_region.h"
+#include "server/storage_reader.h"
 #include "server/telemetry.h"
 
 namespace shardmix {
@@ -141,8 +142,8 @@ class LoadReporter {
   LoadReporter(MpiSession& mpi, NodeTelemetry& telemetry, const Placement& placement)
       : mpi_(mpi), telemetry_(telemetry), bar_(mpi.rank() == 0 && ::isatty(STDERR_FILENO) == 1),
         nodes_(static_cast<std::size_t>(mpi.size())), log_(log::get("loader")) {
-    for (int r = 0; r < mpi.size(); ++r) total_bytes_ += placement.sample_bytes[static_cast<std::size_t>(r)];
-    node_total_ = placement.sample_bytes;
+    for (int r = 0; r < mpi.size(); ++r) total_bytes_ += placement.cached_bytes[static_cast<std::size_t>(r)];
+    node_total_ = placement.cached_bytes;
     // A short load prints nothing but the final skew line.
     next_ = std::chrono::steady_clock::now() + (bar_ ? std::chrono::milliseconds(0) : std::chrono::milliseconds(1000));
     // The bar replaces this daemon's own progress lines (they would break it up).
@@ -458,19 +459,37 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   const JobShape job{static_cast<std::uint32_t>(nodes), config.service.trainers_per_node, config.batch.size,
                      config.batch.drop_last};
   const PlanShape shape = make_plan_shape(catalog.size(), job);
-  const Placement placement = make_placement(catalog.sizes(), shape, config.dataset.placement, config.shuffle.seed);
+  // cache.capacity = 0 means no limit beyond RAM; otherwise each node keeps what fits
+  // resident and the rest of its share is cold (placement.h).
+  const std::uint64_t capacity =
+      config.cache.capacity_bytes == 0 ? kNoCapacityLimit : config.cache.capacity_bytes;
+  const Placement placement =
+      make_placement(catalog.sizes(), shape, config.dataset.placement, config.shuffle.seed, capacity);
   const EpochPlanner planner(shape, placement, config.shuffle, catalog.labels());
 
   Status limits;
   const std::uint64_t arena_bytes = placement.arena_bytes[rank];
-  if (config.cache.capacity_bytes > 0 && arena_bytes > config.cache.capacity_bytes) {
-    limits = make_error(StatusCode::kResourceExhausted,
-                        "node {} must cache {} bytes but cache.capacity is {} bytes ({}); raise cache.capacity or "
-                        "add nodes (serving a dataset larger than the nodes' caches is not supported yet)",
-                        rank, arena_bytes, config.cache.capacity_bytes, config.cache.capacity_text);
+  if (placement.cold_samples[rank] > 0) {
+    // Exact figures: tests/e2e/check_storage.py checks them against the traces.
+    log->info("cache: {} of {} owned samples resident ({} of {} bytes, arena {} bytes; cache.capacity {} = {} "
+              "bytes); {} cold samples ({} bytes) are read from storage when a trainer needs them",
+              placement.cached[rank].size(), placement.owned[rank].size(), placement.cached_bytes[rank],
+              placement.sample_bytes[rank], arena_bytes, config.cache.capacity_text, config.cache.capacity_bytes,
+              placement.cold_samples[rank], placement.cold_bytes[rank]);
   }
+  if (rank == 0 && placement.total_cold_samples() > 0) {
+    std::uint64_t cold_bytes = 0;
+    for (std::uint64_t b : placement.cold_bytes) cold_bytes += b;
+    log->info("storage tier: {} of {} samples ({:.1f}%, {:.1f} MB) fit in no node's cache.capacity and are read "
+              "from storage every epoch; service.cold_readahead_batches {}, {} storage readers per node",
+              placement.total_cold_samples(), catalog.size(),
+              100.0 * static_cast<double>(placement.total_cold_samples()) / static_cast<double>(catalog.size()),
+              cold_bytes / 1e6, config.service.cold_readahead_batches, config.service.loader_threads);
+  }
+  // Staging holds every non-local sample of a staged batch (peer or cold): it must hold the
+  // largest possible batch, or a trainer could never be served.
   const std::uint64_t batch_bound = largest_batch_bytes(catalog, config.batch.size);
-  if (limits.ok() && batch_bound > config.service.staging_bytes_per_trainer) {
+  if (batch_bound > config.service.staging_bytes_per_trainer) {
     limits = make_error(StatusCode::kInvalidArgument,
                         "service.staging_bytes_per_trainer ({}) is smaller than the largest possible batch ({} bytes: "
                         "the {} largest samples); raise it or lower batch.size",
@@ -505,7 +524,9 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   auto fabric_or = fabric::Fabric::create(fabric_options, rank, nodes);
   Status fabric_status = fabric_or.status();
   fabric::LocalRegion staging_region;
-  if (fabric_status.ok()) fabric_status = (*fabric_or)->expose((*arena)->data(), arena_bytes);
+  // The whole region (at least a page): a node whose arena holds nothing (capacity 0)
+  // still exposes a valid, non-empty memory region.
+  if (fabric_status.ok()) fabric_status = (*fabric_or)->expose((*arena)->data(), (*arena)->length());
   if (fabric_status.ok()) {
     auto local = (*fabric_or)->register_local((*staging)->data(), (*staging)->length());
     fabric_status = local.status();
@@ -573,9 +594,18 @@ int run_daemon(const Config& config, MpiSession& mpi) {
               slow_peer.delay.count());
   }
   FabricFetcher fetcher(io, fabric, staging_region, slow_peer);
+  // The storage tier: cold samples are read by the daemon whose trainer needs them (the
+  // dataset is on a file system every node sees), with completions on the io thread.
+  std::unique_ptr<StorageReaderPool> storage_readers;
+  if (placement.total_cold_samples() > 0) {
+    storage_readers = std::make_unique<StorageReaderPool>(
+        catalog, config.dataset, (*staging)->data(), config.service.loader_threads,
+        [&io](std::function<void()> f) { boost::asio::post(io, std::move(f)); });
+  }
   ServedJob served;
   served.context = SchedulerContext{&catalog, &placement, &planner, static_cast<std::uint32_t>(rank),
-                                    config.service.prefetch, config.shuffle.window, catalog.num_classes()};
+                                    config.service.prefetch, config.shuffle.window, catalog.num_classes(),
+                                    storage_readers.get(), config.service.cold_readahead_batches};
   served.shape = &shape;
   served.nodes = static_cast<std::uint32_t>(nodes);
   served.trainers_per_node = config.service.trainers_per_node;
@@ -593,6 +623,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     boost::asio::io_context& io;
     std::unique_ptr<ClientService>& service;
     fabric::Fabric& fabric;
+    StorageReaderPool* storage;
     ~ServiceTeardown() {
       if (service) {
         std::promise<void> destroyed;
@@ -603,8 +634,9 @@ int run_daemon(const Config& config, MpiSession& mpi) {
         destroyed.get_future().wait();
       }
       fabric.stop_progress();
+      if (storage != nullptr) storage->stop();  // no reader writes into staging after this
     }
-  } teardown{io, service, fabric};
+  } teardown{io, service, fabric, storage_readers.get()};
   Status listen_status;
   {
     std::promise<Status> listened;
@@ -653,6 +685,11 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   pump.finish(std::chrono::seconds(10));
   Status drained = mpi.barrier();
   const fabric::FabricStats fs = fabric.stats();
+  if (storage_readers) {
+    const StorageReaderStats ss = storage_readers->stats();
+    log->info("storage: {} cold reads, {} bytes read from storage, {} failed", ss.reads_completed, ss.bytes_read,
+              ss.reads_failed);
+  }
   log->info("fabric {}: {} reads, {} bytes read from peers, {} failed; exiting", fabric.provider_name(),
             fs.reads_completed, fs.bytes_read, fs.reads_failed);
   if (!drained.ok()) return fail(drained);

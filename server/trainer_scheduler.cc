@@ -109,8 +109,10 @@ void TrainerScheduler::pump() {
     return;
   }
   pumping_ = true;
-  const std::uint64_t budget =
-      std::uint64_t{context_.prefetch} * context_.planner->shape().job.batch_size + context_.window;
+  const std::uint64_t ahead_batches =
+      std::uint64_t{context_.prefetch} +
+      (context_.placement->total_cold_samples() > 0 ? context_.cold_readahead_batches : 0);
+  const std::uint64_t budget = ahead_batches * context_.planner->shape().job.batch_size + context_.window;
   bool progress = true;
   while ((progress || repump_) && !closed_ && !failed_) {
     progress = false;
@@ -172,7 +174,7 @@ void TrainerScheduler::fail_if_stuck() {
   std::uint64_t needed = 0;
   for (std::uint64_t i = p.plan.batch_begin[b]; i < p.plan.batch_begin[b + 1]; ++i) {
     const SampleId id = p.plan.order[i];
-    if (context_.placement->owner[id] != context_.node) needed += align_to_arena(context_.catalog->sample_bytes(id));
+    if (!is_local(id)) needed += align_to_arena(context_.catalog->sample_bytes(id));
   }
   fail(make_error(StatusCode::kResourceExhausted,
                   "epoch {} batch {} needs {} contiguous staging bytes; {} are held by samples staged ahead "
@@ -189,11 +191,12 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
   const Catalog& catalog = *context_.catalog;
   const Placement& placement = *context_.placement;
 
-  // The batch's peer bytes as one extent (freed sample by sample as batches are released).
+  // The batch's peer and cold bytes as one extent (freed sample by sample as batches are
+  // released).
   std::uint64_t peer_bytes = 0;
   for (std::uint64_t i = begin; i < end; ++i) {
     const SampleId id = p.plan.order[i];
-    if (placement.owner[id] != context_.node) peer_bytes += align_to_arena(catalog.sample_bytes(id));
+    if (!is_local(id)) peer_bytes += align_to_arena(catalog.sample_bytes(id));
   }
   std::uint64_t cursor = 0;
   if (peer_bytes > 0) {
@@ -216,10 +219,14 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
   slots.reserve(end - begin);
   // With a window, one fetch per owner, so that a slow peer holds back only its own
   // samples; without one the batch waits for all its reads anyway, and one completion
-  // per batch means fewer wake-ups of the service thread.
+  // per batch means fewer wake-ups of the service thread. A batch's cold samples are one
+  // more group (storage, kStorageGroup), read by the storage pool in parallel.
+  constexpr std::uint32_t kStorageGroup = ~std::uint32_t{0};
   std::map<std::uint32_t, std::vector<PeerRead>> reads;
+  std::vector<StorageRead> cold_reads;
   std::map<std::uint32_t, std::vector<std::uint64_t>> positions;
   std::map<std::uint32_t, std::uint64_t> seqs;  // group -> fetch_seq, assigned in group order
+  std::vector<std::uint32_t> group_of(end - begin, 0);
   for (std::uint64_t i = begin; i < end; ++i) {
     const SampleId id = p.plan.order[i];
     const std::uint32_t owner = placement.owner[id];
@@ -228,46 +235,61 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
     proto::SampleDescriptor& d = slot.descriptor;
     d.sample_id = id;
     d.label = catalog.label(id);
-    d.owner = owner;
+    d.owner = owner;  // for a cold sample: the node whose share it is (none caches it)
     d.length = length;
-    if (owner == context_.node) {
+    if (is_local(id)) {
       d.region = static_cast<std::uint8_t>(proto::Region::kArena);
       d.tier = static_cast<std::uint8_t>(proto::Tier::kLocal);
       d.offset = placement.arena_offset[id];
     } else {
+      const bool cold = !placement.is_resident(id);
       d.region = static_cast<std::uint8_t>(proto::Region::kStaging);
-      d.tier = static_cast<std::uint8_t>(proto::Tier::kPeer);
+      d.tier = static_cast<std::uint8_t>(cold ? proto::Tier::kStorage : proto::Tier::kPeer);
       if (length > 0) {
         const std::uint64_t bytes = align_to_arena(length);
         d.offset = cursor;
         cursor += bytes;
         slot.staged_bytes = bytes;
         slot.state = SlotState::kFetching;
-        const std::uint32_t group = context_.window > 0 ? owner : 0;
-        reads[group].push_back({owner, placement.arena_offset[id], length, d.offset});
+        const std::uint32_t group = cold ? kStorageGroup : context_.window > 0 ? owner : 0;
+        if (cold) {
+          cold_reads.push_back({id, length, d.offset});
+        } else {
+          reads[group].push_back({owner, placement.arena_offset[id], length, d.offset});
+        }
         positions[group].push_back(i);
         seqs.emplace(group, 0);
+        group_of[i - begin] = group;
       }
     }
     slots.push_back(slot);
   }
   for (auto& [group, seq] : seqs) seq = next_fetch_seq_++;
-  for (Slot& slot : slots) {
-    if (slot.state == SlotState::kFetching) {
-      slot.fetch_seq = seqs.at(context_.window > 0 ? slot.descriptor.owner : 0);
-    }
+  for (std::size_t k = 0; k < slots.size(); ++k) {
+    Slot& slot = slots[k];
+    if (slot.state == SlotState::kFetching) slot.fetch_seq = seqs.at(group_of[k]);
     p.slots.push_back(slot);
   }
   p.undelivered += slots.size();
   ++p.next_to_stage;
   const auto now = std::chrono::steady_clock::now();
-  for (auto& [group, group_reads] : reads) {
+  auto completion = [&](std::uint32_t group) {
     ++p.fetches_in_flight;
-    auto self = shared_from_this();
-    fetcher_.fetch(std::move(group_reads),
-                   [self, pass, where = std::move(positions[group]), seq = seqs.at(group), now](const Status& s) {
-                     self->on_fetched(pass, where, seq, now, s);
-                   });
+    return [self = shared_from_this(), pass, where = std::move(positions[group]), seq = seqs.at(group),
+            now](const Status& s) { self->on_fetched(pass, where, seq, now, s); };
+  };
+  for (auto& [group, group_reads] : reads) fetcher_.fetch(std::move(group_reads), completion(group));
+  if (!cold_reads.empty()) {
+    if (context_.storage != nullptr) {
+      context_.storage->fetch(std::move(cold_reads), completion(kStorageGroup));
+    } else {
+      // Not reachable from the daemon (it always has a storage pool); a clear error
+      // rather than a sample that never arrives.
+      const SampleId first = cold_reads.front().sample;
+      completion(kStorageGroup)(make_error(StatusCode::kInternal,
+                                           "sample {} is cached on no node and this scheduler has no storage reader",
+                                           first));
+    }
   }
   return true;
 }
@@ -318,6 +340,8 @@ bool TrainerScheduler::deliver_next() {
     stats_.bytes += d.length;
     if (d.tier == static_cast<std::uint8_t>(proto::Tier::kLocal)) {
       ++stats_.local_samples;
+    } else if (d.tier == static_cast<std::uint8_t>(proto::Tier::kStorage)) {
+      ++stats_.storage_samples;
     } else {
       ++stats_.peer_samples;
       stats_.peer_bytes += d.length;

@@ -1,7 +1,9 @@
 // The per-trainer scheduler: walks one trainer's epoch plan ahead and turns it into
 // batch frames. A locally cached sample becomes a descriptor pointing into the cache arena
 // (no copy); a peer's sample gets room in the trainer's staging area and is fetched with
-// a one-sided read.
+// a one-sided read; a cold sample (cached nowhere: the dataset is larger than the nodes'
+// caches) gets room in staging too and is read from storage by a StorageFetcher (tier
+// storage), whichever node owns it.
 //
 // Two steps per planned position: *staging* (descriptor made, peer read posted; done a
 // planned batch at a time, in plan order, ahead of need) and *delivery* (the sample is put
@@ -17,12 +19,16 @@
 //    stalling the trainer, composition changes only inside the window, and a sample is
 //    never skipped: the last batch's window holds every position still undelivered.
 // Flow control: at most `prefetch` batches sent and unreleased (the trainer's credits),
-// and at most prefetch x batch.size + W samples staged or in the trainer's hands.
+// and at most (prefetch + R) x batch.size + W samples staged or in the trainer's hands,
+// where R = cold_readahead_batches when the placement has cold samples, else 0: storage
+// is slow per read, so with a storage tier the plan is walked further ahead (clairvoyant
+// read-ahead) and the staging bytes bound how far.
 // Clairvoyance across epochs: once the current pass is fully staged, spare budget stages
 // the first batches of the next epoch (the plan is known), so the pipeline does not drain
 // at every epoch boundary. A StartEpoch for that epoch adopts them; any other discards them.
 //
-// Transport-free: the fabric and the socket are behind PeerFetcher and FrameSink, so
+// Transport-free: the fabric, storage and the socket are behind PeerFetcher,
+// StorageFetcher and FrameSink, so
 // this is tested as pure code (tests/unit/trainer_scheduler_test.cc).
 // Thread-safety: none; every call, including fetch completions, must arrive on one
 // thread (the daemon's client-service thread).
@@ -66,6 +72,23 @@ class PeerFetcher {
   virtual void fetch(std::vector<PeerRead> reads, std::function<void(const Status&)> done) = 0;
 };
 
+// One read of a cold sample (resident in no node's arena) from storage: `length` bytes of
+// sample `sample` into the staging region at `staging_offset`.
+struct StorageRead {
+  SampleId sample;
+  std::uint64_t length;
+  std::uint64_t staging_offset;
+};
+
+class StorageFetcher {
+ public:
+  virtual ~StorageFetcher() = default;
+  // Performs all `reads` (a staged batch's cold samples) and then calls `done` once, on
+  // the scheduler's thread, with the first error if any (naming the file and offset).
+  // Same contract as PeerFetcher::fetch: one completion per group; may run inline.
+  virtual void fetch(std::vector<StorageRead> reads, std::function<void(const Status&)> done) = 0;
+};
+
 class FrameSink {
  public:
   virtual ~FrameSink() = default;
@@ -83,6 +106,13 @@ struct SchedulerContext {
   std::uint32_t prefetch = 1;
   std::uint32_t window = 0;  // shuffle.window (W)
   std::uint64_t num_classes = 0;  // C for the label-entropy figure (Catalog::num_classes(); 0 scores nothing)
+  // Reads cold samples (placement.resident == 0). Required when the placement has any;
+  // a cold sample without one is an error to the trainer.
+  StorageFetcher* storage = nullptr;
+  // service.cold_readahead_batches: when the placement has cold samples, planned batches
+  // staged ahead beyond `prefetch`, so that storage reads are posted early enough to keep
+  // the reader pool busy (bounded by the trainer's staging bytes). 0 when nothing is cold.
+  std::uint32_t cold_readahead_batches = 0;
 };
 
 class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
@@ -160,6 +190,10 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   void fail_if_stuck();
   // Fills the quality figures of stats_ at the end of the current pass.
   void finish_quality_figures();
+  // Whether `id` is served from this node's arena (owned here and resident).
+  bool is_local(SampleId id) const {
+    return context_.placement->owner[id] == context_.node && context_.placement->is_resident(id);
+  }
 
   SchedulerContext context_;
   std::uint32_t local_trainer_;

@@ -134,21 +134,23 @@ int main(int argc, char** argv) {
       const auto& stats = client.last_epoch_stats();
       std::printf(
           "rank %d epoch %llu: %llu samples in %llu batches, %.3f s, %.0f samples/s, %.3f GB/s, stalled %.3f s "
-          "(local %llu, peer %llu; checksum %016llx)\n",
+          "(local %llu, peer %llu, storage %llu; checksum %016llx)\n",
           rank, static_cast<unsigned long long>(e), static_cast<unsigned long long>(samples),
           static_cast<unsigned long long>(batches), secs, secs > 0 ? samples / secs : 0.0,
           secs > 0 ? bytes / secs / 1e9 : 0.0, stall_seconds,
           static_cast<unsigned long long>(stats ? stats->local_samples : 0),
-          static_cast<unsigned long long>(stats ? stats->peer_samples : 0), static_cast<unsigned long long>(checksum));
+          static_cast<unsigned long long>(stats ? stats->peer_samples : 0),
+          static_cast<unsigned long long>(stats ? stats->storage_samples : 0), static_cast<unsigned long long>(checksum));
       if (json) {
         std::printf(
             "JSON {\"rank\": %d, \"epoch\": %llu, \"samples\": %llu, \"bytes\": %llu, \"batches\": %llu, "
-            "\"seconds\": %.6f, \"local_samples\": %llu, \"peer_samples\": %llu, \"peer_bytes\": %llu, "
+            "\"seconds\": %.6f, \"local_samples\": %llu, \"peer_samples\": %llu, \"storage_samples\": %llu, \"peer_bytes\": %llu, "
             "\"daemon_fetch_wait_us\": %llu, \"stall_seconds\": %.6f, \"t_start\": %.6f, \"t_end\": %.6f}\n",
             rank, static_cast<unsigned long long>(e), static_cast<unsigned long long>(samples),
             static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(batches), secs,
             static_cast<unsigned long long>(stats ? stats->local_samples : 0),
             static_cast<unsigned long long>(stats ? stats->peer_samples : 0),
+            static_cast<unsigned long long>(stats ? stats->storage_samples : 0),
             static_cast<unsigned long long>(stats ? stats->peer_bytes : 0),
             static_cast<unsigned long long>(stats ? stats->fetch_wait_us : 0), stall_seconds, monotonic_seconds(start),
             monotonic_seconds(start) + secs);

@@ -14,7 +14,11 @@
 # SHARDMIX_E2E_TIMEOUT (seconds for the whole run, default 240; stays under ctest's 300),
 # SHARDMIX_E2E_WINDOW (shuffle.window, default 0), SHARDMIX_E2E_SLOW_PEER (a daemon rank
 # whose fetches are delayed 5 ms, so that a window has stragglers to overtake; default none),
-# SHARDMIX_E2E_REPEAT=1 (run the job twice and require byte-identical traces: W = 0 only).
+# SHARDMIX_E2E_REPEAT=1 (run the job twice and require byte-identical traces: W = 0 only),
+# SHARDMIX_E2E_CAPACITY_FACTOR=F (storage tier: cache.capacity per node = dataset bytes /
+# (F x nodes), so the dataset is F times the nodes' total capacity; then the samples served
+# from storage must be exactly the cold ones the daemons report, the same ones every epoch,
+# and their bytes what the capacity predicts; default 0 = no limit).
 set -euo pipefail
 
 SM_PROG=run_e2e
@@ -38,6 +42,8 @@ timeout_s=${SHARDMIX_E2E_TIMEOUT:-240}
 window=${SHARDMIX_E2E_WINDOW:-0}
 slow_peer=${SHARDMIX_E2E_SLOW_PEER:--1}
 repeat=${SHARDMIX_E2E_REPEAT:-0}
+capacity_factor=${SHARDMIX_E2E_CAPACITY_FACTOR:-0}
+readahead=8 # service.cold_readahead_batches
 if ((repeat == 1 && window != 0)); then sm_die "SHARDMIX_E2E_REPEAT=1 needs SHARDMIX_E2E_WINDOW=0" 2; fi
 trainers=$((nodes * per_node))
 
@@ -79,6 +85,12 @@ printf 'so does a newline\n' >"$c2/new"$'\n'"line.bin"
 printf 'hidden: not a sample\n' >"$c1/.hidden.bin"
 total=$((samples + 6))
 echo "$total samples in ${#classes[@]} classes ($(du -sh -- "$data" | cut -f1))"
+capacity=0
+if ((capacity_factor > 0)); then
+  dataset_bytes=$(find "$data" -type f ! -name '.*' -printf '%s\n' | awk '{ s += $1 } END { print s }')
+  capacity=$((dataset_bytes / (capacity_factor * nodes)))
+  echo "storage tier: dataset $dataset_bytes bytes = ${capacity_factor}x the total cache.capacity ($nodes x $capacity bytes)"
+fi
 
 # ---------------------------------------------------------------- config
 toml_str() { # a TOML basic string
@@ -100,12 +112,17 @@ config=$tmp/e2e.toml
   echo "seed = $seed"
   echo "exchange_fraction = 1.0"
   echo "window = $window"
+  if ((capacity > 0)); then
+    echo "[cache]"
+    echo "capacity = $capacity"
+  fi
   echo "[fabric]"
   echo "provider = \"$provider\""
   if [[ $provider == tcp ]]; then echo 'interface = "lo"'; fi
   echo "[service]"
   echo "trainers_per_node = $per_node"
   echo "prefetch = 4"
+  echo "cold_readahead_batches = $readahead"
   echo "[inject]"
   echo "slow_peer_rank = $slow_peer"
   echo 'slow_peer_delay = "5ms"'
@@ -137,24 +154,37 @@ fi
 # ---------------------------------------------------------------- verdict
 sm_section "verdict"
 rc=0
+storage_flag=()
+if ((capacity > 0)); then storage_flag=(--allow-storage); fi
 "$python" "$here/check_traces.py" "$trace" --dataset "$data" --epochs "$epochs" \
   --trainers "$trainers" --trainers-per-node "$per_node" --batch-size "$batch" \
-  --expect-peer --json "$tmp/verdict.json" || rc=$?
+  --expect-peer "${storage_flag[@]}" --json "$tmp/verdict.json" || rc=$?
 ((rc == 0)) || exit "$rc"
+
+if ((capacity > 0)); then
+  sm_section "storage tier"
+  "$python" "$here/check_storage.py" --log "$tmp/daemons.log" --trace "$trace" --dataset "$data" \
+    --nodes "$nodes" --epochs "$epochs" --capacity "$capacity" --trainers "$trainers" --batch-size "$batch" \
+    --prefetch 4 --readahead "$readahead" --window "$window"
+fi
 
 # The peer samples must really have crossed the fabric: the daemons' fabric layers read
 # at least the bytes the trainers saw tagged 'peer', and at most one prefetch window more
 # per trainer (the daemons read the next epoch's first batches ahead of its StartEpoch,
 # which never comes after the last epoch). And every daemon must have shut down cleanly.
 sm_section "fabric and shutdown"
-"$python" - "$tmp/daemons.log" "$trace" "$nodes" "$trainers" "$batch" 4 "$data" "$window" <<'PY'
+ahead_readahead=0
+if ((capacity > 0)); then ahead_readahead=$readahead; fi
+"$python" - "$tmp/daemons.log" "$trace" "$nodes" "$trainers" "$batch" 4 "$data" "$window" "$ahead_readahead" <<'PY'
 import csv, glob, os, re, sys
 log, trace, nodes = sys.argv[1], sys.argv[2], int(sys.argv[3])
 trainers, batch, prefetch, data = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
 window = int(sys.argv[8])
 largest = max(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(data) for f in fs)
 # Staged ahead per trainer: prefetch batches plus the window (trainer_scheduler.h).
-ahead_bound = trainers * (prefetch * batch + window) * largest
+# With cold samples the scheduler stages cold_readahead_batches more (its read-ahead).
+readahead = int(sys.argv[9])
+ahead_bound = trainers * ((prefetch + readahead) * batch + window) * largest
 text = open(log, encoding="utf-8", errors="replace").read()
 fabric = [int(m) for m in re.findall(r"\]\[daemon\] fabric \S+: \d+ reads, (\d+) bytes read from peers", text)]
 peer = 0

@@ -1,0 +1,96 @@
+#include "server/storage_reader.h"
+
+#include <algorithm>
+
+#include "server/sample_reader.h"
+
+namespace shardmix {
+
+StorageReaderPool::StorageReaderPool(const Catalog& catalog, const DatasetConfig& dataset, std::uint8_t* staging_base,
+                                     std::uint32_t threads, Post post)
+    : catalog_(catalog), dataset_(dataset), staging_base_(staging_base), post_(std::move(post)) {
+  for (std::uint32_t t = 0; t < std::max<std::uint32_t>(1, threads); ++t) threads_.emplace_back([this] { run(); });
+}
+
+StorageReaderPool::~StorageReaderPool() { stop(); }
+
+void StorageReaderPool::fetch(std::vector<StorageRead> reads, std::function<void(const Status&)> done) {
+  auto group = std::make_shared<Group>();
+  group->remaining = reads.size();
+  group->done = std::move(done);
+  if (reads.empty()) {
+    post_([group] { group->done(Status::ok_status()); });
+    return;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (!stopping_) {
+      for (const StorageRead& r : reads) queue_.push_back({r, group});
+      wake_.notify_all();
+      return;
+    }
+  }
+  post_([group] { group->done(make_error(StatusCode::kUnavailable, "the daemon is stopping: cold reads cancelled")); });
+}
+
+void StorageReaderPool::finish(const std::shared_ptr<Group>& group, const Status& status) {
+  if (!status.ok()) {
+    std::lock_guard lock(group->mutex);
+    if (group->first_error.ok()) group->first_error = status;
+  }
+  if (group->remaining.fetch_sub(1) != 1) return;
+  post_([group] { group->done(group->first_error); });
+}
+
+void StorageReaderPool::run() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    const StorageRead& r = job.read;
+    Status s;
+    if (r.sample >= catalog_.size() || catalog_.sample_bytes(r.sample) != r.length) {
+      s = make_error(StatusCode::kInternal, "cold read of sample {} with length {} does not match the catalog",
+                     r.sample, r.length);
+    } else {
+      s = read_sample(catalog_, dataset_, r.sample, staging_base_ + r.staging_offset);
+      if (!s.ok()) s = s.with_context(fmt::format("reading cold sample {} from storage", r.sample));
+    }
+    if (s.ok()) {
+      reads_completed_.fetch_add(1, std::memory_order_relaxed);
+      bytes_read_.fetch_add(r.length, std::memory_order_relaxed);
+    } else {
+      reads_failed_.fetch_add(1, std::memory_order_relaxed);
+    }
+    finish(job.group, s);
+  }
+}
+
+void StorageReaderPool::stop() {
+  std::deque<Job> left;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_ && threads_.empty()) return;
+    stopping_ = true;
+    left.swap(queue_);
+    wake_.notify_all();
+  }
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+  threads_.clear();
+  // Whoever waits for these groups (a scheduler freeing staging) hears of it.
+  const Status cancelled = make_error(StatusCode::kUnavailable, "the daemon is stopping: cold reads cancelled");
+  for (const Job& job : left) finish(job.group, cancelled);
+}
+
+StorageReaderStats StorageReaderPool::stats() const {
+  return {reads_completed_.load(), bytes_read_.load(), reads_failed_.load()};
+}
+
+}  // namespace shardmix

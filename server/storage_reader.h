@@ -1,0 +1,84 @@
+// The storage tier's readers: a bounded pool of threads that read cold samples (cached on
+// no node) from the shared file system into a trainer's staging area, through
+// read_sample(), the one function that maps a catalog entry to bytes on storage.
+//
+// A group of reads (one staged batch's cold samples) is spread over the pool sample by
+// sample, so `threads` reads are in flight at once and storage runs at its bandwidth
+// rather than one small read at a time; the group completes once, through `post` (the
+// daemon posts to its Asio thread), with the first error, which names the sample, the file
+// and the offset. Reads are served in the order they were posted (FIFO), which is the
+// order of the plan, so the reads a trainer needs first are done first.
+//
+// Thread-safety: fetch() and stats() may be called from any thread (the queue is guarded
+// by mutex_); stop() and the destructor by the owner's thread only. `done` callbacks run
+// wherever `post` runs them, never on the caller's stack.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/catalog.h"
+#include "common/config.h"
+#include "server/trainer_scheduler.h"
+
+namespace shardmix {
+
+struct StorageReaderStats {
+  std::uint64_t reads_completed = 0;
+  std::uint64_t bytes_read = 0;
+  std::uint64_t reads_failed = 0;
+};
+
+class StorageReaderPool : public StorageFetcher {
+ public:
+  using Post = std::function<void(std::function<void()>)>;
+
+  // Reads land at `staging_base + StorageRead::staging_offset`; the region, the catalog
+  // and the dataset config must outlive the pool. `threads` >= 1.
+  StorageReaderPool(const Catalog& catalog, const DatasetConfig& dataset, std::uint8_t* staging_base,
+                    std::uint32_t threads, Post post);
+  ~StorageReaderPool() override;  // stop()
+  StorageReaderPool(const StorageReaderPool&) = delete;
+  StorageReaderPool& operator=(const StorageReaderPool&) = delete;
+
+  void fetch(std::vector<StorageRead> reads, std::function<void(const Status&)> done) override;
+  // Joins the readers. Groups not finished by then complete (through `post`) with an
+  // error saying the daemon is stopping; later fetches complete with it at once.
+  void stop();
+  StorageReaderStats stats() const;
+
+ private:
+  struct Group {
+    std::atomic<std::size_t> remaining{0};
+    std::mutex mutex;  // guards first_error
+    Status first_error;
+    std::function<void(const Status&)> done;
+  };
+  struct Job {
+    StorageRead read;
+    std::shared_ptr<Group> group;
+  };
+  void run();
+  // Records one finished read of `group`; the last one posts the group's completion.
+  void finish(const std::shared_ptr<Group>& group, const Status& status);
+
+  const Catalog& catalog_;
+  const DatasetConfig& dataset_;
+  std::uint8_t* staging_base_;
+  Post post_;
+  std::mutex mutex_;  // guards queue_ and stopping_
+  std::condition_variable wake_;
+  std::deque<Job> queue_;
+  bool stopping_ = false;
+  std::atomic<std::uint64_t> reads_completed_{0}, bytes_read_{0}, reads_failed_{0};
+  std::vector<std::thread> threads_;  // last: started once everything above exists
+};
+
+}  // namespace shardmix

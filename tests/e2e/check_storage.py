@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Checks the storage tier of an end-to-end run (tests/e2e/run_e2e.sh with
+SHARDMIX_E2E_CAPACITY_FACTOR): what the daemons say they keep resident and cold, against
+the traces the trainers wrote and the files on disk.
+
+ - every daemon logged its residency split; resident bytes (the arena) fit cache.capacity,
+   and first fit left less room than the largest sample (nothing cold would still fit);
+ - per epoch, the samples with tier 'storage' are exactly as many as the daemons' cold
+   samples, the same ones every epoch (static residency), and their bytes are the cold
+   bytes, which the capacity predicts: total - nodes x capacity <= cold bytes <
+   total - nodes x capacity + nodes x align(largest sample);
+ - the daemons' storage readers read every storage-tier sample, at most the read-ahead of
+   an epoch nobody asked for more, and none failed.
+
+Exit status 0 PASS, 1 FAIL, 2 usage error. Byte-exactness of every delivered sample is
+check_traces.py's job (run before this one).
+"""
+
+import argparse
+import csv
+import glob
+import os
+import re
+import sys
+
+ALIGN = 64
+
+
+def align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--log", required=True)
+    p.add_argument("--trace", required=True)
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--epochs", type=int, required=True)
+    p.add_argument("--capacity", type=int, required=True, help="cache.capacity per node, bytes")
+    p.add_argument("--trainers", type=int, required=True)
+    p.add_argument("--batch-size", type=int, required=True)
+    p.add_argument("--prefetch", type=int, required=True)
+    p.add_argument("--readahead", type=int, required=True)
+    p.add_argument("--window", type=int, default=0)
+    a = p.parse_args()
+
+    sizes = {}
+    for d, dirs, files in os.walk(a.dataset):
+        dirs[:] = [x for x in dirs if not x.startswith(".")]
+        for f in files:
+            if not f.startswith("."):
+                full = os.path.join(d, f)
+                sizes[os.path.relpath(full, a.dataset).replace(os.sep, "/")] = os.path.getsize(full)
+    total = sum(sizes.values())
+    largest = max(sizes.values())
+    n = len(sizes)
+
+    text = open(a.log, encoding="utf-8", errors="replace").read()
+    problems = []
+    cache = re.findall(
+        r"\[rank (\d+)\]\[daemon\] cache: (\d+) of (\d+) owned samples resident \((\d+) of (\d+) bytes, "
+        r"arena (\d+) bytes; cache.capacity \S+ = (\d+) bytes\); (\d+) cold samples \((\d+) bytes\)", text)
+    if len(cache) != a.nodes:
+        problems.append(f"{len(cache)} of {a.nodes} daemons logged their residency split")
+    cold_count = cold_bytes = owned_total = padding = 0
+    for rank, res, owned, res_bytes, owned_bytes, arena, cap, cold, cbytes in (tuple(map(int, m)) for m in cache):
+        owned_total += owned
+        padding += arena - res_bytes  # each resident sample rounded up to 64 bytes
+        cold_count += cold
+        cold_bytes += cbytes
+        if cap != a.capacity:
+            problems.append(f"node {rank}: cache.capacity {cap} bytes, the test set {a.capacity}")
+        if arena > cap:
+            problems.append(f"node {rank}: arena {arena} bytes > cache.capacity {cap}")
+        if res + cold != owned or res_bytes + cbytes != owned_bytes:
+            problems.append(f"node {rank}: resident + cold != owned ({res}+{cold} vs {owned}, "
+                            f"{res_bytes}+{cbytes} vs {owned_bytes} bytes)")
+        if cold > 0 and cap - arena >= align(largest):
+            problems.append(f"node {rank}: {cap - arena} bytes of capacity left unused but {cold} samples cold")
+    if len(cache) == a.nodes and owned_total != n:
+        problems.append(f"daemons own {owned_total} samples, the dataset has {n}")
+
+    storage_sets = []
+    for e in range(a.epochs):
+        storage_sets.append(set())
+    for path in glob.glob(os.path.join(a.trace, "rank-*.csv")):
+        with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
+            for r in csv.DictReader(f):
+                if r["tier"] == "storage":
+                    storage_sets[int(r["epoch"])].add(r["path"])
+    lo = total - a.nodes * a.capacity
+    hi = lo + a.nodes * align(largest) + padding
+    for e, paths in enumerate(storage_sets):
+        nbytes = sum(sizes.get(q, 0) for q in paths)
+        if len(paths) != cold_count:
+            problems.append(f"epoch {e}: {len(paths)} samples came from storage, the daemons hold {cold_count} cold")
+        if nbytes != cold_bytes:
+            problems.append(f"epoch {e}: {nbytes} bytes came from storage, the daemons' cold samples are {cold_bytes}")
+        if not lo <= nbytes < hi:
+            problems.append(f"epoch {e}: {nbytes} storage bytes outside what the capacity predicts [{lo}, {hi})")
+        if e > 0 and paths != storage_sets[0]:
+            problems.append(f"epoch {e}: a different set of samples came from storage than in epoch 0")
+
+    reads = [tuple(map(int, m)) for m in re.findall(
+        r"\]\[daemon\] storage: (\d+) cold reads, (\d+) bytes read from storage, (\d+) failed", text)]
+    delivered = sum(len(s) for s in storage_sets)
+    ahead = a.trainers * ((a.prefetch + a.readahead) * a.batch_size + a.window)
+    if len(reads) != a.nodes:
+        problems.append(f"{len(reads)} of {a.nodes} daemons logged their storage reads at a clean exit")
+    else:
+        done = sum(r[0] for r in reads)
+        if not delivered <= done <= delivered + ahead:
+            problems.append(f"daemons made {done} cold reads for {delivered} storage-tier deliveries "
+                            f"(allowed up to {ahead} more, read ahead for an epoch never asked)")
+        if any(r[2] for r in reads):
+            problems.append(f"{sum(r[2] for r in reads)} cold reads failed")
+
+    fraction = cold_count / n if n else 0.0
+    if problems:
+        print("storage check: FAIL\n  " + "\n  ".join(problems))
+        return 1
+    print(f"storage check: PASS  {cold_count} of {n} samples cold ({100 * fraction:.1f}% of samples, "
+          f"{cold_bytes} of {total} bytes = {100 * cold_bytes / total:.1f}%; capacity predicts "
+          f"{100 * lo / total:.1f}%..{100 * hi / total:.1f}%), served from storage in each of {a.epochs} epochs; "
+          f"{sum(r[0] for r in reads)} cold reads, none failed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,500 @@
+// The storage tier: the scheduler with cold samples (cached on no node) read through a
+// fake StorageFetcher, in ordered (W = 0) and opportunistic (W > 0) modes, its clairvoyant
+// read-ahead, and the real StorageReaderPool against files.
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "common/rng.h"
+#include "server/storage_reader.h"
+#include "server/trainer_scheduler.h"
+
+namespace shardmix {
+namespace {
+
+// A fetcher of either kind: calls queue up until the test completes them.
+template <typename Read>
+struct Pending {
+  std::vector<Read> reads;
+  std::function<void(const Status&)> done;
+};
+
+struct FakePeers : PeerFetcher {
+  std::deque<Pending<PeerRead>> pending;
+  void fetch(std::vector<PeerRead> reads, std::function<void(const Status&)> done) override {
+    pending.push_back({std::move(reads), std::move(done)});
+  }
+};
+
+struct FakeStorage : StorageFetcher {
+  std::deque<Pending<StorageRead>> pending;
+  std::vector<StorageRead> all;  // every read ever posted, in posting order
+  Status fail_with;
+  void fetch(std::vector<StorageRead> reads, std::function<void(const Status&)> done) override {
+    all.insert(all.end(), reads.begin(), reads.end());
+    pending.push_back({std::move(reads), std::move(done)});
+  }
+};
+
+struct Sink : FrameSink {
+  std::vector<proto::BatchFrame> batches;
+  std::vector<proto::EpochStats> ends;
+  std::vector<Status> errors;
+  void send_batch(const proto::BatchFrame& b) override { batches.push_back(b); }
+  void send_epoch_end(const proto::EpochStats& s) override { ends.push_back(s); }
+  void send_error(const Status& s) override { errors.push_back(s); }
+};
+
+// A job whose nodes cache only `resident_share` of their share (by bytes).
+struct ColdWorld {
+  Catalog catalog;
+  PlanShape shape;
+  Placement placement;
+  std::unique_ptr<EpochPlanner> planner;
+  SchedulerContext context;
+
+  ColdWorld(std::size_t n, std::uint32_t nodes, std::uint32_t batch, std::uint32_t prefetch, std::uint32_t window,
+            double resident_share, StorageFetcher* storage, std::uint32_t readahead = 0) {
+    std::vector<CatalogEntry> entries;
+    Rng rng(11);
+    for (std::size_t i = 0; i < n; ++i) {
+      entries.push_back({fmt::format("s{}", i), 100 + rng.below(5000), static_cast<std::int32_t>(i % 7)});
+    }
+    catalog = std::move(Catalog::from_entries(std::move(entries), {}).value());
+    shape = make_plan_shape(n, JobShape{nodes, 1, batch, false});
+    const std::uint64_t capacity =
+        static_cast<std::uint64_t>(resident_share * static_cast<double>(catalog.total_bytes()) / nodes);
+    placement = make_placement(catalog.sizes(), shape, PlacementPolicy::kBalanced, 1, capacity);
+    ShuffleConfig shuffle;
+    shuffle.seed = 5;
+    planner = std::make_unique<EpochPlanner>(shape, placement, shuffle);
+    context = SchedulerContext{&catalog, &placement, planner.get(), 0, prefetch, window, 7, storage, readahead};
+  }
+
+  proto::Tier expected_tier(SampleId id) const {
+    if (!placement.is_resident(id)) return proto::Tier::kStorage;
+    return placement.owner[id] == 0 ? proto::Tier::kLocal : proto::Tier::kPeer;
+  }
+};
+
+template <typename Fetcher>
+void complete_one(Fetcher& f, std::size_t k, const Status& s = Status::ok_status()) {
+  auto call = std::move(f.pending[k]);
+  f.pending.erase(f.pending.begin() + static_cast<std::ptrdiff_t>(k));
+  call.done(s);
+}
+
+// Runs one pass to its EpochEnd: completes fetches (storage ones in a seeded random order,
+// which W = 0 must not let change the delivered order) and releases every batch.
+std::vector<SampleId> run_pass(TrainerScheduler& scheduler, FakePeers& peers, FakeStorage& storage, Sink& sink,
+                               std::uint64_t stream, std::size_t ends_before, std::uint64_t seed) {
+  Rng choices(seed);
+  std::vector<SampleId> got;
+  std::size_t released = sink.batches.size();
+  for (int guard = 0; sink.ends.size() == ends_before && sink.errors.empty() && guard < 100000; ++guard) {
+    if (!storage.pending.empty() && choices.below(2) == 0) {
+      complete_one(storage, choices.below(storage.pending.size()), storage.fail_with);
+    } else if (!peers.pending.empty()) {
+      complete_one(peers, 0);
+    } else if (released < sink.batches.size()) {
+      for (const auto& d : sink.batches[released].samples) got.push_back(d.sample_id);
+      EXPECT_TRUE(scheduler.release(stream, sink.batches[released].batch).ok());
+      ++released;
+    } else if (!storage.pending.empty()) {
+      complete_one(storage, 0, storage.fail_with);
+    }
+  }
+  for (; released < sink.batches.size(); ++released) {
+    for (const auto& d : sink.batches[released].samples) got.push_back(d.sample_id);
+  }
+  return got;
+}
+
+TEST(StorageTier, ColdSamplesComeFromStorageInThePlannedOrder) {
+  FakeStorage storage;
+  ColdWorld w(300, 4, 8, 3, 0, 0.4, &storage);
+  ASSERT_GT(w.placement.total_cold_samples(), 100u);  // most samples are cold
+  auto staging = std::make_shared<StagingAllocator>(4096, 1 << 22);
+  FakePeers peers;
+  Sink sink;
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, sink);
+  for (std::uint64_t e = 0; e < 2; ++e) {
+    const std::size_t from = sink.batches.size();
+    const std::size_t reads_before = storage.all.size();
+    scheduler->start_epoch(e, e + 1);
+    const std::vector<SampleId> got = run_pass(*scheduler, peers, storage, sink, e + 1, e, 100 + e);
+    ASSERT_TRUE(sink.errors.empty()) << sink.errors[0].message();
+    const TrainerPlan plan = w.planner->plan_node(e, 0)[0];
+    EXPECT_EQ(got, plan.order);  // W = 0: exactly the plan, whatever order reads land in
+    std::uint64_t cold = 0, local = 0;
+    for (SampleId id : plan.order) {
+      cold += w.placement.is_resident(id) ? 0 : 1;
+      local += w.expected_tier(id) == proto::Tier::kLocal ? 1 : 0;
+    }
+    ASSERT_EQ(sink.ends.size(), e + 1);
+    EXPECT_EQ(sink.ends[e].storage_samples, cold);
+    EXPECT_EQ(sink.ends[e].local_samples, local);
+    EXPECT_EQ(sink.ends[e].local_samples + sink.ends[e].peer_samples + sink.ends[e].storage_samples,
+              plan.order.size());
+    EXPECT_GT(cold, 0u);
+    for (std::size_t i = from; i < sink.batches.size(); ++i) {
+      for (const auto& d : sink.batches[i].samples) {
+        if (sink.batches[i].epoch != e) continue;
+        EXPECT_EQ(d.tier, static_cast<std::uint8_t>(w.expected_tier(d.sample_id)));
+        EXPECT_EQ(d.owner, w.placement.owner[d.sample_id]);
+        if (d.tier != static_cast<std::uint8_t>(proto::Tier::kLocal)) {
+          EXPECT_EQ(d.region, static_cast<std::uint8_t>(proto::Region::kStaging));
+          EXPECT_GE(d.offset, 4096u);
+        }
+      }
+    }
+    // Every cold sample of the plan was read from storage (epoch e's reads, plus the next
+    // epoch's first batches read ahead), each with its catalog length, into staging.
+    std::multiset<SampleId> read_ids;
+    for (std::size_t i = reads_before; i < storage.all.size(); ++i) {
+      const StorageRead& r = storage.all[i];
+      EXPECT_FALSE(w.placement.is_resident(r.sample));
+      EXPECT_EQ(r.length, w.catalog.sample_bytes(r.sample));
+      EXPECT_GE(r.staging_offset, 4096u);
+      read_ids.insert(r.sample);
+    }
+    for (SampleId id : plan.order) {
+      if (!w.placement.is_resident(id)) EXPECT_GE(read_ids.count(id), 1u) << "sample " << id;
+    }
+  }
+  // Peers were asked only for resident samples.
+  scheduler->close();
+  while (!peers.pending.empty()) complete_one(peers, 0);
+  while (!storage.pending.empty()) complete_one(storage, 0);
+  EXPECT_TRUE(staging->empty());
+}
+
+// Any completion order of peer and storage reads, any release pattern, any window, any
+// share of cold samples: every planned sample exactly once, planned batch sizes, inside the
+// window; W = 0 exactly the planned order.
+RC_GTEST_PROP(StorageTier, ExactlyOnceInEitherModeWhateverReadsLandFirst, ()) {
+  const auto n = *rc::gen::inRange<std::size_t>(1, 200);
+  const auto nodes = *rc::gen::inRange<std::uint32_t>(1, 5);
+  const auto batch = *rc::gen::inRange<std::uint32_t>(1, 10);
+  const auto prefetch = *rc::gen::inRange<std::uint32_t>(1, 4);
+  const auto window = *rc::gen::element<std::uint32_t>(0, 0, 3, 16, 1000);
+  const auto readahead = *rc::gen::element<std::uint32_t>(0, 2, 8);
+  const auto share = *rc::gen::element(0.0, 0.2, 0.6, 1.01);
+  const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+  FakeStorage storage;
+  ColdWorld w(n, nodes, batch, prefetch, window, share, &storage, readahead);
+  const std::uint64_t capacity = (std::uint64_t{prefetch + readahead} * batch + window + 2 * batch) * 5200;
+  auto staging = std::make_shared<StagingAllocator>(0, capacity);
+  FakePeers peers;
+  Sink sink;
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, sink);
+  const TrainerPlan plan = w.planner->plan_node(1, 0)[0];
+  scheduler->start_epoch(1, 3);
+  Rng choices(seed);
+  std::deque<std::uint64_t> held;
+  std::size_t seen = 0;
+  for (int guard = 0; sink.ends.empty() && guard < 100000; ++guard) {
+    for (; seen < sink.batches.size(); ++seen) held.push_back(sink.batches[seen].batch);
+    const std::size_t fetches = peers.pending.size() + storage.pending.size();
+    if (fetches > 0 && (held.empty() || choices.below(3) != 0)) {
+      const std::size_t k = choices.below(fetches);
+      if (k < peers.pending.size()) {
+        complete_one(peers, k);
+      } else {
+        complete_one(storage, k - peers.pending.size());
+      }
+    } else {
+      RC_ASSERT(!held.empty());  // otherwise nothing can move: a hang
+      RC_ASSERT(scheduler->release(3, held.front()).ok());
+      held.pop_front();
+    }
+  }
+  RC_ASSERT(sink.errors.empty());
+  RC_ASSERT(sink.ends.size() == 1u);
+  RC_ASSERT(sink.batches.size() == plan.num_batches());
+  std::map<SampleId, std::uint64_t> at;
+  for (std::uint64_t i = 0; i < plan.order.size(); ++i) at[plan.order[i]] = i;
+  std::vector<SampleId> order;
+  std::uint64_t cold = 0;
+  for (std::uint64_t j = 0; j < sink.batches.size(); ++j) {
+    const std::uint64_t begin = plan.batch_begin[j];
+    const std::uint64_t size = plan.batch_begin[j + 1] - begin;
+    RC_ASSERT(sink.batches[j].samples.size() == size);
+    for (const auto& d : sink.batches[j].samples) {
+      RC_ASSERT(at.count(d.sample_id) == 1u);
+      RC_ASSERT(at.at(d.sample_id) < begin + size + window);
+      RC_ASSERT(d.tier == static_cast<std::uint8_t>(w.expected_tier(d.sample_id)));
+      cold += d.tier == static_cast<std::uint8_t>(proto::Tier::kStorage) ? 1 : 0;
+      order.push_back(d.sample_id);
+    }
+  }
+  RC_ASSERT(sink.ends[0].storage_samples == cold);
+  if (window == 0) {
+    RC_ASSERT(order == plan.order);
+  } else {
+    std::sort(order.begin(), order.end());
+    std::vector<SampleId> want = plan.order;
+    std::sort(want.begin(), want.end());
+    RC_ASSERT(order == want);
+  }
+  scheduler->close();
+  while (!peers.pending.empty()) complete_one(peers, 0);
+  while (!storage.pending.empty()) complete_one(storage, 0);
+  RC_ASSERT(staging->empty());
+}
+
+// Storage reads that hang: W = 0 waits for them; W > 0 overtakes them with ready samples
+// (peer and local) and delivers the cold ones once they land, still exactly once.
+TEST(StorageTier, LateColdReadsAreOvertakenOnlyWithAWindow) {
+  for (const std::uint32_t window : {0u, 64u}) {
+    FakeStorage storage;
+    ColdWorld w(400, 4, 8, 2, window, 0.75, &storage);
+    const TrainerPlan plan = w.planner->plan_node(0, 0)[0];
+    bool first_batch_cold = false;
+    for (std::uint64_t i = plan.batch_begin[0]; i < plan.batch_begin[1]; ++i) {
+      first_batch_cold = first_batch_cold || !w.placement.is_resident(plan.order[i]);
+    }
+    ASSERT_TRUE(first_batch_cold) << "pick another world: the test needs a cold sample in batch 0";
+    auto staging = std::make_shared<StagingAllocator>(0, 1 << 24);
+    FakePeers peers;
+    Sink sink;
+    auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, sink);
+    scheduler->start_epoch(0, 1);
+    std::size_t released = 0;
+    for (int round = 0; round < 8; ++round) {  // peers answer, storage does not
+      while (!peers.pending.empty()) complete_one(peers, 0);
+      for (; released < sink.batches.size(); ++released) {
+        ASSERT_TRUE(scheduler->release(1, sink.batches[released].batch).ok());
+      }
+    }
+    if (window == 0) {
+      EXPECT_TRUE(sink.batches.empty()) << "W = 0 must wait for the cold read";
+    } else {
+      EXPECT_GE(sink.batches.size(), 3u) << "W > 0 must overtake the late cold reads";
+      for (const auto& b : sink.batches) {
+        for (const auto& d : b.samples) EXPECT_NE(d.tier, static_cast<std::uint8_t>(proto::Tier::kStorage));
+      }
+    }
+    std::vector<SampleId> all;
+    for (const auto& b : sink.batches) {
+      for (const auto& d : b.samples) all.push_back(d.sample_id);
+    }
+    const std::vector<SampleId> rest = run_pass(*scheduler, peers, storage, sink, 1, 0, 7);
+    all.insert(all.end(), rest.begin(), rest.end());
+    ASSERT_TRUE(sink.errors.empty());
+    ASSERT_EQ(sink.ends.size(), 1u);
+    std::sort(all.begin(), all.end());
+    std::vector<SampleId> want = plan.order;
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(all, want);
+    if (window > 0) EXPECT_GT(sink.ends[0].substituted_samples, 0u);
+    EXPECT_GT(sink.ends[0].storage_samples, 0u);
+  }
+}
+
+TEST(StorageTier, AColdReadErrorReachesTheTrainerNamingTheFile) {
+  FakeStorage storage;
+  storage.fail_with = make_error(StatusCode::kCorrupt, "/data/c3/x.bin: file shrank since the scan (EOF at offset 2048)");
+  ColdWorld w(200, 2, 8, 2, 0, 0.3, &storage);
+  auto staging = std::make_shared<StagingAllocator>(0, 1 << 22);
+  FakePeers peers;
+  Sink sink;
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, sink);
+  scheduler->start_epoch(0, 1);
+  (void)run_pass(*scheduler, peers, storage, sink, 1, 0, 3);
+  ASSERT_EQ(sink.errors.size(), 1u);
+  EXPECT_NE(sink.errors[0].message().find("/data/c3/x.bin"), std::string::npos) << sink.errors[0].message();
+  EXPECT_NE(sink.errors[0].message().find("offset 2048"), std::string::npos);
+  EXPECT_NE(sink.errors[0].message().find("plan position"), std::string::npos);
+  scheduler->close();
+  while (!peers.pending.empty()) complete_one(peers, 0);
+  while (!storage.pending.empty()) complete_one(storage, 0);
+  EXPECT_TRUE(staging->empty());
+}
+
+// Clairvoyant read-ahead: with storage not answering and the trainer holding everything it
+// got, the scheduler posts the cold reads of prefetch + cold_readahead_batches planned
+// batches, no more; fewer when staging is too small to hold them (never an error).
+TEST(StorageTier, ReadAheadPostsColdReadsOfPrefetchPlusReadAheadBatches) {
+  const std::uint32_t batch = 8, prefetch = 2;
+  for (const std::uint32_t readahead : {0u, 5u}) {
+    FakeStorage storage;
+    ColdWorld w(600, 2, batch, prefetch, 0, 0.3, &storage, readahead);
+    auto staging = std::make_shared<StagingAllocator>(0, 1 << 24);
+    FakePeers peers;
+    Sink sink;
+    auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, sink);
+    scheduler->start_epoch(0, 1);
+    while (!peers.pending.empty()) complete_one(peers, 0);
+    const TrainerPlan plan = w.planner->plan_node(0, 0)[0];
+    std::uint64_t cold_ahead = 0;
+    for (std::uint64_t i = 0; i < plan.batch_begin[prefetch + readahead]; ++i) {
+      cold_ahead += w.placement.is_resident(plan.order[i]) ? 0 : 1;
+    }
+    EXPECT_EQ(storage.all.size(), cold_ahead) << "read-ahead " << readahead;
+    EXPECT_EQ(scheduler->staged_samples(), std::uint64_t{prefetch + readahead} * batch);
+    // Credits still bound what the trainer holds: prefetch batches.
+    while (!storage.pending.empty()) complete_one(storage, 0);
+    while (!peers.pending.empty()) complete_one(peers, 0);
+    EXPECT_EQ(sink.batches.size(), prefetch);
+    scheduler->close();
+  }
+  // Staging for about two batches: read-ahead stops at what fits, and still delivers all.
+  FakeStorage storage;
+  ColdWorld w(300, 2, batch, prefetch, 0, 0.3, &storage, 50);
+  auto staging = std::make_shared<StagingAllocator>(0, 2 * batch * 5200);
+  FakePeers peers;
+  Sink sink;
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, sink);
+  scheduler->start_epoch(0, 1);
+  EXPECT_LT(scheduler->staged_samples(), std::uint64_t{prefetch + 50} * batch);
+  const std::vector<SampleId> got = run_pass(*scheduler, peers, storage, sink, 1, 0, 5);
+  ASSERT_TRUE(sink.errors.empty()) << sink.errors[0].message();
+  EXPECT_EQ(got, w.planner->plan_node(0, 0)[0].order);
+}
+
+// Without cold samples the read-ahead key changes nothing (same budget as before).
+TEST(StorageTier, ReadAheadIsUnusedWhenEverythingIsCached) {
+  FakeStorage storage;
+  ColdWorld w(300, 2, 8, 2, 0, 1.5, &storage, 10);
+  ASSERT_EQ(w.placement.total_cold_samples(), 0u);
+  auto staging = std::make_shared<StagingAllocator>(0, 1 << 24);
+  FakePeers peers;
+  Sink sink;
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, sink);
+  scheduler->start_epoch(0, 1);
+  EXPECT_EQ(scheduler->staged_samples(), 2u * 8u);
+  EXPECT_TRUE(storage.all.empty());
+  scheduler->close();
+}
+
+// --- the real pool against files ---
+
+class StorageReaderPoolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = std::filesystem::path(::testing::TempDir()) / ("storage-pool-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(root_);
+    std::filesystem::create_directories(root_ / "c");
+    Rng rng(4);
+    std::vector<CatalogEntry> entries;
+    for (int i = 0; i < 50; ++i) {
+      std::string bytes(i == 3 ? 0 : 1 + rng.below(9000), '\0');
+      for (auto& ch : bytes) ch = static_cast<char>(rng.below(256));
+      const std::string rel = fmt::format("c/s{:02}.bin", i);
+      std::ofstream(root_ / rel, std::ios::binary) << bytes;
+      entries.push_back({rel, bytes.size(), 0});
+      contents_.push_back(bytes);
+    }
+    catalog_ = std::move(Catalog::from_entries(std::move(entries), {"c"}).value());
+    dataset_.path = root_.string();
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+
+  // Completions are queued here and run by the test, as the io thread would run them.
+  std::deque<std::function<void()>> posted_;
+  std::mutex posted_mutex_;
+  StorageReaderPool::Post post() {
+    return [this](std::function<void()> f) {
+      std::lock_guard lock(posted_mutex_);
+      posted_.push_back(std::move(f));
+    };
+  }
+  // Runs posted completions until `done` or a deadline (a hang fails, never blocks ctest).
+  void run_until(const std::function<bool()>& done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      std::function<void()> f;
+      {
+        std::lock_guard lock(posted_mutex_);
+        if (!posted_.empty()) {
+          f = std::move(posted_.front());
+          posted_.pop_front();
+        }
+      }
+      if (f) {
+        f();
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+    ASSERT_TRUE(done()) << "timed out";
+  }
+
+  std::filesystem::path root_;
+  std::vector<std::string> contents_;
+  Catalog catalog_;
+  DatasetConfig dataset_;
+};
+
+TEST_F(StorageReaderPoolTest, ReadsEachGroupIntoStagingAndCompletesItOnce) {
+  std::vector<std::uint8_t> staging(1 << 20, 0xee);
+  StorageReaderPool pool(catalog_, dataset_, staging.data(), 3, post());
+  std::vector<int> completions(2, 0);
+  std::vector<Status> results(2);
+  std::vector<StorageRead> groups[2];
+  std::uint64_t offset = 64;
+  for (SampleId id = 0; id < catalog_.size(); ++id) {
+    groups[id % 2].push_back({id, catalog_.sample_bytes(id), offset});
+    offset += align_to_arena(catalog_.sample_bytes(id));
+  }
+  for (int g = 0; g < 2; ++g) {
+    pool.fetch(groups[g], [&, g](const Status& s) {
+      ++completions[g];
+      results[g] = s;
+    });
+  }
+  run_until([&] { return completions[0] + completions[1] == 2; });
+  for (int g = 0; g < 2; ++g) {
+    EXPECT_EQ(completions[g], 1);
+    EXPECT_TRUE(results[g].ok()) << results[g].to_string();
+    for (const StorageRead& r : groups[g]) {
+      const std::string& want = contents_[r.sample];
+      ASSERT_EQ(catalog_.path(r.sample), fmt::format("c/s{:02}.bin", r.sample));
+      EXPECT_EQ(0, std::memcmp(want.data(), staging.data() + r.staging_offset, want.size())) << "sample " << r.sample;
+    }
+  }
+  EXPECT_EQ(staging[0], 0xee);  // nothing written outside the reads
+  EXPECT_EQ(pool.stats().reads_completed, catalog_.size());
+  EXPECT_EQ(pool.stats().reads_failed, 0u);
+}
+
+TEST_F(StorageReaderPoolTest, AFileThatShrankIsAnErrorNamingTheFileAndOffset) {
+  const SampleId victim = 10;
+  std::filesystem::resize_file(root_ / std::string(catalog_.path(victim)), 5);
+  std::vector<std::uint8_t> staging(1 << 20);
+  StorageReaderPool pool(catalog_, dataset_, staging.data(), 2, post());
+  std::optional<Status> result;
+  pool.fetch({{9, catalog_.sample_bytes(9), 0}, {victim, catalog_.sample_bytes(victim), 16384}},
+             [&](const Status& s) { result = s; });
+  run_until([&] { return result.has_value(); });
+  ASSERT_FALSE(result->ok());
+  const std::string message = result->to_string();
+  EXPECT_NE(message.find(std::string(catalog_.path(victim))), std::string::npos) << message;
+  EXPECT_NE(message.find("offset 5"), std::string::npos) << message;
+  EXPECT_NE(message.find("cold sample 10"), std::string::npos) << message;
+  EXPECT_EQ(pool.stats().reads_failed, 1u);
+}
+
+TEST_F(StorageReaderPoolTest, StopCompletesWhatIsLeftWithAnError) {
+  std::vector<std::uint8_t> staging(1 << 20);
+  StorageReaderPool pool(catalog_, dataset_, staging.data(), 1, post());
+  pool.stop();
+  std::optional<Status> result;
+  pool.fetch({{1, catalog_.sample_bytes(1), 0}}, [&](const Status& s) { result = s; });
+  run_until([&] { return result.has_value(); });
+  EXPECT_FALSE(result->ok());
+  EXPECT_NE(result->to_string().find("stopping"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardmix
