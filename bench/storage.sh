@@ -232,7 +232,7 @@ loader_threads = $loader_threads
 [telemetry]
 stats_file = "$work/stats-$mode-$r.jsonl"
 [log]
-level = "warn"
+level = "info"
 TOML
       drop_caches
       mount_slowfs "shardmix-$mode-$r"
@@ -255,6 +255,18 @@ TOML
         continue
       fi
       grep '^JSON ' "$work/s.txt" | sed "s/^JSON {/{\"kind\": \"epoch\", \"bench\": \"shardmix\", \"mode\": \"$mode\", \"window\": $w, \"run\": $r, \"load\": \"$load_before\", /" >>"$raw"
+      # The daemons' own figures: each logs its cold samples and bytes at start (exact, the
+      # resident set is static) and the bytes its storage readers read at exit.
+      python3 - "$work/d.log" "$mode" "$r" >>"$raw" <<'PY'
+import json, re, sys
+text = open(sys.argv[1], errors="replace").read()
+cold = [(int(a), int(b)) for a, b in re.findall(r"(\d+) cold samples \((\d+) bytes\) are read from storage", text)]
+read = [(int(a), int(b)) for a, b in re.findall(r"storage: (\d+) cold reads, (\d+) bytes read from storage", text)]
+print(json.dumps({"kind": "shardmix_cold", "mode": sys.argv[2], "run": int(sys.argv[3]), "daemons_reporting": len(cold),
+                  "cold_samples": sum(a for a, _ in cold), "cold_bytes": sum(b for _, b in cold),
+                  "storage_reads": sum(a for a, _ in read), "storage_read_bytes": sum(b for _, b in read),
+                  "daemons_reporting_reads": len(read)}))
+PY
       if [[ -s $work/stats-$mode-$r.jsonl ]]; then
         sed "s/^{/{\"kind\": \"telemetry\", \"mode\": \"$mode\", \"run\": $r, /" "$work/stats-$mode-$r.jsonl" >>"$raw"
       fi

@@ -47,23 +47,13 @@ def epoch_rates(rows):
             "loads": sorted({x.get("load", "") for x in rows})}
 
 
-def cold_bytes_of(rows, telemetry):
-    """Cold (storage) bytes per epoch as ShardMix reports them, if it does: median over epochs >= 1."""
-    per = {}
-    for r in rows:
-        for key in ("storage_bytes", "cold_bytes"):
-            if key in r:
-                per.setdefault((r["run"], r["epoch"]), 0)
-                per[(r["run"], r["epoch"])] += r[key]
-                break
-    vals = [v for (run, e), v in per.items() if e >= 1]
-    if vals:
-        return med(vals), "shardmix-consume (storage_bytes per epoch, summed over trainers)"
-    vals = [t.get("storage_bytes", t.get("cold_bytes")) for t in telemetry if t.get("epoch", 0) >= 1]
-    vals = [v for v in vals if v is not None]
-    if vals:
-        return med(vals), "daemon telemetry (storage bytes per epoch)"
-    return None, None
+def cold_bytes_of(cold_rows, epochs):
+    """Cold bytes per epoch as the daemons report them: the sum of their cold samples' bytes
+    (logged at start; the resident set is static), and the bytes their storage readers read
+    over the run divided by the epochs (logged at exit), if every daemon reported."""
+    exact = [r["cold_bytes"] for r in cold_rows if r["daemons_reporting"] > 0]
+    read = [r["storage_read_bytes"] / epochs for r in cold_rows if r["daemons_reporting_reads"] > 0]
+    return (med(exact), med(read), med([r["cold_samples"] for r in cold_rows if r["daemons_reporting"] > 0]))
 
 
 def build(raw_path, meta):
@@ -102,9 +92,14 @@ def build(raw_path, meta):
         if mine:
             sm[mode] = epoch_rates(mine)
             sm[mode]["window"] = mine[0]["window"]
-            cb, src = cold_bytes_of(mine, [t for t in telemetry if t["mode"] == mode])
+            cb, read, cs = cold_bytes_of([r for r in rows if r["kind"] == "shardmix_cold" and r["mode"] == mode],
+                                         meta["epochs"])
             sm[mode]["cold_bytes_reported"] = cb
-            sm[mode]["cold_bytes_source"] = src
+            sm[mode]["cold_samples_reported"] = cs
+            sm[mode]["storage_read_bytes_per_epoch"] = read
+            tel = [t for t in telemetry if t["mode"] == mode and t.get("epoch", 0) >= 1]
+            sm[mode]["telemetry_tier_storage"] = med([t["tier_storage"] for t in tel if t.get("tier_storage") is not None])
+            sm[mode]["telemetry_stall_fraction"] = med([t["stall_fraction"] for t in tel if t.get("stall_fraction") is not None])
     res["shardmix"] = sm
     torch = {}
     for w in sorted({r["workers"] for r in epochs if r.get("bench") == "torch"}):
@@ -117,7 +112,8 @@ def build(raw_path, meta):
     reported = [v["cold_bytes_reported"] for v in sm.values() if v.get("cold_bytes_reported")]
     cold = med(reported) if reported else meta["cold_bytes_expected"]
     res["cold_bytes"] = cold
-    res["cold_bytes_source"] = "reported by ShardMix" if reported else "expected: total - nodes x cache.capacity"
+    res["cold_bytes_source"] = ("the daemons' cold samples (their start-up log)" if reported
+                                else "expected: total - nodes x cache.capacity (ShardMix not measured)")
     total = meta["total_bytes"]
     res["total_to_cold"] = total / cold
     b = res["bound_read"]["mb_per_s"]
@@ -176,6 +172,17 @@ def print_tables(res):
               f"| {v['epoch0_samples_per_s'] or 0:.0f} | {'; '.join(v['loads'])} |")
     if not res["shardmix"]:
         print("| ShardMix | not measured | | | |")
+    notes = []
+    for mode, v in res["shardmix"].items():
+        def mb(x):
+            return f"{x / 1e6:.0f} MB" if x else "?"
+        def pc(x):
+            return f"{x:.0%}" if x is not None else "?"
+        notes.append(f"ShardMix {mode}: {v.get('cold_samples_reported') or '?'} cold samples, "
+                     f"{mb(v.get('cold_bytes_reported'))} per epoch (the daemons' logs); their storage readers read "
+                     f"{mb(v.get('storage_read_bytes_per_epoch'))} per epoch on average (epoch 0 included); "
+                     f"storage tier {pc(v.get('telemetry_tier_storage'))} of the samples; trainers stalled "
+                     f"{pc(v.get('stall_fraction'))} of the epoch.")
     for w, v in res["torch"].items():
         best = " (best)" if int(w) == res.get("torch_best_workers") else ""
         print(f"| PyTorch DataLoader, {res['nodes']} ranks x {w} workers{best} | {fmt_r(v['samples_per_s'])} "
@@ -183,6 +190,9 @@ def print_tables(res):
     if res.get("all_from_storage_samples_per_s"):
         print(f"| for reference: every byte from storage at the bound's rate | "
               f"{res['all_from_storage_samples_per_s']:.0f} | - | - | |")
+    for n in notes:
+        print()
+        print(n)
     print()
     r, t = res["ratios"], res["targets"]
     print(f"| target | {' | '.join(res['shardmix']) or 'ShardMix'} |")
