@@ -14,15 +14,19 @@
 #              (the best setting is the baseline);
 # plus a check that the mount applies its latency and bandwidth cap (printed, not fatal).
 # The page cache is dropped before every phase (root). An epoch's rate is all trainers'
-# samples over the span from the first trainer's start to the last one's end; figures
-# are medians over epochs >= 1 of --repeat runs (epoch 0 includes start-up), with min-max.
+# samples over the span from the first trainer's start to the last one's end; figures are
+# medians over the middle epochs 1..E-2 of --repeat runs, with min-max: epoch 0 includes
+# start-up, and the last can look faster than storage allows when read-ahead crossed into
+# it (bench/storage_report.py), so both are reported apart.
 # Ratios: ShardMix / bound (target >= 0.8) and ShardMix / DataLoader (target >= total /
 # cold bytes).
 #
 #   bash bench/storage.sh [--quick] [--samples N] [--median-kib K] [--epochs E] [--repeat R]
 #                         [--latency-ms 2] [--bandwidth-mbps 200] [--window 256]
 #                         [--workers "2 4"] [--loader-threads 4] [--no-shardmix] [--no-torch]
-#                         [--no-drop-caches]
+#                         [--no-drop-caches] [--set SECTION.KEY=VALUE ...]
+# --set: an extra shardmixd config override for the ShardMix runs (repeatable), e.g.
+# --set service.cold_readahead_batches=16; the JSON records them.
 # --quick: 2,048 samples, workers "2", 1 run (a few minutes; written to storage-quick.json).
 # Writes bench/results/storage-latest.json (bench/storage_report.py prints its tables
 # again) and prints Markdown tables. Needs shardmix-slowfs (libfuse3-dev at configure
@@ -43,9 +47,10 @@ build=${SHARDMIX_BUILD_DIR:-$repo/build}
 data_root=${SHARDMIX_BENCH_DIR:-/tmp/shardmix-bench}
 torch_python=${SHARDMIX_TORCH_PYTHON:-/usr/bin/python3}
 command_line="bash bench/storage.sh${*:+ $*}"
-samples=8192 median_kib=112 classes=1000 epochs=3 repeat=1 latency_ms=2 bandwidth_mbps=200
+samples=8192 median_kib=112 classes=1000 epochs=4 repeat=1 latency_ms=2 bandwidth_mbps=200
 window=256 workers="2 4" loader_threads=4 nodes=4 batch=32 prefetch=8
 run_shardmix=1 run_torch=1 drop=1 out=storage-latest
+sets=()
 value() {
   (($# >= 2)) || sm_die "$1 needs a value" 2
   printf '%s' "$2"
@@ -65,7 +70,8 @@ while (($#)); do
     --no-shardmix) run_shardmix=0; shift ;;
     --no-torch) run_torch=0; shift ;;
     --no-drop-caches) drop=0; shift ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    --set) sets+=(--set "$(value "$@")"); shift 2 ;;
+    -h|--help) sed -n '2,35p' "$0" | sed 's/^# {0,1}//'; exit 0 ;;
     *) sm_die "unknown option '$1' (see --help)" 2 ;;
   esac
 done
@@ -74,7 +80,7 @@ for v in samples epochs repeat window loader_threads; do
   printf -v "$v" '%d' "$((10#${!v}))"
 done
 ((samples > 0 && repeat > 0 && loader_threads > 0)) || sm_die "--samples, --repeat and --loader-threads must be > 0" 2
-((epochs >= 2)) || sm_die "--epochs must be at least 2 (epoch 0 is not measured)" 2
+((epochs >= 3)) || sm_die "--epochs must be at least 3 (the first and the last are not measured)" 2
 for v in "$median_kib" "$latency_ms" "$bandwidth_mbps"; do
   [[ $v =~ ^[0-9]+(\.[0-9]+)?$ ]] || sm_die "'$v' is not a number" 2
 done
@@ -239,7 +245,7 @@ TOML
       load_before=$(loadavg)
       rc=0
       FI_TCP_IFACE=lo SHARDMIX_BUILD_DIR=$build timeout -s TERM -k 20 900 bash "$repo/deploy/launch.sh" \
-        --nodes "$nodes" --config "$work/c.toml" --trainers-per-node 1 --daemon-log "$work/d.log" -- \
+        --nodes "$nodes" --config "$work/c.toml" --trainers-per-node 1 "${sets[@]}" --daemon-log "$work/d.log" -- \
         "$build/tools/shardmix-consume" --epochs "$epochs" --touch copy --json >"$work/s.txt" 2>&1 || rc=$?
       unmount
       record_fs "shardmix-$mode-$r"
@@ -309,7 +315,8 @@ done
 mkdir -p -- "$data_root" "$repo/bench/results"
 cp -- "$raw" "$data_root/storage-last-raw.jsonl"
 python3 "$here/storage_report.py" --raw "$raw" --out "$repo/bench/results/$out.json" \
-  --meta "$(printf '{"command": "%s", "samples": %d, "median_kib": %s, "total_bytes": %d, "capacity_per_node": %d, "nodes": %d, "cold_bytes_expected": %d, "latency_ms": %s, "bandwidth_mbps": %s, "loader_threads": %d, "readers": %d, "epochs": %d, "repeat": %d, "batch": %d, "prefetch": %d, "window": %d, "load_end": "%s"}' \
+  --meta "$(printf '{"command": "%s", "samples": %d, "median_kib": %s, "total_bytes": %d, "capacity_per_node": %d, "nodes": %d, "cold_bytes_expected": %d, "latency_ms": %s, "bandwidth_mbps": %s, "loader_threads": %d, "readers": %d, "epochs": %d, "repeat": %d, "batch": %d, "prefetch": %d, "window": %d, "load_end": "%s", "shardmix_sets": "%s"}' \
     "$command_line" "$samples" "$median_kib" "$total_bytes" "$capacity" "$nodes" "$cold_expected" "$latency_ms" \
-    "$bandwidth_mbps" "$loader_threads" "$readers" "$epochs" "$repeat" "$batch" "$prefetch" "$window" "$(loadavg)")"
+    "$bandwidth_mbps" "$loader_threads" "$readers" "$epochs" "$repeat" "$batch" "$prefetch" "$window" "$(loadavg)" \
+    "${sets[*]}")"
 ((failures == 0)) || { sm_warn "$failures phase(s) failed; see above"; exit 1; }
