@@ -315,8 +315,8 @@ done
 mkdir -p -- "$data_root" "$repo/bench/results"
 cp -- "$raw" "$data_root/storage-last-raw.jsonl"
 python3 "$here/storage_report.py" --raw "$raw" --out "$repo/bench/results/$out.json" \
-  --meta "$(printf '{"command": "%s", "samples": %d, "median_kib": %s, "total_bytes": %d, "capacity_per_node": %d, "nodes": %d, "cold_bytes_expected": %d, "latency_ms": %s, "bandwidth_mbps": %s, "loader_threads": %d, "readers": %d, "epochs": %d, "repeat": %d, "batch": %d, "prefetch": %d, "window": %d, "load_end": "%s", "shardmix_sets": "%s"}' \
+  --meta "$(printf '{"command": "%s", "samples": %d, "median_kib": %s, "total_bytes": %d, "capacity_per_node": %d, "nodes": %d, "cold_bytes_expected": %d, "latency_ms": %s, "bandwidth_mbps": %s, "loader_threads": %d, "readers": %d, "epochs": %d, "repeat": %d, "batch": %d, "prefetch": %d, "window": %d, "load_end": "%s", "shardmix_sets": "%s", "date": "%s"}' \
     "$command_line" "$samples" "$median_kib" "$total_bytes" "$capacity" "$nodes" "$cold_expected" "$latency_ms" \
     "$bandwidth_mbps" "$loader_threads" "$readers" "$epochs" "$repeat" "$batch" "$prefetch" "$window" "$(loadavg)" \
-    "${sets[*]}")"
+    "${sets[*]}" "$(date -u '+%Y-%m-%d %H:%M UTC')")"
 ((failures == 0)) || { sm_warn "$failures phase(s) failed; see above"; exit 1; }

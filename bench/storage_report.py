@@ -57,7 +57,15 @@ def epoch_rates(rows):
         if all("stall_seconds" in x for x in ranks):
             stall.append(statistics.mean(x["stall_seconds"] for x in ranks) / span)
     samples = statistics.median([sum(x["samples"] for x in g) for g in groups.values()]) if groups else None
-    return {"samples_per_s": rng(sps), "mb_per_s": rng(mbps), "epoch0_samples_per_s": med(first),
+    # Per run, the middle epochs taken together (their samples over the span from the first
+    # one's start to the last one's end): evens out read-ahead moving work between epochs.
+    runs = []
+    for run, last_epoch in sorted(last_of.items()):
+        mid = [x for (r, e), g in groups.items() if r == run and 1 <= e < last_epoch for x in g]
+        if mid:
+            runs.append(sum(x["samples"] for x in mid) / (max(x["t_end"] for x in mid) - min(x["t_start"] for x in mid)))
+    return {"samples_per_s": rng(sps), "mb_per_s": rng(mbps), "run_samples_per_s": rng(runs),
+            "epoch0_samples_per_s": med(first),
             "last_epoch_samples_per_s": med(last), "stall_fraction": med(stall), "samples_per_epoch": samples,
             "per_epoch": per_epoch, "loads": sorted({x.get("load", "") for x in rows})}
 
@@ -74,7 +82,7 @@ def cold_bytes_of(cold_rows, epochs):
 def build(raw_path, meta):
     rows = [json.loads(l) for l in open(raw_path) if l.strip()]
     res = {"date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"),
-           "machine": f"{os.cpu_count()} cores, {platform.machine()}", **meta}
+           "machine": f"{os.cpu_count()} cores, {platform.machine()}", **meta}  # meta's date: the run's end
     lat = [r for r in rows if r["kind"] == "check_latency"]
     bw = [r for r in rows if r["kind"] == "check_bandwidth"]
     check = {}
@@ -144,6 +152,11 @@ def build(raw_path, meta):
             ratios[f"{mode}_vs_bound"] = s / res["bound_samples_per_s"]["median"]
         if s and best:
             ratios[f"{mode}_vs_torch"] = s / torch[best]["samples_per_s"]["median"]
+        rs = v.get("run_samples_per_s", {}).get("median")
+        if rs and b["median"]:
+            ratios[f"{mode}_run_span_vs_bound"] = rs / res["bound_samples_per_s"]["median"]
+        if rs and best and torch[best]["run_samples_per_s"]["median"]:
+            ratios[f"{mode}_run_span_vs_torch"] = rs / torch[best]["run_samples_per_s"]["median"]
     if best and b["median"]:
         ratios["torch_vs_all_from_storage"] = torch[best]["samples_per_s"]["median"] / res["all_from_storage_samples_per_s"]
     res["ratios"] = ratios
@@ -206,6 +219,11 @@ def print_tables(res):
     if res.get("all_from_storage_samples_per_s"):
         print(f"| for reference: every byte from storage at the bound's rate | "
               f"{res['all_from_storage_samples_per_s']:.0f} | - | - | - | |")
+    spans = [f"{name} {fmt_r(v['run_samples_per_s'])}" for name, v in
+             [(f"ShardMix {m}", v) for m, v in res["shardmix"].items()] +
+             [(f"DataLoader x{w}", v) for w, v in res["torch"].items()] if v.get("run_samples_per_s")]
+    if spans:
+        notes.append("Per run, the middle epochs together (samples/s, median over runs (min-max)): " + "; ".join(spans) + ".")
     for n in notes:
         print()
         print(n)
@@ -219,6 +237,9 @@ def print_tables(res):
     print(f"| ShardMix / storage bound >= {t['shardmix_vs_bound']:.2f} | {cell('vs_bound', t['shardmix_vs_bound'])} |")
     print(f"| ShardMix / DataLoader >= total / cold bytes = {t['shardmix_vs_torch']:.2f} "
           f"| {cell('vs_torch', t['shardmix_vs_torch'])} |")
+    if any(k.endswith("run_span_vs_bound") for k in r):
+        print(f"| the same per run, middle epochs together: / bound | {cell('run_span_vs_bound', t['shardmix_vs_bound'])} |")
+        print(f"| the same per run, middle epochs together: / DataLoader | {cell('run_span_vs_torch', t['shardmix_vs_torch'])} |")
     if "torch_vs_all_from_storage" in r:
         print(f"| for reference: DataLoader / (every byte from storage at the bound's rate) "
               f"| {r['torch_vs_all_from_storage']:.2f} |")
