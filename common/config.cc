@@ -199,6 +199,10 @@ const KeySpec kKeys[] = {
    "Fault injection: the extra delay of each fetch from inject.slow_peer_rank (a duration such as \"20ms\").",
    "Larger delays make the straggler worse; 0 disables the injection.",
    "", 0, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_USEC_KEY(inject.slow_peer_delay)},
+  {"inject.storage_delay", KeyType::kDuration, "0ms",
+   "Fault injection: each cold-sample read from storage holds its storage reader this much longer (a duration such as \"5ms\"), as a parallel file system's per-read latency would.",
+   "None in production; it exists to show what service.cold_readahead_batches and service.loader_threads buy against storage latency on a machine whose storage is a warm page cache.",
+   "", 0, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_USEC_KEY(inject.storage_delay)},
 
   {"telemetry.stats_file", KeyType::kString, "",
    "Rank 0 appends one JSON line per epoch of the whole job to this file (samples/s, GB/s, trainer stall, tier fractions, label entropy, affinity, Q, errors, skipped samples), once every trainer has finished the epoch; incomplete epochs are written at shutdown. \"{job}\" is replaced by the job id ($SLURM_JOB_ID, $PBS_JOBID, Open MPI's job id, else local-<pid of rank 0>). \"\" = off.",

@@ -79,6 +79,7 @@ struct ServiceConfig {
 struct InjectConfig {
   std::int64_t slow_peer_rank = -1;    // inject.slow_peer_rank: -1 = none
   std::chrono::microseconds slow_peer_delay{0};  // inject.slow_peer_delay
+  std::chrono::microseconds storage_delay{0};    // inject.storage_delay
 
   bool operator==(const InjectConfig&) const = default;
 };

@@ -106,11 +106,11 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     // The per-epoch report of this trainer's delivery (docs/shuffle-quality.md).
     const double n = stats.samples > 0 ? static_cast<double>(stats.samples) : 1.0;
     log_->info(
-        "trainer {} epoch {}: {} samples in {} batches, local {:.3f} peer {:.3f}, {:.0f} peer bytes/sample, "
+        "trainer {} epoch {}: {} samples in {} batches, local {:.3f} peer {:.3f} storage {:.3f}, {:.0f} peer bytes/sample, "
         "Q {:.3f}, window {} ({} substituted), label entropy mean {:.3f} p5 {:.3f}, affinity {:.3f}, "
         "fetch wait {:.3f} s",
         trainer_rank_, stats.epoch, stats.samples, stats.batches, stats.local_samples / n, stats.peer_samples / n,
-        stats.peer_bytes / n, stats.exchange_fraction, stats.window, stats.substituted_samples,
+        stats.storage_samples / n, stats.peer_bytes / n, stats.exchange_fraction, stats.window, stats.substituted_samples,
         stats.label_entropy_mean, stats.label_entropy_p5, stats.affinity, stats.fetch_wait_us / 1e6);
     std::vector<std::uint8_t> out;
     proto::encode(out, stats);

@@ -600,7 +600,11 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   if (placement.total_cold_samples() > 0) {
     storage_readers = std::make_unique<StorageReaderPool>(
         catalog, config.dataset, (*staging)->data(), config.service.loader_threads,
-        [&io](std::function<void()> f) { boost::asio::post(io, std::move(f)); });
+        [&io](std::function<void()> f) { boost::asio::post(io, std::move(f)); }, config.inject.storage_delay);
+    if (config.inject.storage_delay.count() > 0) {
+      log->warn("fault injection: each cold read holds its storage reader {} us longer (inject.storage_delay)",
+                config.inject.storage_delay.count());
+    }
   }
   ServedJob served;
   served.context = SchedulerContext{&catalog, &placement, &planner, static_cast<std::uint32_t>(rank),

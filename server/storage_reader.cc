@@ -7,8 +7,8 @@
 namespace shardmix {
 
 StorageReaderPool::StorageReaderPool(const Catalog& catalog, const DatasetConfig& dataset, std::uint8_t* staging_base,
-                                     std::uint32_t threads, Post post)
-    : catalog_(catalog), dataset_(dataset), staging_base_(staging_base), post_(std::move(post)) {
+                                     std::uint32_t threads, Post post, std::chrono::microseconds delay)
+    : catalog_(catalog), dataset_(dataset), staging_base_(staging_base), post_(std::move(post)), delay_(delay) {
   for (std::uint32_t t = 0; t < std::max<std::uint32_t>(1, threads); ++t) threads_.emplace_back([this] { run(); });
 }
 
@@ -60,6 +60,7 @@ void StorageReaderPool::run() {
     } else {
       s = read_sample(catalog_, dataset_, r.sample, staging_base_ + r.staging_offset);
       if (!s.ok()) s = s.with_context(fmt::format("reading cold sample {} from storage", r.sample));
+      if (delay_.count() > 0) std::this_thread::sleep_for(delay_);  // inject.storage_delay
     }
     if (s.ok()) {
       reads_completed_.fetch_add(1, std::memory_order_relaxed);

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -42,8 +43,10 @@ class StorageReaderPool : public StorageFetcher {
 
   // Reads land at `staging_base + StorageRead::staging_offset`; the region, the catalog
   // and the dataset config must outlive the pool. `threads` >= 1.
+  // `delay` (inject.storage_delay) holds each reader that much longer per read, emulating
+  // a parallel file system's latency.
   StorageReaderPool(const Catalog& catalog, const DatasetConfig& dataset, std::uint8_t* staging_base,
-                    std::uint32_t threads, Post post);
+                    std::uint32_t threads, Post post, std::chrono::microseconds delay = {});
   ~StorageReaderPool() override;  // stop()
   StorageReaderPool(const StorageReaderPool&) = delete;
   StorageReaderPool& operator=(const StorageReaderPool&) = delete;
@@ -73,6 +76,7 @@ class StorageReaderPool : public StorageFetcher {
   const DatasetConfig& dataset_;
   std::uint8_t* staging_base_;
   Post post_;
+  std::chrono::microseconds delay_;
   std::mutex mutex_;  // guards queue_ and stopping_
   std::condition_variable wake_;
   std::deque<Job> queue_;

@@ -18,7 +18,9 @@
 # SHARDMIX_E2E_CAPACITY_FACTOR=F (storage tier: cache.capacity per node = dataset bytes /
 # (F x nodes), so the dataset is F times the nodes' total capacity; then the samples served
 # from storage must be exactly the cold ones the daemons report, the same ones every epoch,
-# and their bytes what the capacity predicts; default 0 = no limit).
+# and their bytes what the capacity predicts; default 0 = no limit),
+# SHARDMIX_E2E_STORAGE_DELAY (inject.storage_delay: each cold read holds its reader this
+# long, so a window has late cold reads to overtake; default 0ms).
 set -euo pipefail
 
 SM_PROG=run_e2e
@@ -44,6 +46,7 @@ slow_peer=${SHARDMIX_E2E_SLOW_PEER:--1}
 repeat=${SHARDMIX_E2E_REPEAT:-0}
 capacity_factor=${SHARDMIX_E2E_CAPACITY_FACTOR:-0}
 readahead=8 # service.cold_readahead_batches
+storage_delay=${SHARDMIX_E2E_STORAGE_DELAY:-0ms}
 if ((repeat == 1 && window != 0)); then sm_die "SHARDMIX_E2E_REPEAT=1 needs SHARDMIX_E2E_WINDOW=0" 2; fi
 trainers=$((nodes * per_node))
 
@@ -126,6 +129,7 @@ config=$tmp/e2e.toml
   echo "[inject]"
   echo "slow_peer_rank = $slow_peer"
   echo 'slow_peer_delay = "5ms"'
+  echo "storage_delay = \"$storage_delay\""
   echo "[log]"
   echo 'level = "info"'
 } >"$config"
