@@ -27,9 +27,10 @@
 #                         [--no-drop-caches] [--set SECTION.KEY=VALUE ...]
 # --set: an extra shardmixd config override for the ShardMix runs (repeatable), e.g.
 # --set service.cold_readahead_batches=16; the JSON records them.
-# --quick: 2,048 samples, workers "2", 1 run (a few minutes; written to storage-quick.json).
+# --quick: 2,048 samples, workers "2", 1 run (about a minute; written to storage-quick.json).
 # Writes bench/results/storage-latest.json (bench/storage_report.py prints its tables
-# again) and prints Markdown tables. Needs shardmix-slowfs (libfuse3-dev at configure
+# again) and prints Markdown tables; a run with --no-shardmix, --no-torch or --set writes
+# storage-partial.json instead, so that only a complete run replaces the figures. Needs shardmix-slowfs (libfuse3-dev at configure
 # time), /dev/fuse, fusermount3 (fuse3) and torch for /usr/bin/python3 (python3-torch).
 # Env: SHARDMIX_BUILD_DIR (default build/, Release), SHARDMIX_BENCH_DIR (dataset cache and
 # the last run's raw lines, storage-last-raw.jsonl; default /tmp/shardmix-bench),
@@ -71,7 +72,7 @@ while (($#)); do
     --no-torch) run_torch=0; shift ;;
     --no-drop-caches) drop=0; shift ;;
     --set) sets+=(--set "$(value "$@")"); shift 2 ;;
-    -h|--help) sed -n '2,35p' "$0" | sed 's/^# {0,1}//'; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0" | sed 's/^# {0,1}//'; exit 0 ;;
     *) sm_die "unknown option '$1' (see --help)" 2 ;;
   esac
 done
@@ -79,6 +80,7 @@ for v in samples epochs repeat window loader_threads; do
   if ! sm_is_uint "${!v}"; then sm_die "--${v//_/-} must be a non-negative integer" 2; fi
   printf -v "$v" '%d' "$((10#${!v}))"
 done
+if [[ $out == storage-latest ]] && ((!run_shardmix || !run_torch || ${#sets[@]})); then out=storage-partial; fi
 ((samples > 0 && repeat > 0 && loader_threads > 0)) || sm_die "--samples, --repeat and --loader-threads must be > 0" 2
 ((epochs >= 3)) || sm_die "--epochs must be at least 3 (the first and the last are not measured)" 2
 for v in "$median_kib" "$latency_ms" "$bandwidth_mbps"; do
