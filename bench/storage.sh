@@ -72,7 +72,7 @@ while (($#)); do
     --no-torch) run_torch=0; shift ;;
     --no-drop-caches) drop=0; shift ;;
     --set) sets+=(--set "$(value "$@")"); shift 2 ;;
-    -h|--help) sed -n '2,38p' "$0" | sed 's/^# {0,1}//'; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0" | sed -E 's/^# ?//'; exit 0 ;;
     *) sm_die "unknown option '$1' (see --help)" 2 ;;
   esac
 done
