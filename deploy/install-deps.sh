@@ -26,8 +26,10 @@ packages=(
   # (examples/, bench/fashion_mnist_study.sh); built for the system's /usr/bin/python3
   pybind11-dev python3-dev            # the extension module shardmix._shardmix
   python3-numpy python3-pytest        # numpy.frombuffer views; the tests (unittest, pytest-compatible)
-  python3-torch                       # shardmix.torch, examples/train_fashion_mnist.py
+  python3-torch                       # shardmix.torch, the study, bench/storage.sh's DataLoader baseline
   dataset-fashion-mnist               # /usr/share/datasets/fashion-mnist: the study's data
+  # slow-storage benchmark (bench/storage.sh, docs/decisions/0027)
+  fuse3 libfuse3-dev                  # bench/slowfs: FUSE passthrough with latency and a bandwidth cap
 )
 
 missing=()
