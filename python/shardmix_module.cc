@@ -55,6 +55,8 @@ struct State {
   bool busy = false;              // a call is in progress with the GIL released
   bool strict = false;
   bool closed = false;
+  // A checkpoint blob given to load_state_dict(): the next epoch() of its epoch resumes from it.
+  std::vector<std::uint8_t> pending_resume;
   std::uint64_t live_exports = 0;   // exports of the batch in hand not yet released
   std::uint64_t stale_exports = 0;  // exports still alive of batches already released
 
@@ -116,6 +118,7 @@ struct PyBatch {
 struct PyEpoch {
   std::shared_ptr<State> state;
   std::uint64_t epoch = 0;
+  std::vector<std::uint8_t> resume;  // checkpoint blob to resume this epoch from, or empty
   std::uint64_t stream = 0;  // 0 = not started
   bool finished = false;
 };
@@ -389,7 +392,7 @@ GIL released: this is the copy shardmix.torch makes.)doc")
         if (e.stream != 0) return self;  // an iterator's __iter__ is itself (for b in it: after next(it))
         s.releasing();  // another epoch's batch in hand goes back first (the C++ client releases it too)
         s.it.reset();
-        s.epoch.emplace(s.get().epoch(e.epoch));
+        s.epoch.emplace(e.resume.empty() ? s.get().epoch(e.epoch) : s.get().epoch(e.epoch, e.resume));
         s.epoch_number = e.epoch;
         e.stream = ++s.stream;
         return self;
@@ -438,10 +441,22 @@ unless given. Raises shardmix.Error.)doc")
            py::kw_only(), py::arg("run_dir") = "", py::arg("daemon") = -1, py::arg("rank") = -1,
            py::arg("world_size") = -1, py::arg("ready_timeout") = -1.0, py::arg("receive_timeout") = 600.0,
            py::arg("strict") = false)
-      .def("epoch", [](PyClient& c, std::uint64_t e) {
-        c.state->get();
-        return PyEpoch{c.state, e, 0, false};
-      }, py::arg("epoch"), "The batches of `epoch` for this trainer (iterate once). Starting it releases any batch in hand.")
+      .def("epoch", [](PyClient& c, std::uint64_t e, std::optional<py::bytes> resume) {
+        State& s = *c.state;
+        s.get();
+        std::vector<std::uint8_t> blob;
+        if (resume) {
+          const std::string bytes = *resume;
+          blob.assign(bytes.begin(), bytes.end());
+        } else if (!s.pending_resume.empty() && sm::Client::inspect_checkpoint(s.pending_resume).epoch == e) {
+          blob = std::move(s.pending_resume);  // load_state_dict() of this epoch: used once
+          s.pending_resume.clear();
+        }
+        return PyEpoch{c.state, e, std::move(blob), 0, false};
+      }, py::arg("epoch"), py::arg("resume") = py::none(),
+      "The batches of `epoch` for this trainer (iterate once). Starting it releases any batch in hand. "
+      "resume: a checkpoint() blob of this epoch: only the batches not yet delivered when it was taken "
+      "(also applied automatically after load_state_dict()).")
       .def_property_readonly("rank", [](PyClient& c) { return c.state->get().rank(); })
       .def_property_readonly("world_size", [](PyClient& c) { return c.state->get().world_size(); })
       .def_property_readonly("node", [](PyClient& c) { return c.state->get().node(); })
@@ -468,19 +483,40 @@ unless given. Raises shardmix.Error.)doc")
       }, py::arg("id"), "Path of a sample relative to dataset.path (fetches the catalog on first use, between epochs).")
       .def_property_readonly("last_epoch_stats", [](PyClient& c) { return stats_or_none(c.state->get().last_epoch_stats()); },
                              "The last completed epoch's statistics as the daemon reported them (dict), or None.")
-      // ---- checkpoint / resume: HOOK ----
-      // The C++ client has no checkpoint API yet (it is being added on another branch).
-      // When it lands, bind it here: state_dict() -> bytes from the C++ checkpoint blob,
-      // load_state_dict(bytes) -> the C++ restore, and flip HAS_CHECKPOINT below.
-      // shardmix.torch.ShardMixDataset.state_dict()/load_state_dict() already forward here.
-      .def("state_dict", [](PyClient&) -> py::object {
-        throw py::type_error("shardmix.Client.state_dict(): not available yet: the C++ client has no checkpoint API in "
-                             "this build (shardmix.HAS_CHECKPOINT is False)");
-      })
-      .def("load_state_dict", [](PyClient&, py::object) -> py::object {
-        throw py::type_error("shardmix.Client.load_state_dict(): not available yet: the C++ client has no resume API in "
-                             "this build (shardmix.HAS_CHECKPOINT is False)");
-      }, py::arg("state"))
+      // ---- checkpoint / resume (C++: Client::checkpoint, Client::epoch(e, blob); decision 0022) ----
+      .def("checkpoint", [](PyClient& c) {
+        const std::vector<std::uint8_t> blob = c.state->get().checkpoint();
+        return py::bytes(reinterpret_cast<const char*>(blob.data()), blob.size());
+      }, "This trainer's position as an opaque blob (bytes): the batches yielded so far count as delivered. "
+         "Resume with epoch(e, resume=blob) or load_state_dict(blob) in a new process of the same rank.")
+      .def("state_dict", [](PyClient& c) {
+        const std::vector<std::uint8_t> blob = c.state->get().checkpoint();
+        return py::bytes(reinterpret_cast<const char*>(blob.data()), blob.size());
+      }, "The same as checkpoint() (PyTorch's naming).")
+      .def("load_state_dict", [](PyClient& c, py::bytes state) {
+        const std::string bytes = state;
+        std::vector<std::uint8_t> blob(bytes.begin(), bytes.end());
+        (void)sm::Client::inspect_checkpoint(blob);  // a damaged blob: shardmix.Error now, not at epoch()
+        c.state->get();
+        c.state->pending_resume = std::move(blob);
+      }, py::arg("state"), "Remembers a checkpoint() blob: the next epoch() of its epoch resumes from it.")
+      .def_property_readonly("resumed_epoch", [](PyClient& c) -> py::object {
+        const auto e = c.state->get().resumed_epoch();
+        return e ? py::object(py::int_(*e)) : py::none();
+      }, "The epoch the daemons re-dealt from resume.checkpoint_dir (a restart with another world size), or None.")
+      .def_static("inspect_checkpoint", [](py::bytes blob) {
+        const std::string bytes = blob;
+        const std::vector<std::uint8_t> v(bytes.begin(), bytes.end());
+        const sm::CheckpointInfo info = sm::Client::inspect_checkpoint(v);
+        py::dict d;
+        d["epoch"] = info.epoch;
+        d["batches_consumed"] = info.batches_consumed;
+        d["samples_consumed"] = info.samples_consumed;
+        d["rank"] = info.rank;
+        d["world_size"] = info.world_size;
+        d["redealt"] = info.redealt;
+        return d;
+      }, py::arg("blob"), "What a checkpoint blob says (epoch, batches_consumed, samples_consumed, rank, world_size, redealt), without a daemon.")
       .def("close", [](PyClient& c) {
         State& s = *c.state;
         if (s.busy) throw std::runtime_error("close() while another thread waits on this client");
@@ -513,7 +549,7 @@ unless given. Raises shardmix.Error.)doc")
         if (s.live_exports + s.stale_exports == 0) s.client.reset();
       });
 
-  m.attr("HAS_CHECKPOINT") = false;
+  m.attr("HAS_CHECKPOINT") = true;
   m.def("detect_launcher_rank", [] {
     const sm::LauncherRank r = sm::detect_launcher_rank();
     py::dict d;

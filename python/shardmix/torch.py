@@ -141,13 +141,16 @@ class ShardMixDataset(IterableDataset):
         self.last_stats = client.last_epoch_stats
         self.epoch = epoch + 1
 
-    # -- checkpoint / resume: forwarded to the binding's hook (not in the C++ client yet)
+    # -- checkpoint / resume (docs/decisions/0022): the client's blob and the epoch in progress.
+    # Take it after the optimizer step, inside the loop: the batches yielded so far count as
+    # delivered. In the restarted process, load_state_dict() then iterate: the epoch in
+    # progress continues with exactly the batches not yet delivered.
     def state_dict(self):
         return {"epoch": self.epoch, "client": self.client.state_dict()}
 
     def load_state_dict(self, state):
         self.client.load_state_dict(state["client"])
-        self.epoch = state["epoch"]
+        self.epoch = int(state["epoch"])
 
 
 def make_loader(dataset, pin_memory=False, **kwargs):

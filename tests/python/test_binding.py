@@ -248,11 +248,30 @@ class BindingInJob(unittest.TestCase):
         client = shardmix.Client(daemon=node, rank=rank, world_size=world)  # the daemon took the rank back
         self.assertEqual(sum(1 for _ in client.epoch(8)), client.batches_per_epoch)
 
-    def test_7_checkpoint_hook_is_marked_unavailable(self):
-        self.assertFalse(shardmix.HAS_CHECKPOINT)
-        with self.assertRaises(TypeError):
-            client.state_dict()
-
+    def test_7_checkpoint_and_resume_continue_with_exactly_the_rest(self):
+        global client
+        self.assertTrue(shardmix.HAS_CHECKPOINT)
+        full = [s.id for b in client.epoch(9) for s in b]  # shuffle.window = 0: planned order
+        it = iter(client.epoch(9))
+        taken = [s.id for _ in range(3) for s in next(it)]
+        blob = client.checkpoint()
+        self.assertIsInstance(blob, bytes)
+        info = shardmix.Client.inspect_checkpoint(blob)
+        self.assertEqual((info["epoch"], info["batches_consumed"], info["rank"]), (9, 3, client.rank))
+        del it
+        client.close()  # the trainer "dies" holding batch 2; a new process of its rank resumes
+        client = shardmix.Client()
+        with self.assertRaises(shardmix.Error) as cm:  # a blob of epoch 9 cannot resume epoch 8
+            list(client.epoch(8, resume=blob))
+        self.assertIn("epoch 9", str(cm.exception))
+        client.close()
+        client = shardmix.Client()
+        client.load_state_dict(blob)
+        rest = [s.id for b in client.epoch(9) for s in b]
+        self.assertEqual(taken + rest, full)
+        self.assertTrue(taken and rest)
+        # Used once: the next pass over epoch 9 is whole again.
+        self.assertEqual([s.id for b in client.epoch(9) for s in b], full)
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -27,7 +27,9 @@ class Offline(unittest.TestCase):
     def test_exception_hierarchy(self):
         self.assertTrue(issubclass(shardmix.ReleasedError, BufferError))
         self.assertTrue(issubclass(shardmix.ReleasedError, shardmix.Error))
-        self.assertFalse(shardmix.HAS_CHECKPOINT)
+        self.assertTrue(shardmix.HAS_CHECKPOINT)
+        with self.assertRaises(shardmix.Error):  # a damaged blob is refused without a daemon
+            shardmix.Client.inspect_checkpoint(b"not a checkpoint")
 
     def test_launcher_rank_from_the_environment(self):
         env = {k: v for k, v in os.environ.items()
