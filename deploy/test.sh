@@ -99,8 +99,13 @@ if want asan; then
   # Open MPI leaves what MPI_Init allocates for process exit (tests/sanitizers/lsan.supp).
   # Matching those suppressions needs whole stacks through Open MPI, which has no frame
   # pointers (slow unwinding), and its plugins still loaded at exit (no dlclose).
+  # Left out: the two soak tests, which bound the growth of resident memory: ASan keeps
+  # freed blocks in its quarantine (up to 256 MiB), so RSS grows by design there (measured:
+  # +5 MB per round of 10 epochs, open files flat). Leaks are LeakSanitizer's job in this
+  # stage; the bounds hold in the release stage.
   ASAN_OPTIONS="$asan_options:fast_unwind_on_malloc=0" OMPI_MCA_mca_base_component_disable_dlclose=1 \
-    ctest --test-dir "$build_dir-asan" --output-on-failure -j "$jobs" --timeout 900 -LE fuzzing
+    ctest --test-dir "$build_dir-asan" --output-on-failure -j "$jobs" --timeout 900 -LE fuzzing \
+    -E '^(ServiceTest[.]SoakManyEpochsKeepsMemoryAndOpenFilesFlat|e2e_soak)$'
   end_stage
 fi
 
@@ -112,10 +117,10 @@ if want tsan; then
     "-DCMAKE_C_FLAGS_DEBUG=-O1 -g1" "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" \
     -DSHARDMIX_SANITIZE=thread
   cmake --build "$build_dir-tsan" -j "$jobs"
-  # Label unit only (no mpirun). Left out: one test that bounds the daemon's RSS growth,
+  # Label unit only (no mpirun). Left out: the tests that bound the daemon's RSS growth,
   # which TSan's shadow memory multiplies several times over.
   ctest --test-dir "$build_dir-tsan" --output-on-failure -j "$jobs" --timeout 900 -L unit \
-    -E '^ServiceTest[.]ATrainerThatDoesNotReadItsRepliesIsThrottled$'
+    -E '^ServiceTest[.](ATrainerThatDoesNotReadItsRepliesIsThrottled|SoakManyEpochsKeepsMemoryAndOpenFilesFlat)$'
   end_stage
 fi
 
