@@ -40,9 +40,7 @@ void TrainerScheduler::abandon(const std::shared_ptr<Pass>& pass) {
   // are freed by on_fetched once their reads have landed.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
   for (Slot& slot : pass->slots) {
-    if (slot.state == SlotState::kReady && slot.staged_bytes > 0) {
-      ranges.emplace_back(slot.descriptor.offset, std::exchange(slot.staged_bytes, 0));
-    }
+    if (slot.state == SlotState::kReady) take_bytes(*pass, slot, ranges);
   }
   staging_->release_all(ranges);
 }
@@ -186,12 +184,17 @@ void TrainerScheduler::fail_if_stuck() {
   // bytes: the trainer holds no batch, no read of ours is landing, and no one else (a
   // previous scheduler of this trainer slot) holds bytes that will come back.
   if (!sent_.empty()) return;
+  // A stale read (from a peer declared dead, its positions re-posted to storage) may never
+  // land: it frees only quarantined bytes, so it does not count as progress.
   for (const auto& q : {current_, ahead_}) {
-    if (q && q->fetches_in_flight > 0) return;
+    if (q && q->fetches_in_flight > q->stale_reads.size()) return;
   }
   std::uint64_t held = 0;
   for (const auto& q : {current_, ahead_}) {
     if (!q) continue;
+    for (const auto& [seq, ranges] : q->quarantine) {
+      for (const auto& range : ranges) held += range.second;
+    }
     for (const Slot& slot : q->slots) {
       if (slot.state != SlotState::kDelivered) held += slot.staged_bytes;
     }
@@ -270,7 +273,13 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
       d.tier = static_cast<std::uint8_t>(proto::Tier::kLocal);
       d.offset = placement.arena_offset[id];
     } else {
-      const bool cold = !placement.is_resident(id);
+      // A dead peer's sample (degraded mode) is read from storage, like a cold one.
+      const bool dead_owner = placement.is_resident(id) && is_dead(owner);
+      const bool cold = !placement.is_resident(id) || dead_owner;
+      if (dead_owner && length > 0) {
+        ++rerouted_samples_;
+        if (context_.rerouted_samples != nullptr) context_.rerouted_samples->fetch_add(1, std::memory_order_relaxed);
+      }
       d.region = static_cast<std::uint8_t>(proto::Region::kStaging);
       d.tier = static_cast<std::uint8_t>(cold ? proto::Tier::kStorage : proto::Tier::kPeer);
       if (length > 0) {
@@ -284,6 +293,7 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
           cold_reads.push_back({id, length, d.offset});
         } else {
           reads[group].push_back({owner, placement.arena_offset[id], length, d.offset});
+          slot.peer = owner;
         }
         positions[group].push_back(i);
         seqs.emplace(group, 0);
@@ -363,7 +373,7 @@ bool TrainerScheduler::deliver_next() {
     const proto::SampleDescriptor& d = slot.descriptor;
     frame.samples.push_back(d);
     frame.positions.push_back(p.planned_position.empty() ? p.base + k : p.planned_position[p.base + k]);
-    if (slot.staged_bytes > 0) sent.staging.emplace_back(d.offset, std::exchange(slot.staged_bytes, 0));
+    take_bytes(p, slot, sent.staging);
     const std::uint64_t position = p.base + k;
     if (position < plan_begin || position >= plan_begin + n) ++stats_.substituted_samples;
     ++stats_.samples;
@@ -474,16 +484,34 @@ void TrainerScheduler::on_fetched(const std::shared_ptr<Pass>& pass, const std::
                                   std::uint64_t seq, std::chrono::steady_clock::time_point started,
                                   const Status& status) {
   --pass->fetches_in_flight;
+  if (pass->stale_reads.erase(seq) > 0) {
+    // A read from a dead peer whose positions were re-posted to storage: they no longer
+    // wait for it (they may be delivered already); only the bytes it could have written
+    // into are released now.
+    auto it = pass->quarantine.find(seq);
+    if (it != pass->quarantine.end()) {
+      auto ranges = std::move(it->second);
+      pass->quarantine.erase(it);
+      staging_->release_all(ranges);
+      pump();
+    }
+    return;
+  }
   pass->max_completed_seq = std::max(pass->max_completed_seq, seq);
   if (pass->abandoned || closed_) {
     // Abandoned pass or gone trainer: only the staging bytes matter now.
     std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
-    for (const std::uint64_t position : positions) {
-      Slot& slot = pass->slot(position);
-      if (slot.staged_bytes > 0) ranges.emplace_back(slot.descriptor.offset, std::exchange(slot.staged_bytes, 0));
-    }
+    for (const std::uint64_t position : positions) take_bytes(*pass, pass->slot(position), ranges);
     staging_->release_all(ranges);
     pump();  // the freed bytes may unblock the current pass
+    return;
+  }
+  if (!status.ok() && context_.degrade_dead_peers && context_.storage != nullptr &&
+      pass->slot(positions.front()).peer != kNoPeer) {
+    // Degraded mode: a failed peer read (the peer died, or is dying) is retried from
+    // storage for exactly these positions. The group has completed: nothing else writes
+    // into their bytes. A failing storage read then reaches the trainer as usual.
+    reroute_to_storage(pass, positions, /*stale=*/false);
     return;
   }
   for (const std::uint64_t position : positions) pass->slot(position).state = SlotState::kReady;
@@ -494,6 +522,76 @@ void TrainerScheduler::on_fetched(const std::shared_ptr<Pass>& pass, const std::
   if (pass == current_) {
     stats_.fetch_wait_us += static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started).count());
+  }
+  pump();
+}
+
+void TrainerScheduler::take_bytes(Pass& pass, Slot& slot,
+                                  std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges) {
+  if (slot.staged_bytes == 0) return;
+  const std::pair<std::uint64_t, std::uint64_t> range{slot.descriptor.offset, std::exchange(slot.staged_bytes, 0)};
+  if (slot.stale_seq != 0 && pass.stale_reads.count(slot.stale_seq) > 0) {
+    pass.quarantine[slot.stale_seq].push_back(range);
+  } else {
+    ranges.push_back(range);
+  }
+}
+
+void TrainerScheduler::reroute_to_storage(const std::shared_ptr<Pass>& pass,
+                                          const std::vector<std::uint64_t>& positions, bool stale) {
+  std::vector<StorageRead> reads;
+  reads.reserve(positions.size());
+  const std::uint64_t seq = next_fetch_seq_++;
+  for (const std::uint64_t position : positions) {
+    Slot& slot = pass->slot(position);
+    if (stale) {
+      slot.stale_seq = slot.fetch_seq;
+      pass->stale_reads.insert(slot.fetch_seq);
+    }
+    slot.fetch_seq = seq;
+    slot.peer = kNoPeer;
+    slot.state = SlotState::kFetching;
+    slot.descriptor.tier = static_cast<std::uint8_t>(proto::Tier::kStorage);
+    reads.push_back({slot.descriptor.sample_id, slot.descriptor.length, slot.descriptor.offset});
+  }
+  rerouted_samples_ += positions.size();
+  if (context_.rerouted_samples != nullptr) {
+    context_.rerouted_samples->fetch_add(positions.size(), std::memory_order_relaxed);
+  }
+  ++pass->fetches_in_flight;
+  auto done = [self = shared_from_this(), pass, positions, seq, now = std::chrono::steady_clock::now()](
+                  const Status& s) { self->on_fetched(pass, positions, seq, now, s); };
+  if (context_.storage == nullptr) {
+    done(make_error(StatusCode::kInternal, "sample {} of a dead peer cannot be read: this scheduler has no storage "
+                                           "reader",
+                    reads.front().sample));
+    return;
+  }
+  context_.storage->fetch(std::move(reads), std::move(done));
+}
+
+void TrainerScheduler::peer_dead(std::uint32_t peer) {
+  if (is_dead(peer)) return;
+  if (dead_.size() <= peer) dead_.resize(peer + 1, false);
+  dead_[peer] = true;
+  if (closed_ || failed_) return;  // in-flight reads only free bytes when they land
+  // Reads from it still in flight may never complete (a hung node) or fail later: re-post
+  // their whole fetch group to storage now (a group waits for all its reads, so its other
+  // positions would wait for the dead peer too; storage holds the same bytes).
+  for (const auto& pass : {current_, ahead_}) {
+    if (!pass || pass->abandoned) continue;
+    std::set<std::uint64_t> groups;
+    for (const Slot& slot : pass->slots) {
+      if (slot.state == SlotState::kFetching && slot.peer == peer) groups.insert(slot.fetch_seq);
+    }
+    for (const std::uint64_t group : groups) {
+      std::vector<std::uint64_t> positions;
+      for (std::size_t k = 0; k < pass->slots.size(); ++k) {
+        const Slot& slot = pass->slots[k];
+        if (slot.state == SlotState::kFetching && slot.fetch_seq == group) positions.push_back(pass->base + k);
+      }
+      reroute_to_storage(pass, positions, /*stale=*/true);
+    }
   }
   pump();
 }

@@ -27,6 +27,13 @@
 // the first batches of the next epoch (the plan is known), so the pipeline does not drain
 // at every epoch boundary. A StartEpoch for that epoch adopts them; any other discards them.
 //
+// Degraded mode (fault.peer_death = degrade, docs/decisions/0026): once told that a peer
+// is dead (peer_dead()), every sample it owns that is staged later is read from storage
+// (tier storage, like a cold sample); reads from it still in flight are re-posted to
+// storage for exactly their positions (same staging bytes), and with degrade_dead_peers a
+// failed peer read is retried from storage instead of failing the trainer. Positions never
+// change, so the plan, W = 0 order and exactly-once are untouched.
+//
 // Transport-free: the fabric, storage and the socket are behind PeerFetcher,
 // StorageFetcher and FrameSink, so
 // this is tested as pure code (tests/unit/trainer_scheduler_test.cc).
@@ -34,6 +41,7 @@
 // thread (the daemon's client-service thread).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <cstdint>
@@ -41,6 +49,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "common/catalog.h"
@@ -116,6 +125,11 @@ struct SchedulerContext {
   std::uint32_t cold_readahead_batches = 0;
   // An epoch re-dealt from resume.checkpoint_dir (its plans replace the planner's), or null.
   const RedealtEpoch* redealt = nullptr;
+  // fault.peer_death = degrade: a failed peer read is retried from `storage` (which must be
+  // set) instead of failing the trainer; the same bytes are in the dataset's files.
+  bool degrade_dead_peers = false;
+  // Counts samples read from storage instead of a dead or failing peer (telemetry), or null.
+  std::atomic<std::uint64_t>* rerouted_samples = nullptr;
 };
 
 class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
@@ -136,6 +150,11 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   Status release(std::uint64_t stream, std::uint64_t batch);
   // The connection is gone: send nothing more; staging is freed as fetches complete.
   void close();
+  // Peer daemon `peer` is dead (fault.peer_death = degrade): its samples come from storage
+  // from now on, including those whose reads from it are still in flight.
+  void peer_dead(std::uint32_t peer);
+  // Samples this scheduler read from storage instead of a dead or failing peer.
+  std::uint64_t rerouted_samples() const { return rerouted_samples_; }
 
   std::uint32_t local_trainer() const { return local_trainer_; }
   // Batches sent and not yet released (for tests and telemetry).
@@ -145,12 +164,17 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   std::uint64_t staged_samples() const;
 
  private:
+  static constexpr std::uint32_t kNoPeer = ~std::uint32_t{0};
   enum class SlotState : std::uint8_t { kFetching, kReady, kDelivered };
   // One planned position of a pass, from staging to delivery.
   struct Slot {
     proto::SampleDescriptor descriptor{};
     std::uint64_t staged_bytes = 0;  // bytes held in the staging area (aligned), 0 if local
     std::uint64_t fetch_seq = 0;     // the fetch that brings it (posting order), 0 if none
+    std::uint32_t peer = kNoPeer;    // the peer it is being read from, kNoPeer if none
+    // A peer read re-posted to storage while still in flight: that read may still land in
+    // these bytes, so they are quarantined (not reused) until it completes.
+    std::uint64_t stale_seq = 0;
     SlotState state = SlotState::kReady;
   };
 
@@ -172,6 +196,11 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
     // Highest fetch_seq completed in this pass: a slot still fetching with a lower seq has
     // been overtaken by a read posted after it, i.e. it is late (no timer needed).
     std::uint64_t max_completed_seq = 0;
+    // Peer reads (fetch_seq) whose positions were re-posted to storage while in flight, and
+    // the staging bytes of such positions already delivered or abandoned, freed only once
+    // the stale read completes (a dead process's read fails; a hung one may never return).
+    std::set<std::uint64_t> stale_reads;
+    std::map<std::uint64_t, std::vector<std::pair<std::uint64_t, std::uint64_t>>> quarantine;
     Status error;                     // first fetch error
     std::uint64_t error_position = 0;
 
@@ -196,6 +225,13 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   bool substitute(std::uint64_t n, std::uint64_t plan_begin, std::vector<std::size_t>& chosen);
   void on_fetched(const std::shared_ptr<Pass>& pass, const std::vector<std::uint64_t>& positions,
                   std::uint64_t seq, std::chrono::steady_clock::time_point started, const Status& status);
+  // Re-posts the fetching `positions` of `pass` to storage (same staging bytes); `stale`:
+  // the read they were waiting for is still in flight.
+  void reroute_to_storage(const std::shared_ptr<Pass>& pass, const std::vector<std::uint64_t>& positions,
+                          bool stale);
+  // Moves a slot's staging bytes to `ranges`, or to quarantine while a stale read may land there.
+  static void take_bytes(Pass& pass, Slot& slot, std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges);
+  bool is_dead(std::uint32_t peer) const { return peer < dead_.size() && dead_[peer]; }
   void abandon(const std::shared_ptr<Pass>& pass);  // frees its staging (in-flight: when it lands)
   void free_sent();
   std::uint64_t budget_used() const;
@@ -237,6 +273,8 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   std::optional<std::uint64_t> previous_epoch_;  // the epoch received_before_ describes
   std::uint64_t received_again_ = 0;     // samples also in received_before_
   std::vector<std::int32_t> labels_scratch_;
+  std::vector<bool> dead_;  // by rank: peers declared dead (degraded mode)
+  std::uint64_t rerouted_samples_ = 0;
 };
 
 }  // namespace shardmix

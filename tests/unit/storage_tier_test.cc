@@ -5,6 +5,7 @@
 #include <rapidcheck/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -299,6 +300,147 @@ TEST(StorageTier, LateColdReadsAreOvertakenOnlyWithAWindow) {
     if (window > 0) EXPECT_GT(sink.ends[0].substituted_samples, 0u);
     EXPECT_GT(sink.ends[0].storage_samples, 0u);
   }
+}
+
+// Degraded mode (fault.peer_death = degrade): rank 1 dies mid-epoch with reads from it in
+// flight, one failing and the others stuck. Those positions, and every later sample of
+// rank 1, come from storage; the trainer gets the whole plan once, in planned order
+// (W = 0), and staging bytes a stuck read could still write into are not reused.
+TEST(StorageTier, ADeadPeersSamplesComeFromStorageExactlyOnceInThePlannedOrder) {
+  FakeStorage storage;
+  ColdWorld w(400, 4, 8, 3, 0, 2.0, &storage);
+  ASSERT_EQ(w.placement.total_cold_samples(), 0u);  // nothing cold: storage only for the dead peer
+  std::atomic<std::uint64_t> rerouted{0};
+  w.context.degrade_dead_peers = true;
+  w.context.rerouted_samples = &rerouted;
+  auto staging = std::make_shared<StagingAllocator>(4096, 128 << 10);
+  FakePeers peers;
+  Sink sink;
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, sink);
+  scheduler->start_epoch(0, 1);
+  const TrainerPlan plan = w.planner->plan_node(0, 0)[0];
+  ASSERT_GE(plan.num_batches(), 10u);
+  std::vector<SampleId> got;
+  std::size_t released = 0;
+  auto release_all = [&] {
+    for (; released < sink.batches.size(); ++released) {
+      for (const auto& d : sink.batches[released].samples) got.push_back(d.sample_id);
+      EXPECT_TRUE(scheduler->release(1, sink.batches[released].batch).ok());
+    }
+  };
+  while (sink.batches.size() < 2) {
+    ASSERT_FALSE(peers.pending.empty());
+    complete_one(peers, 0);
+  }
+  release_all();
+  const std::size_t healthy_batches = sink.batches.size();
+  auto reads_from = [](const Pending<PeerRead>& call, std::uint32_t peer) {
+    return std::any_of(call.reads.begin(), call.reads.end(), [&](const PeerRead& r) { return r.peer == peer; });
+  };
+  // Rank 1 dies: its oldest read group fails with a transport error...
+  std::size_t failing = 0;
+  while (failing < peers.pending.size() && !reads_from(peers.pending[failing], 1)) ++failing;
+  ASSERT_LT(failing, peers.pending.size());
+  complete_one(peers, failing, make_error(StatusCode::kUnavailable, "read from daemon rank 1 failed"));
+  EXPECT_TRUE(sink.errors.empty());
+  // ... and the other groups reading from it are stuck (never answered until the end).
+  std::vector<Pending<PeerRead>> stuck;
+  std::deque<Pending<PeerRead>> healthy;
+  for (auto& call : peers.pending) {
+    if (reads_from(call, 1)) {
+      stuck.push_back(std::move(call));
+    } else {
+      healthy.push_back(std::move(call));
+    }
+  }
+  peers.pending = std::move(healthy);
+  ASSERT_FALSE(stuck.empty());
+  struct StuckRange {
+    std::uint64_t length = 0;
+    int reads_since = 0;
+  };
+  std::map<std::uint64_t, StuckRange> stuck_ranges;  // staging offset -> a stuck read's bytes
+  for (const auto& call : stuck) {
+    for (const PeerRead& r : call.reads) stuck_ranges[r.staging_offset] = {r.length, 0};
+  }
+  const std::size_t storage_before = storage.all.size();
+  scheduler->peer_dead(1);
+  auto check_not_into_stuck_bytes = [&](std::uint64_t offset, std::uint64_t length) {
+    auto it = stuck_ranges.upper_bound(offset + length - 1);
+    if (it == stuck_ranges.begin()) return;
+    --it;
+    if (it->first + it->second.length <= offset) return;  // no overlap
+    // Only a stuck position's own re-post may target its bytes, once.
+    EXPECT_EQ(it->first, offset) << "a read lands in bytes a stuck read of the dead peer may still write";
+    if (it->first == offset) {
+      EXPECT_LE(++it->second.reads_since, 1) << "stuck bytes at " << offset << " were reused";
+    }
+  };
+  Rng choices(17);
+  std::size_t storage_seen = storage_before;
+  for (int guard = 0; sink.ends.empty() && sink.errors.empty() && guard < 100000; ++guard) {
+    for (; storage_seen < storage.all.size(); ++storage_seen) {
+      check_not_into_stuck_bytes(storage.all[storage_seen].staging_offset, storage.all[storage_seen].length);
+    }
+    if (!storage.pending.empty() && choices.below(2) == 0) {
+      complete_one(storage, choices.below(storage.pending.size()));
+    } else if (!peers.pending.empty()) {
+      for (const PeerRead& r : peers.pending.front().reads) {
+        EXPECT_NE(r.peer, 1u) << "a read from the dead rank was posted after it was declared dead";
+        check_not_into_stuck_bytes(r.staging_offset, r.length);
+      }
+      complete_one(peers, 0);
+    } else if (released < sink.batches.size()) {
+      release_all();
+    } else if (!storage.pending.empty()) {
+      complete_one(storage, 0);
+    }
+  }
+  release_all();
+  // The stuck reads finally fail: they change nothing.
+  for (auto& call : stuck) call.done(make_error(StatusCode::kUnavailable, "read from daemon rank 1 timed out"));
+  ASSERT_TRUE(sink.errors.empty()) << sink.errors[0].message();
+  ASSERT_EQ(sink.ends.size(), 1u);
+  EXPECT_EQ(got, plan.order);  // exactly once, in the planned order
+  std::uint64_t from_storage = 0;
+  for (std::size_t b = 0; b < sink.batches.size(); ++b) {
+    for (const auto& d : sink.batches[b].samples) {
+      const bool storage_tier = d.tier == static_cast<std::uint8_t>(proto::Tier::kStorage);
+      from_storage += storage_tier ? 1 : 0;
+      if (b >= healthy_batches && d.owner == 1) {
+        EXPECT_TRUE(storage_tier) << "sample " << d.sample_id;
+      }
+      if (b < healthy_batches) {
+        EXPECT_FALSE(storage_tier);
+      }
+    }
+  }
+  EXPECT_GT(from_storage, 8u);
+  EXPECT_EQ(sink.ends[0].storage_samples, from_storage);
+  EXPECT_EQ(scheduler->rerouted_samples(), storage.all.size());
+  EXPECT_EQ(rerouted.load(), storage.all.size());
+  std::set<SampleId> read_once;
+  for (const StorageRead& r : storage.all) EXPECT_TRUE(read_once.insert(r.sample).second) << "sample " << r.sample;
+  // Every byte comes back once the stuck reads have landed (next epoch's work aside).
+  scheduler->close();
+  while (!peers.pending.empty()) complete_one(peers, 0);
+  while (!storage.pending.empty()) complete_one(storage, 0);
+  EXPECT_EQ(staging->bytes_in_use(), 0u);
+}
+
+// Without degraded mode a failed peer read still fails the trainer (fault.peer_death = stop).
+TEST(StorageTier, WithoutDegradeAFailedPeerReadIsAnError) {
+  FakeStorage storage;
+  ColdWorld w(200, 4, 8, 2, 0, 2.0, &storage);
+  auto staging = std::make_shared<StagingAllocator>(4096, 1 << 20);
+  FakePeers peers;
+  Sink sink;
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, sink);
+  scheduler->start_epoch(0, 1);
+  ASSERT_FALSE(peers.pending.empty());
+  complete_one(peers, 0, make_error(StatusCode::kUnavailable, "read from daemon rank 1 failed"));
+  ASSERT_EQ(sink.errors.size(), 1u);
+  EXPECT_TRUE(storage.all.empty());
 }
 
 TEST(StorageTier, AColdReadErrorReachesTheTrainerNamingTheFile) {
