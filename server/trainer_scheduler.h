@@ -33,6 +33,9 @@
 // storage for exactly their positions (same staging bytes), and with degrade_dead_peers a
 // failed peer read is retried from storage instead of failing the trainer. Positions never
 // change, so the plan, W = 0 order and exactly-once are untouched.
+// Not wired in the daemon yet: config refuses fault.peer_death = degrade, because with 3+
+// daemons on tcp;ofi_rxm the survivors' reads of each other stall once one peer has died
+// (measured; docs/operations.md). This is the scheduler half, tested in storage_tier_test.
 //
 // Transport-free: the fabric, storage and the socket are behind PeerFetcher,
 // StorageFetcher and FrameSink, so
