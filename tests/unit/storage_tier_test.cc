@@ -18,6 +18,7 @@
 #include "common/rng.h"
 #include "server/storage_reader.h"
 #include "server/trainer_scheduler.h"
+#include "tests/unit/scheduler_world.h"
 
 namespace shardmix {
 namespace {
@@ -46,40 +47,14 @@ struct FakeStorage : StorageFetcher {
   }
 };
 
-struct Sink : FrameSink {
-  std::vector<proto::BatchFrame> batches;
-  std::vector<proto::EpochStats> ends;
-  std::vector<Status> errors;
-  void send_batch(const proto::BatchFrame& b) override { batches.push_back(b); }
-  void send_epoch_end(const proto::EpochStats& s) override { ends.push_back(s); }
-  void send_error(const Status& s) override { errors.push_back(s); }
-};
+using Sink = test_support::RecordingSink;
 
-// A job whose nodes cache only `resident_share` of their share (by bytes).
-struct ColdWorld {
-  Catalog catalog;
-  PlanShape shape;
-  Placement placement;
-  std::unique_ptr<EpochPlanner> planner;
-  SchedulerContext context;
-
+// A job whose nodes cache only `resident_share` of their share (by bytes): scheduler_world.h
+// with catalog seed 11.
+struct ColdWorld : test_support::SchedulerWorld {
   ColdWorld(std::size_t n, std::uint32_t nodes, std::uint32_t batch, std::uint32_t prefetch, std::uint32_t window,
-            double resident_share, StorageFetcher* storage, std::uint32_t readahead = 0) {
-    std::vector<CatalogEntry> entries;
-    Rng rng(11);
-    for (std::size_t i = 0; i < n; ++i) {
-      entries.push_back({fmt::format("s{}", i), 100 + rng.below(5000), static_cast<std::int32_t>(i % 7)});
-    }
-    catalog = std::move(Catalog::from_entries(std::move(entries), {}).value());
-    shape = make_plan_shape(n, JobShape{nodes, 1, batch, false});
-    const std::uint64_t capacity =
-        static_cast<std::uint64_t>(resident_share * static_cast<double>(catalog.total_bytes()) / nodes);
-    placement = make_placement(catalog.sizes(), shape, PlacementPolicy::kBalanced, 1, capacity);
-    ShuffleConfig shuffle;
-    shuffle.seed = 5;
-    planner = std::make_unique<EpochPlanner>(shape, placement, shuffle);
-    context = SchedulerContext{&catalog, &placement, planner.get(), 0, prefetch, window, 7, storage, readahead};
-  }
+            double resident_share, StorageFetcher* storage, std::uint32_t readahead = 0)
+      : SchedulerWorld(11, n, nodes, batch, prefetch, window, resident_share, storage, readahead) {}
 
   proto::Tier expected_tier(SampleId id) const {
     if (!placement.is_resident(id)) return proto::Tier::kStorage;

@@ -11,6 +11,7 @@
 
 #include "common/rng.h"
 #include "server/trainer_scheduler.h"
+#include "tests/unit/scheduler_world.h"
 
 namespace shardmix {
 namespace {
@@ -34,36 +35,12 @@ struct FakeFetcher : PeerFetcher {
   }
 };
 
-struct RecordingSink : FrameSink {
-  std::vector<proto::BatchFrame> batches;
-  std::vector<proto::EpochStats> ends;
-  std::vector<Status> errors;
-  void send_batch(const proto::BatchFrame& b) override { batches.push_back(b); }
-  void send_epoch_end(const proto::EpochStats& s) override { ends.push_back(s); }
-  void send_error(const Status& s) override { errors.push_back(s); }
-};
+using test_support::RecordingSink;
 
-struct World {
-  Catalog catalog;
-  PlanShape shape;
-  Placement placement;
-  std::unique_ptr<EpochPlanner> planner;
-  SchedulerContext context;
-
-  World(std::size_t n, std::uint32_t nodes, std::uint32_t batch, std::uint32_t prefetch, std::uint32_t window = 0) {
-    std::vector<CatalogEntry> entries;
-    Rng rng(3);
-    for (std::size_t i = 0; i < n; ++i) {
-      entries.push_back({fmt::format("s{}", i), 100 + rng.below(5000), static_cast<std::int32_t>(i % 7)});
-    }
-    catalog = std::move(Catalog::from_entries(std::move(entries), {}).value());
-    shape = make_plan_shape(n, JobShape{nodes, 1, batch, false});
-    placement = make_placement(catalog.sizes(), shape, PlacementPolicy::kBalanced, 1);
-    ShuffleConfig shuffle;
-    shuffle.seed = 5;
-    planner = std::make_unique<EpochPlanner>(shape, placement, shuffle);
-    context = SchedulerContext{&catalog, &placement, planner.get(), 0, prefetch, window, 7};
-  }
+// The scheduler tests' job (scheduler_world.h): catalog seed 3, everything resident.
+struct World : test_support::SchedulerWorld {
+  World(std::size_t n, std::uint32_t nodes, std::uint32_t batch, std::uint32_t prefetch, std::uint32_t window = 0)
+      : SchedulerWorld(3, n, nodes, batch, prefetch, window) {}
 };
 
 TEST(TrainerScheduler, DeliversThePlanInOrderWithCredits) {
