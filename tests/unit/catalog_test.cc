@@ -1,4 +1,5 @@
 #include "common/catalog.h"
+#include "tests/unit/catalog_support.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -62,16 +63,7 @@ class CatalogTest : public ::testing::Test {
   fs::path dir_;
 };
 
-// Scans with `nranks` ranks, passes every part through the allgather encoding, merges.
-Result<Catalog> scan_all(const DatasetConfig& dataset, int nranks) {
-  std::vector<ScanResult> parts;
-  for (int rank = 0; rank < nranks; ++rank) {
-    SHARDMIX_ASSIGN_OR_RETURN(ScanResult part, scan_partition(dataset, rank, nranks));
-    SHARDMIX_ASSIGN_OR_RETURN(ScanResult decoded, deserialize_scan(serialize_scan(part)));
-    parts.push_back(std::move(decoded));
-  }
-  return merge_scans(dataset, std::move(parts));
-}
+using test_support::scan_all;
 
 std::vector<std::string> paths_of(const Catalog& c) {
   std::vector<std::string> out;

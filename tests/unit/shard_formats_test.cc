@@ -14,6 +14,7 @@
 #include <rapidcheck/gtest.h>
 
 #include "common/catalog.h"
+#include "tests/unit/catalog_support.h"
 #include "server/sample_reader.h"
 
 namespace shardmix {
@@ -408,15 +409,7 @@ class ShardDatasetTest : public ::testing::Test {
   fs::path dir_;
 };
 
-Result<Catalog> scan_all(const DatasetConfig& dataset, int nranks) {
-  std::vector<ScanResult> parts;
-  for (int rank = 0; rank < nranks; ++rank) {
-    SHARDMIX_ASSIGN_OR_RETURN(ScanResult part, scan_partition(dataset, rank, nranks));
-    SHARDMIX_ASSIGN_OR_RETURN(ScanResult decoded, deserialize_scan(serialize_scan(part)));
-    parts.push_back(std::move(decoded));
-  }
-  return merge_scans(dataset, std::move(parts));
-}
+using test_support::scan_all;
 
 std::vector<std::pair<std::string, std::int32_t>> read_all(const Catalog& c, const DatasetConfig& d) {
   std::vector<std::pair<std::string, std::int32_t>> out;
