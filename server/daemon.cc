@@ -21,6 +21,7 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "common/catalog.h"
@@ -716,8 +717,10 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   FabricFetcher fetcher(io, fabric, staging_region, slow_peer);
   // The storage tier: cold samples are read by the daemon whose trainer needs them (the
   // dataset is on a file system every node sees), with completions on the io thread.
+  // fault.peer_death = degrade needs it too: a dead peer's samples are read from storage.
+  const bool degrade = config.fault.peer_death == "degrade";
   std::unique_ptr<StorageReaderPool> storage_readers;
-  if (placement.total_cold_samples() > 0) {
+  if (placement.total_cold_samples() > 0 || degrade) {
     storage_readers = std::make_unique<StorageReaderPool>(
         catalog, config.dataset, (*staging)->data(), config.service.loader_threads,
         [&io](std::function<void()> f) { boost::asio::post(io, std::move(f)); }, config.inject.storage_delay);
@@ -732,6 +735,8 @@ int run_daemon(const Config& config, MpiSession& mpi) {
                                     config.service.prefetch, config.shuffle.window, catalog.num_classes(),
                                     storage_readers.get(), config.service.cold_readahead_batches};
   served.context.redealt = redealt ? &*redealt : nullptr;
+  served.context.degrade_dead_peers = degrade;
+  served.context.rerouted_samples = telemetry.rerouted_samples();
   served.plan_digest = digest;
   served.seed = config.shuffle.seed;
   served.shape = &shape;
@@ -822,6 +827,20 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     std::fflush(nullptr);
     std::_Exit(1);
   };
+  // fault.peer_death = degrade: report the death once and let every scheduler read the
+  // dead peer's samples from storage; keep serving (docs/decisions/0026, "degrade").
+  std::optional<PeerMonitor::Failure> degraded;
+  auto on_dead_peer = [&](const PeerMonitor::Failure& dead) {
+    if (!degrade) stop_for_dead_peer(dead);
+    if (degraded) return;
+    degraded = dead;
+    const std::string host = dead.rank < hosts->size() ? to_string((*hosts)[dead.rank]) : "?";
+    log->error("daemon rank {} (host {}) is dead or unreachable: {}; degraded mode: its samples are read from "
+               "storage from now on and its trainers are gone (fault.peer_death = degrade)",
+               dead.rank, host, dead.reason);
+    telemetry.peer_degraded(dead.rank);
+    service->peer_dead(dead.rank);
+  };
   // The main thread is idle while serving: it carries the telemetry (MPI stays on it) and
   // the failure detector.
   log->info("watching {} peer daemons: a heartbeat every {} ms, dead after {:.1f} s without an answer "
@@ -830,11 +849,11 @@ int run_daemon(const Config& config, MpiSession& mpi) {
             std::chrono::duration<double>(monitor.timeout()).count(), config.fault.peer_death);
   while (!stop.wait_for(std::chrono::milliseconds(100))) {
     pump.pump();
-    if (auto dead = monitor.poll()) stop_for_dead_peer(*dead);
+    if (auto dead = monitor.poll()) on_dead_peer(*dead);
   }
   // A stop signal may follow a peer's death (mpirun stops the job when a rank dies): then
   // the trainers are told which rank died, not only that we were stopped.
-  if (auto dead = monitor.poll()) stop_for_dead_peer(*dead);
+  if (auto dead = monitor.poll()) on_dead_peer(*dead);
 
   // 8. Drain: stop serving, then wait for every peer while still progressing the fabric,
   //    so no peer's read of our arena is left hanging.
@@ -851,6 +870,20 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   if (rank == 0) ::unlink(ready_path.c_str());
   ::unlink(token_path.c_str());
   pump.finish(std::chrono::seconds(10));
+  if (degraded) {
+    // A dead rank never reaches the shutdown barrier, and MPI_Finalize would wait for it:
+    // a degraded daemon leaves without either. A surviving peer still reading our arena
+    // then sees its reads fail and reads those samples from storage (degraded mode).
+    // Exit status 0: every trainer of ours was served; the death is reported above, in
+    // telemetry (shardmix_degraded_peers) and by mpirun's own status for the dead rank.
+    log->error("exiting with status 0 in degraded mode: daemon rank {} died; {} samples were read from storage "
+               "instead of a dead peer",
+               degraded->rank, telemetry.rerouted_samples()->load());
+    if (storage_readers) storage_readers->stop();
+    spdlog::apply_all([](const std::shared_ptr<spdlog::logger>& l) { l->flush(); });
+    std::fflush(nullptr);
+    std::_Exit(0);
+  }
   // A peer that dies now would never reach the barrier: keep watching while waiting. A
   // failure must persist for a second, so a peer that left the barrier first and closed
   // its endpoint is not mistaken for a dead one.
@@ -861,6 +894,15 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     const auto now = std::chrono::steady_clock::now();
     if (!failing_since) failing_since = now;
     if (now - *failing_since < std::chrono::seconds(1)) return Status::ok_status();
+    if (degrade) {
+      // A peer that died after we stopped serving: no trainer of ours needs it any more.
+      log->error("daemon rank {} died during shutdown: {}; leaving without the barrier (fault.peer_death = "
+                 "degrade), exit status 0",
+                 dead->rank, dead->reason);
+      spdlog::apply_all([](const std::shared_ptr<spdlog::logger>& l) { l->flush(); });
+      std::fflush(nullptr);
+      std::_Exit(0);
+    }
     stop_for_dead_peer(*dead);
     return Status::ok_status();
   });
