@@ -24,6 +24,8 @@
 #include <optional>
 #include <thread>
 
+#include <fmt/ranges.h>
+
 #include "common/catalog.h"
 #include "common/epoch_plan.h"
 #include "common/fabric/fabric.h"
@@ -274,6 +276,14 @@ class TelemetryPump {
     if (stats_ != nullptr) std::fclose(stats_);
   }
 
+  // Degraded mode: `rank` is dead. Rank 0 no longer waits for its last statistics; if it
+  // is rank 0 itself, the others stop sending (a blocking MPI_Send to a dead rank may never
+  // return) and keep their statistics local (Prometheus file, log).
+  void peer_dead(int rank) {
+    if (rank == 0) rank0_dead_ = true;
+    ++dead_ranks_;
+  }
+
   // While serving: forward or merge what finished since the last call.
   void pump() {
     bool changed = false;
@@ -281,7 +291,7 @@ class TelemetryPump {
       changed = true;
       if (mpi_.rank() == 0) {
         aggregator_.add(r);
-      } else {
+      } else if (!rank0_dead_) {
         Status s = mpi_.send(0, kTagTrainerEpoch, std::span(reinterpret_cast<const std::uint8_t*>(&r), sizeof(r)));
         if (!s.ok()) log_->warn("sending epoch {} of trainer {} to rank 0: {}", r.stats.epoch, r.trainer_rank, s.to_string());
       }
@@ -302,16 +312,23 @@ class TelemetryPump {
   void finish(std::chrono::seconds timeout) {
     pump();
     if (mpi_.rank() != 0) {
+      if (rank0_dead_) {
+        telemetry_.set_serving(false);
+        write_prometheus();
+        return;
+      }
       Status s = mpi_.send(0, kTagTelemetryDone, {});
       if (!s.ok()) log_->warn("telling rank 0 that telemetry is done: {}", s.to_string());
     } else {
       const auto deadline = std::chrono::steady_clock::now() + timeout;
-      while (done_ranks_ + 1 < mpi_.size() && std::chrono::steady_clock::now() < deadline) {
+      // Dead ranks (degraded mode) send nothing more.
+      const int expected = mpi_.size() - 1 - dead_ranks_;
+      while (done_ranks_ < expected && std::chrono::steady_clock::now() < deadline) {
         if (!receive_waiting()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
-      if (done_ranks_ + 1 < mpi_.size()) {
-        log_->warn("{} of {} daemons did not send their last statistics within {} s", mpi_.size() - 1 - done_ranks_,
-                   mpi_.size() - 1, timeout.count());
+      if (done_ranks_ < expected) {
+        log_->warn("{} of {} daemons did not send their last statistics within {} s", expected - done_ranks_,
+                   expected, timeout.count());
       }
       for (const JobEpochStats& j : aggregator_.take_complete()) write(j);
       for (const JobEpochStats& j : aggregator_.flush()) write(j);
@@ -376,6 +393,8 @@ class TelemetryPump {
   std::FILE* stats_ = nullptr;
   std::chrono::steady_clock::time_point next_prometheus_;
   int done_ranks_ = 0;
+  int dead_ranks_ = 0;        // degraded mode: peers declared dead
+  bool rank0_dead_ = false;   // degraded mode: rank 0 is one of them
   bool prometheus_failed_ = false;
 };
 
@@ -827,18 +846,24 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     std::fflush(nullptr);
     std::_Exit(1);
   };
-  // fault.peer_death = degrade: report the death once and let every scheduler read the
-  // dead peer's samples from storage; keep serving (docs/decisions/0026, "degrade").
-  std::optional<PeerMonitor::Failure> degraded;
+  // fault.peer_death = degrade: report each death once and keep serving (decisions 0026,
+  // 0032): the fabric stops reading the dead peer (tcp;ofi_rxm would answer -FI_EAGAIN to
+  // every read of it forever), every scheduler reads its samples from storage, and the
+  // detector goes on watching the others.
+  std::vector<std::uint32_t> degraded;  // dead peers, in the order they were found
   auto on_dead_peer = [&](const PeerMonitor::Failure& dead) {
     if (!degrade) stop_for_dead_peer(dead);
-    if (degraded) return;
-    degraded = dead;
     const std::string host = dead.rank < hosts->size() ? to_string((*hosts)[dead.rank]) : "?";
     log->error("daemon rank {} (host {}) is dead or unreachable: {}; degraded mode: its samples are read from "
                "storage from now on and its trainers are gone (fault.peer_death = degrade)",
                dead.rank, host, dead.reason);
+    degraded.push_back(dead.rank);
+    fabric.fail_peer(static_cast<int>(dead.rank),
+                     make_error(StatusCode::kUnavailable, "daemon rank {} was declared dead: {}", dead.rank,
+                                dead.reason));
+    monitor.forget(dead.rank);
     telemetry.peer_degraded(dead.rank);
+    pump.peer_dead(static_cast<int>(dead.rank));
     service->peer_dead(dead.rank);
   };
   // The main thread is idle while serving: it carries the telemetry (MPI stays on it) and
@@ -848,12 +873,12 @@ int run_daemon(const Config& config, MpiSession& mpi) {
             nodes - 1, std::chrono::duration_cast<std::chrono::milliseconds>(monitor.interval()).count(),
             std::chrono::duration<double>(monitor.timeout()).count(), config.fault.peer_death);
   while (!stop.wait_for(std::chrono::milliseconds(100))) {
+    while (auto dead = monitor.poll()) on_dead_peer(*dead);  // degrade: forget() clears it
     pump.pump();
-    if (auto dead = monitor.poll()) on_dead_peer(*dead);
   }
   // A stop signal may follow a peer's death (mpirun stops the job when a rank dies): then
   // the trainers are told which rank died, not only that we were stopped.
-  if (auto dead = monitor.poll()) on_dead_peer(*dead);
+  while (auto dead = monitor.poll()) on_dead_peer(*dead);
 
   // 8. Drain: stop serving, then wait for every peer while still progressing the fabric,
   //    so no peer's read of our arena is left hanging.
@@ -870,15 +895,15 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   if (rank == 0) ::unlink(ready_path.c_str());
   ::unlink(token_path.c_str());
   pump.finish(std::chrono::seconds(10));
-  if (degraded) {
+  if (!degraded.empty()) {
     // A dead rank never reaches the shutdown barrier, and MPI_Finalize would wait for it:
     // a degraded daemon leaves without either. A surviving peer still reading our arena
     // then sees its reads fail and reads those samples from storage (degraded mode).
     // Exit status 0: every trainer of ours was served; the death is reported above, in
     // telemetry (shardmix_degraded_peers) and by mpirun's own status for the dead rank.
-    log->error("exiting with status 0 in degraded mode: daemon rank {} died; {} samples were read from storage "
+    log->error("exiting with status 0 in degraded mode: daemon rank{} {} died; {} samples were read from storage "
                "instead of a dead peer",
-               degraded->rank, telemetry.rerouted_samples()->load());
+               degraded.size() > 1 ? "s" : "", fmt::join(degraded, ", "), telemetry.rerouted_samples()->load());
     if (storage_readers) storage_readers->stop();
     spdlog::apply_all([](const std::shared_ptr<spdlog::logger>& l) { l->flush(); });
     std::fflush(nullptr);
