@@ -47,7 +47,9 @@ std::optional<PeerMonitor::Failure> PeerMonitor::poll(Clock::time_point now) {
           const double seconds = std::chrono::duration<double>(now - p.posted).count();
           state_->fail(r, fmt::format("no answer to a heartbeat read for {:.1f} s (fault.peer_timeout = {:.1f} s)",
                                       seconds, std::chrono::duration<double>(timeout_).count()));
-          return state_->failure;
+          // No early return: heartbeats already marked outstanding in this pass must still
+          // be posted, or (degraded mode, where watching goes on) a live peer would be
+          // declared dead a timeout later for a heartbeat that was never sent.
         }
         continue;
       }

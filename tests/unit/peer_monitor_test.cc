@@ -129,5 +129,28 @@ TEST(PeerMonitorTest, AForgottenPeerIsNotWatchedAndTheNextFailureIsReported) {
   EXPECT_EQ(dead->rank, 2u);
 }
 
+TEST(PeerMonitorTest, TheHeartbeatsDueWhenAPeerTimesOutAreStillSent) {
+  // Rank 2 goes silent; rank 0's heartbeat falls due in the very poll that declares rank
+  // 2 dead. It must still be posted: after forget(2) a live rank 0 is never declared dead.
+  FakeHeartbeats hb;
+  PeerMonitor monitor(1, 3, 1s, hb.hook());
+  ASSERT_EQ(monitor.interval(), 100ms);
+  const Clock::time_point t0{};
+  std::optional<PeerMonitor::Failure> dead;
+  auto t = t0;
+  for (; !dead && t < t0 + 5s; t += 100ms) {
+    dead = monitor.poll(t);
+    hb.answer(0);
+  }
+  ASSERT_TRUE(dead.has_value());
+  ASSERT_EQ(dead->rank, 2u);
+  monitor.forget(2);
+  for (; t < t0 + 10s; t += 100ms) {
+    auto again = monitor.poll(t);
+    ASSERT_FALSE(again.has_value()) << "live rank " << again->rank << " declared dead: " << again->reason;
+    hb.answer(0);
+  }
+}
+
 }  // namespace
 }  // namespace shardmix
