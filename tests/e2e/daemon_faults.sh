@@ -21,7 +21,9 @@
 #              traces equal those of a fault-free reference run of the same job (same plan,
 #              W = 0: every planned sample once, in planned order, same bytes; the reference
 #              is checked against the files), some of rank 2's samples came from storage,
-#              the survivors log degraded mode naming rank 2 and exit 0 on SIGTERM.
+#              the survivors log degraded mode naming rank 2 (and never call a live rank
+#              dead), report it in their Prometheus files (shardmix_degraded_peers 1), and
+#              exit 0 on SIGTERM without the barrier that would wait for rank 2.
 # The peer cases run mpirun with --enable-recovery: without it Open MPI's mpirun itself
 # kills the whole job about a second after a rank dies (measured; docs/operations.md),
 # and the survivor's own detection is what is under test here.
@@ -307,7 +309,7 @@ case_peer_dead_degrade() {
   ((rc == 0)) || fail "the reference daemons exited $rc"
   : >"$tmp/daemons.log"
   # The degraded run: daemon 2 dies while the trainers are past epoch 0.
-  run_three "$run" "$tmp/trace-deg"
+  run_three "$run" "$tmp/trace-deg" --set "telemetry.prometheus_file=$tmp/deg{rank}.prom"
   wait_until 60 "trainer 0 past epoch 0" has "$tmp/t0.log" "epoch 0:"
   d0=$(daemon_pid "$run" 0)
   d1=$(daemon_pid "$run" 1)
@@ -352,6 +354,14 @@ PY
   wait_until 60 "the surviving daemons to exit" gone "$d1"
   [[ $(grep -c "exiting with status 0 in degraded mode: daemon rank 2 died" "$tmp/daemons.log") == 2 ]] ||
     fail "not both survivors exited in degraded mode naming rank 2"
+  # The bug this case caught once: reads to the dead rank stalled those between survivors
+  # until one declared the other, live, dead (decision 0032).
+  has "$tmp/daemons.log" "daemon rank [01] (host .*) is dead or unreachable" && fail "a live daemon was declared dead"
+  for r in 0 1; do
+    has "$tmp/deg$r.prom" "^shardmix_degraded_peers{.*} 1$" || fail "daemon $r's Prometheus file lacks shardmix_degraded_peers 1"
+    grep -q "^shardmix_dead_peer_storage_samples_total{.*} [1-9]" "$tmp/deg$r.prom" ||
+      fail "daemon $r's Prometheus file counts no sample read from storage for the dead peer"
+  done
   wait_exit "$mpirun_pid" 60 "mpirun"
   echo "$SM_PROG: $CASE: mpirun --enable-recovery exited $rc"
 }
