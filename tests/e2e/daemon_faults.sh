@@ -24,6 +24,8 @@
 #              the survivors log degraded mode naming rank 2 (and never call a live rank
 #              dead), report it in their Prometheus files (shardmix_degraded_peers 1), and
 #              exit 0 on SIGTERM without the barrier that would wait for rank 2.
+#   peer_hung_degrade  the same with SIGSTOP of daemon 2 (a hung node): found by
+#              fault.peer_timeout (3 s); its reads in flight never complete.
 # The peer cases run mpirun with --enable-recovery: without it Open MPI's mpirun itself
 # kills the whole job about a second after a rank dies (measured; docs/operations.md),
 # and the survivor's own detection is what is under test here.
@@ -294,8 +296,10 @@ run_three() {
     t+=($!)
   done
 }
-case_peer_dead_degrade() {
-  local ref=$tmp/rref run=$tmp/rdeg d0 d1 d2 r
+# degrade_case SIGNAL: the reference run, then the same job with daemon 2 sent SIGNAL
+# (KILL: a dead process; STOP: a hung node, whose reads in flight never complete).
+degrade_case() {
+  local signal=$1 ref=$tmp/rref run=$tmp/rdeg d0 d1 d2 r
   # The reference: the same job without a fault (its traces are checked against the files).
   run_three "$ref" "$tmp/trace-ref"
   for r in 0 1 2; do
@@ -315,22 +319,27 @@ case_peer_dead_degrade() {
   d1=$(daemon_pid "$run" 1)
   d2=$(daemon_pid "$run" 2)
   has "$tmp/t0.log" "epoch $((epochs - 1)):" && fail "trainer 0 finished before the fault (make the epochs slower)"
-  kill -KILL "$d2"
+  kill -"$signal" "$d2"
   for r in 0 1; do
     wait_exit "${t[$r]}" 120 "surviving trainer $r"
     ((rc == 0)) || fail "surviving trainer $r failed (exit $rc): $(tail -n 2 "$tmp/t$r.log")"
   done
-  wait_exit "${t[2]}" 60 "trainer 2 (its daemon was killed)"
-  ((rc != 0)) || fail "trainer 2 exited 0 although its daemon was killed"
+  if [[ $signal == KILL ]]; then
+    wait_exit "${t[2]}" 60 "trainer 2 (its daemon was killed)"
+    ((rc != 0)) || fail "trainer 2 exited 0 although its daemon was killed"
+  else
+    # Its daemon is stopped, not dead: trainer 2 waits for it (no client-side timeout).
+    kill -KILL "${t[2]}"
+  fi
   has "$tmp/daemons.log" "daemon rank 2 (host .*) is dead or unreachable: .*degraded mode" ||
     fail "no survivor logged degraded mode naming daemon rank 2"
   [[ $(grep -c "\]\[daemon\] daemon rank 2 (host .*) is dead or unreachable: .*degraded mode" "$tmp/daemons.log") -le 2 ]] ||
     fail "degraded mode logged more than once per survivor"
   # Every sample planned for trainers 0 and 1: once, in planned order, same bytes as the
   # reference (the same plan); some of rank 2's came from storage.
-  "$python" - "$tmp/trace-ref" "$tmp/trace-deg" <<'PY' || fail "the survivors' traces differ from the plan"
+  "$python" - "$tmp/trace-ref" "$tmp/trace-deg" "$CASE" <<'PY' || fail "the survivors' traces differ from the plan"
 import csv, sys
-ref_dir, deg_dir = sys.argv[1:3]
+ref_dir, deg_dir, case = sys.argv[1:4]
 storage_from_dead = 0
 for r in (0, 1):
     def rows(d):
@@ -346,8 +355,8 @@ for r in (0, 1):
     storage_from_dead += sum(1 for x in deg if x["tier"] == "storage" and x["owner"] == "2")
 if storage_from_dead == 0:
     sys.exit("no sample of the dead rank 2 was read from storage: the fault did not hit a read")
-print("daemon_faults: peer_dead_degrade: %d samples of rank 2 came from storage; traces equal the plan"
-      % storage_from_dead)
+print("daemon_faults: %s: %d samples of rank 2 came from storage; traces equal the plan"
+      % (case, storage_from_dead))
 PY
   kill -TERM "$d0" "$d1"
   wait_until 60 "the surviving daemons to exit" gone "$d0"
@@ -362,12 +371,15 @@ PY
     grep -q "^shardmix_dead_peer_storage_samples_total{.*} [1-9]" "$tmp/deg$r.prom" ||
       fail "daemon $r's Prometheus file counts no sample read from storage for the dead peer"
   done
+  [[ $signal == KILL ]] || kill -KILL "$d2"  # the hung daemon never leaves by itself
   wait_exit "$mpirun_pid" 60 "mpirun"
   echo "$SM_PROG: $CASE: mpirun --enable-recovery exited $rc"
 }
+case_peer_dead_degrade() { degrade_case KILL; }
+case_peer_hung_degrade() { degrade_case STOP; }
 
 cases=("$@")
-((${#cases[@]})) || cases=(load epoch killed peer_dead peer_hung peer_dead_degrade)
+((${#cases[@]})) || cases=(load epoch killed peer_dead peer_hung peer_dead_degrade peer_hung_degrade)
 for CASE in "${cases[@]}"; do
   declare -F "case_$CASE" >/dev/null || sm_die "unknown case '$CASE'" 2
   reset
