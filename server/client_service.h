@@ -127,8 +127,8 @@ class ClientService {
   std::vector<std::weak_ptr<TrainerConnection>> trainer_connection_;
   std::set<std::shared_ptr<TrainerConnection>> connections_;
   bool listening_ = false;
-  std::set<std::uint64_t> reported_epochs_;
-  std::vector<std::uint32_t> dead_peers_;  // io thread: peers declared dead (degraded mode)  // epochs whose choice report_epoch_choice logged
+  std::set<std::uint64_t> reported_epochs_;  // epochs whose choice report_epoch_choice logged
+  std::vector<std::uint32_t> dead_peers_;    // io thread: peers declared dead (degraded mode)
 };
 
 }  // namespace shardmix

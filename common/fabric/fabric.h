@@ -86,7 +86,8 @@ class Fabric {
   // fi_read to a peer whose connection broke with -FI_EAGAIN forever (it reconnects on
   // every call and the connect is refused; decision 0032). Reads already posted to it stay
   // with the provider until it completes them (their target memory may still be written),
-  // but no longer count against max_outstanding_reads. Safe from any thread.
+  // but no longer count against max_outstanding_reads. `why` must be an error (an ok
+  // status or an unknown rank is ignored). Safe from any thread.
   void fail_peer(int peer, Status why);
 
   FabricStats stats() const;

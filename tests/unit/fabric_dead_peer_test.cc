@@ -55,10 +55,7 @@ struct Node {
 class FabricDeadPeerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    FabricOptions options;
-    options.provider = "tcp";
-    options.interface = "lo";
-    options.max_outstanding_reads = 4;
+    const FabricOptions options{.provider = "tcp", .interface = "lo", .max_outstanding_reads = 4};
     nodes_.resize(3);
     std::vector<std::vector<std::uint8_t>> blobs;
     for (int rank = 0; rank < 3; ++rank) {
