@@ -22,27 +22,31 @@ namespace {
 constexpr std::size_t kExposed = 64 * 1024;
 constexpr auto kTimeout = std::chrono::seconds(20);
 
-// One read's outcome, waited for from the test thread.
+// One read's outcome, waited for from the test thread. The callback shares the state, so
+// a read that completes after a failed assertion ended the test writes to live memory.
 class Outcome {
  public:
   ReadCallback callback() {
-    return [this](const Status& status) {
-      std::lock_guard lock(mutex_);
-      status_ = status;
-      cv_.notify_all();
+    return [state = state_](const Status& status) {
+      std::lock_guard lock(state->mutex);
+      state->status = status;
+      state->cv.notify_all();
     };
   }
   // nullopt when the read did not complete within kTimeout.
   std::optional<Status> wait() {
-    std::unique_lock lock(mutex_);
-    if (!cv_.wait_for(lock, kTimeout, [&] { return status_.has_value(); })) return std::nullopt;
-    return status_;
+    std::unique_lock lock(state_->mutex);
+    if (!state_->cv.wait_for(lock, kTimeout, [&] { return state_->status.has_value(); })) return std::nullopt;
+    return state_->status;
   }
 
  private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::optional<Status> status_;
+  struct State {
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::optional<Status> status;
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
 struct Node {
@@ -83,6 +87,12 @@ class FabricDeadPeerTest : public ::testing::Test {
       ASSERT_TRUE(status.has_value()) << "read from live peer " << peer << " did not complete";
       ASSERT_TRUE(status->ok()) << status->to_string();
     }
+  }
+
+  // Every fabric stops (its progress thread may still be serving a peer's read of
+  // `exposed`, or landing one in `target`) before any buffer is freed.
+  void TearDown() override {
+    for (Node& node : nodes_) node.fabric.reset();
   }
 
   void read_from(int peer, std::size_t target_slot, Outcome& outcome) {
