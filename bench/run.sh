@@ -45,13 +45,15 @@ fi
 "$torch_python" -c 'import torch' 2>/dev/null || { echo "run.sh: $torch_python has no torch (apt-get install python3-torch)" >&2; exit 2; }
 
 # Sizes. Full: comparison 1 at the 16,384 samples, 4 epochs per run (epoch 0 is the
-# warm-up, 1..3 are the three measured repetitions). Quick: a quarter of the samples,
-# 1 and 4 nodes, 3 epochs (2 measured).
+# warm-up, 1..3 are measured); ShardMix and the limits it is held against are measured
+# REPEAT times, interleaved (limits, then ShardMix, again), so that a ratio does not hinge
+# on the load of one moment. Quick: a quarter of the samples, 1 and 4 nodes, 3 epochs
+# (2 measured), one repetition.
 if ((quick)); then
-  samples=4096 epochs=3 nodes_list="1 4" providers="tcp shm" fi_seconds=1 passes=3
+  samples=4096 epochs=3 repeat=1 nodes_list="1 4" providers="tcp shm" fi_seconds=1 passes=3
   small_samples=16384 large_samples=512 torch_configs_small="0:default 0:concat"
 else
-  samples=16384 epochs=4 nodes_list="1 2 4" providers="tcp shm" fi_seconds=3 passes=5
+  samples=16384 epochs=4 repeat=3 nodes_list="1 2 4" providers="tcp shm" fi_seconds=3 passes=5
   small_samples=65536 large_samples=2048 torch_configs_small="0:default 0:concat 2:concat"
 fi
 torch_configs="0:default 0:concat 1:default 1:concat 2:default 2:concat"
@@ -80,7 +82,8 @@ raw=$work/raw.jsonl
 # keep PREFIX < FILE: the 'JSON {...}' lines of FILE, each with PREFIX's fields added.
 # The load average when the lines are kept goes with them (the machine is shared).
 loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
-keep() { local la; la=$(loadavg); grep '^JSON ' | sed "s/^JSON {/{\"loadavg\": \"$la\", $1, /" >>"$raw"; }
+rep=0  # the repetition the kept lines belong to
+keep() { local la; la=$(loadavg); grep '^JSON ' | sed "s/^JSON {/{\"loadavg\": \"$la\", \"rep\": $rep, $1, /" >>"$raw"; }
 log() { echo "== [$(date -u +%H:%M:%S), load $(loadavg)] $*"; }
 echo "{\"phase_loadavg\": \"$(loadavg)\", \"phase\": \"start\"}" >>"$raw"
 
@@ -146,7 +149,7 @@ path = "$data"
 [batch]
 size = 32
 [shuffle]
-seed = 1
+seed = $((rep + 1))
 exchange_fraction = $q
 [fabric]
 provider = "$provider"
@@ -162,25 +165,29 @@ TOML
 }
 
 # ---- comparison 1: delivered throughput, mixed sizes
-limits "$mixed" mixed 2048 --median-kib 112 --lognormal-sigma 0.5
 posix "$mixed" mixed
 for n in $nodes_list; do
   torch_runs "$mixed" mixed "$n" "$torch_configs" dropped warm
 done
-for provider in $providers; do
-  for n in $nodes_list; do
-    # Q=0: local delivery (trainers copy each sample out, as memcpy and in-place do). Q=1:
-    # global shuffle, copying trainers, and views only (delivery alone, as raw fi_read).
-    # With one node Q has nothing to exchange: Q=0 only.
-    shardmix "$mixed" mixed "$provider" "$n" 0 copy warm
-    shardmix "$mixed" mixed "$provider" "$n" 0 copy dropped
-    if ((n > 1)); then
-      shardmix "$mixed" mixed "$provider" "$n" 1 copy warm
-      shardmix "$mixed" mixed "$provider" "$n" 1 copy dropped
-      shardmix "$mixed" mixed "$provider" "$n" 1 none warm
-    fi
+for ((rep = 0; rep < repeat; rep++)); do
+  log "repetition $((rep + 1))/$repeat of the limits and ShardMix"
+  limits "$mixed" mixed 2048 --median-kib 112 --lognormal-sigma 0.5
+  for provider in $providers; do
+    for n in $nodes_list; do
+      # Q=0: local delivery (trainers copy each sample out, as memcpy and in-place do). Q=1:
+      # global shuffle, copying trainers, and views only (delivery alone, as raw fi_read).
+      # With one node Q has nothing to exchange: Q=0 only.
+      shardmix "$mixed" mixed "$provider" "$n" 0 copy warm
+      shardmix "$mixed" mixed "$provider" "$n" 0 copy dropped
+      if ((n > 1)); then
+        shardmix "$mixed" mixed "$provider" "$n" 1 copy warm
+        shardmix "$mixed" mixed "$provider" "$n" 1 copy dropped
+        shardmix "$mixed" mixed "$provider" "$n" 1 none warm
+      fi
+    done
   done
 done
+rep=0
 
 # ---- comparison 3: small and large samples, 4 daemons (the largest node count), warm
 big_n=${nodes_list##* }
@@ -226,4 +233,4 @@ mkdir -p "$out_dir"
 cp "$raw" "$out_dir/latest-raw.jsonl"
 /usr/bin/python3 "$here/suite_report.py" --raw "$raw" --out-dir "$out_dir" --command "$command_line" \
   --quick "$quick" --samples "$samples" --small-samples "$small_samples" --large-samples "$large_samples" \
-  --epochs "$epochs" --repo "$repo" "${parts[@]}"
+  --epochs "$epochs" --repeat "$repeat" --repo "$repo" "${parts[@]}"

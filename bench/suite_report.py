@@ -67,7 +67,11 @@ def epoch_rates(rows):
 
 
 def rate_entry(rows):
-    rates = epoch_rates(rows)
+    """Epoch rates of every repetition (each rep's epochs are separate runs), pooled."""
+    by_rep = defaultdict(list)
+    for r in rows:
+        by_rep[r.get("rep", 0)].append(r)
+    rates = [rate for rep in sorted(by_rep) for rate in epoch_rates(by_rep[rep])]
     if not rates:
         return None
     return {"samples_per_s": summary([r[0] for r in rates]), "gbps": summary([r[1] for r in rates]),
@@ -80,21 +84,18 @@ def aggregate(rows):
                                "dataloader": defaultdict(lambda: defaultdict(dict)),
                                "shardmix": defaultdict(lambda: defaultdict(dict))})
     groups = defaultdict(list)
+    limits = defaultdict(list)
     for r in rows:
         ds = r.get("dataset")
         if ds is None:
             continue
         bench = r.get("bench")
         if bench == "memcpy" and r.get("threads") == 1:
-            res[ds]["memcpy_1t"] = {"gbps": {"median": r["gbps_median"], "min": r["gbps_min"], "max": r["gbps_max"]},
-                                    "samples_per_s": r["samples_per_s_median"]}
+            limits[("memcpy", ds)].append(r)
         elif bench == "inplace":
-            res[ds]["inplace"][str(r["processes"])] = {
-                "gbps": {"median": r["gbps_median"], "min": r["gbps_min"], "max": r["gbps_max"]},
-                "samples_per_s": r["samples_per_s_median"]}
+            limits[("inplace", ds, r["processes"])].append(r)
         elif bench == "fabric_read":
-            res[ds]["fi_read"][r["provider_run"]][str(r["ranks"])] = {"gbps": r["total_gbps"],
-                                                                    "ops_per_s": r["total_ops_per_s"]}
+            limits[("fi_read", ds, r["provider_run"], r["ranks"])].append(r)
         elif bench == "posix_reader":
             groups[("posix", ds, r["threads"], "dropped" if r["drop_caches"] else "warm")].append(r)
         elif bench == "torch":
@@ -102,6 +103,21 @@ def aggregate(rows):
                     f"{r['workers']}:{r['collate']}")].append(r)
         elif bench == "shardmix":
             groups[("shardmix", ds, r["provider"], r["nodes"], f"q{r['q']:g}_{r['touch']}_{r['cache']}")].append(r)
+    # The limits: one figure per repetition (memcpy and in-place: the median of its passes;
+    # raw fi_read: its timed phase); median, min and max over the repetitions.
+    for key, grp in limits.items():
+        if key[0] == "fi_read":
+            _, ds, provider, ranks = key
+            res[ds]["fi_read"][provider][str(ranks)] = {
+                "gbps": summary([x["total_gbps"] for x in grp]),
+                "ops_per_s": summary([x["total_ops_per_s"] for x in grp])}
+            continue
+        entry = {"gbps": summary([x["gbps_median"] for x in grp]),
+                 "samples_per_s": summary([x["samples_per_s_median"] for x in grp])}
+        if key[0] == "memcpy":
+            res[key[1]]["memcpy_1t"] = entry
+        else:
+            res[key[1]]["inplace"][str(key[2])] = entry
     for key, grp in groups.items():
         if key[0] == "posix":
             _, ds, threads, cache = key
@@ -162,9 +178,8 @@ def evaluate_targets(res):
                                f"ShardMix Q=0 GB/s vs {n} process(es) copying in place GB/s", provider=provider,
                                nodes=int(n)))
             if int(n) >= 2:
-                fi = d["fi_read"].get(provider, {}).get(n)
                 out.append(verdict("peer_vs_fi_read", med(v.get("q1_none_warm"), "peer_gbps"),
-                                   fi["gbps"] if fi else None,
+                                   med(d["fi_read"].get(provider, {}).get(n), "gbps"),
                                    f"ShardMix Q=1 views-only peer GB/s vs raw fi_read {n} ranks GB/s",
                                    provider=provider, nodes=int(n)))
         v = by_nodes[biggest]
@@ -216,15 +231,15 @@ def fmt_rate(e, unit="samples_per_s"):
     if not e or e.get(unit) is None:
         return "–"
     s = e[unit]
-    if unit == "samples_per_s":
+    if unit != "gbps":
         return f"{s['median']:,.0f} ({s['min']:,.0f}–{s['max']:,.0f})"
     return f"{s['median']:.2f} ({s['min']:.2f}–{s['max']:.2f})"
 
 
-def cell(e):
+def cell(e, unit="samples_per_s"):
     if not e:
         return "–"
-    return f"{fmt_rate(e)} · {med(e, 'gbps'):.2f} GB/s"
+    return f"{fmt_rate(e, unit)} · {med(e, 'gbps'):.2f} GB/s"
 
 
 def markdown(result):
@@ -234,8 +249,11 @@ def markdown(result):
              f"{meta['machine']['ram_gib']} GiB RAM, kernel {meta['machine']['kernel']} · commit "
              f"{meta['machine']['git_commit']} · `{meta['command']}` · load average at start / end: "
              f"{meta['loadavg_start']} / {meta['loadavg_end']}", "",
-             "Cells: samples/s median (min–max) over the measured epochs (epoch 0 excluded) · GB/s median. "
-             "Aggregate rates: all ranks' samples over the span from the first rank's start to the last rank's end.",
+             "Cells: samples/s median (min–max) · GB/s median. ShardMix: over the measured epochs (epoch 0 "
+             f"excluded) of {meta.get('repetitions', 1)} repetition(s); DataLoader and POSIX reader: over the "
+             "measured epochs of one run; memcpy, in-place, raw fi_read: over the repetitions (interleaved with "
+             "ShardMix's). Aggregate rates: all ranks' samples over the span from the first rank's start to the "
+             "last rank's end.",
              ""]
     d = res.get("mixed")
     if d:
@@ -261,17 +279,12 @@ def markdown(result):
                 e = d["posix"][threads].get(cache)
                 lines.append(f"| POSIX reader, {threads} threads (one process) | {cache} | {cell(e)} | "
                              + " | ".join("" for _ in nodes[1:]) + " |")
-        mc = d.get("memcpy_1t")
-        if mc:
-            lines.append(f"| memcpy, 1 thread | – | {mc['samples_per_s']:,.0f} · {mc['gbps']['median']:.2f} GB/s | "
-                         + " | ".join("" for _ in nodes[1:]) + " |")
-        lines.append("| in-place copy, N processes | – | " + " | ".join(
-            f"{d['inplace'][n]['samples_per_s']:,.0f} · {d['inplace'][n]['gbps']['median']:.2f} GB/s"
-            if n in d["inplace"] else "–" for n in nodes) + " |")
+        if d.get("memcpy_1t"):
+            lines.append(f"| memcpy, 1 thread | – | {cell(d['memcpy_1t'])} | " + " | ".join("" for _ in nodes[1:]) + " |")
+        lines.append("| in-place copy, N processes | – | " + " | ".join(cell(d["inplace"].get(n)) for n in nodes) + " |")
         for provider in sorted(d["fi_read"]):
-            lines.append(f"| raw fi_read {provider}, N ranks, qd 8 | – | " + " | ".join(
-                f"{d['fi_read'][provider][n]['ops_per_s']:,.0f} reads/s · {d['fi_read'][provider][n]['gbps']:.2f} GB/s"
-                if n in d["fi_read"][provider] else "–" for n in nodes) + " |")
+            lines.append(f"| raw fi_read {provider}, N ranks, qd 8 (reads/s) | – | " + " | ".join(
+                cell(d["fi_read"][provider].get(n), "ops_per_s") for n in nodes) + " |")
         lines += ["", "### Every DataLoader configuration (samples/s, median (min–max))", "",
                   "| workers:collate | page cache | " + " | ".join(f"{n} rank(s)" for n in nodes) + " |",
                   "|---|---|" + "---|" * len(nodes)]
@@ -314,13 +327,12 @@ def markdown(result):
             for threads, caches in d["posix"].items():
                 rows[f"POSIX reader, {threads} threads"][tag] = cell(caches.get("warm"))
             if d.get("memcpy_1t"):
-                rows["memcpy, 1 thread"][tag] = f"{d['memcpy_1t']['samples_per_s']:,.0f} · " \
-                                                 f"{d['memcpy_1t']['gbps']['median']:.2f} GB/s"
+                rows["memcpy, 1 thread"][tag] = cell(d["memcpy_1t"])
             for n, e in d["inplace"].items():
-                rows[f"in-place copy, {n} processes"][tag] = f"{e['samples_per_s']:,.0f} · {e['gbps']['median']:.2f} GB/s"
+                rows[f"in-place copy, {n} processes"][tag] = cell(e)
             for provider, by_n in d["fi_read"].items():
                 for n, e in by_n.items():
-                    rows[f"raw fi_read {provider}, {n} ranks"][tag] = f"{e['ops_per_s']:,.0f} · {e['gbps']:.2f} GB/s"
+                    rows[f"raw fi_read {provider}, {n} ranks (reads/s)"][tag] = cell(e, "ops_per_s")
         for name, by_tag in rows.items():
             lines.append(f"| {name} | " + " | ".join(by_tag.get(t, "–") for t, _ in sizes) + " |")
         lines.append("")
@@ -408,6 +420,7 @@ def main():
     ap.add_argument("--small-samples", type=int, default=0)
     ap.add_argument("--large-samples", type=int, default=0)
     ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=1, help="repetitions of ShardMix and the limits")
     ap.add_argument("--repo", default="")
     ap.add_argument("--part", action="append", default=[], help="NAME=FILE: a colleague's JSON to merge")
     ap.add_argument("--part-absent", action="append", default=[])
@@ -429,7 +442,7 @@ def main():
         "meta": {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                  "machine": machine_info(args.repo), "command": args.command, "quick": bool(args.quick),
                  "samples": args.samples, "small_samples": args.small_samples, "large_samples": args.large_samples,
-                 "epochs_per_run": args.epochs, "loadavg_start": phases.get("start", "?"),
+                 "epochs_per_run": args.epochs, "repetitions": args.repeat, "loadavg_start": phases.get("start", "?"),
                  "loadavg_end": phases.get("end", "?")},
         "results": res,
     }

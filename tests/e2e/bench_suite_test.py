@@ -113,24 +113,28 @@ def fixture():
     same span, so its median is exact; epoch 0 is deliberately absurd (must be ignored)."""
     rows = [{"phase": "start", "phase_loadavg": "1.00 1.00 1.00"}]
     ds = {"dataset": "mixed"}
-    rows.append(dict(bench="memcpy", threads=1, gbps_median=10.0, gbps_min=9.0, gbps_max=11.0,
-                     samples_per_s_median=80000.0, **ds))
+    for rep, gbps in enumerate((8.0, 10.0, 12.0)):  # three repetitions: median 10
+        rows.append(dict(bench="memcpy", threads=1, rep=rep, gbps_median=gbps, gbps_min=gbps - 1, gbps_max=gbps + 1,
+                         samples_per_s_median=gbps * 8000, **ds))
     for p in (1, 4):
         rows.append(dict(bench="inplace", processes=p, gbps_median=10.0, gbps_min=9.0, gbps_max=11.0,
                          samples_per_s_median=80000.0, **ds))
     rows.append(dict(bench="fabric_read", provider_run="shm", ranks=4, total_gbps=4.0, total_ops_per_s=30000.0, **ds))
 
-    def sm(nodes, q, touch, cache, samples_per_s, gbps, peer_gbps=0.0):
+    def sm(nodes, q, touch, cache, samples_per_s, gbps, peer_gbps=0.0, rep=0):
+        # Each repetition's clock starts far from the others': merging two repetitions'
+        # epochs into one span would show as a rate near zero.
         out = []
         for epoch in range(4):
             secs = 100.0 if epoch == 0 else 1.0
-            out += ranked("shardmix", nodes, epoch, 10.0 * epoch, secs, int(samples_per_s), int(gbps * 1e9),
-                          peer_bytes=int(peer_gbps * 1e9) // nodes, provider="shm", nodes=nodes, q=q, touch=touch,
-                          cache=cache, **ds)
+            out += ranked("shardmix", nodes, epoch, 10000.0 * rep + 10.0 * epoch, secs, int(samples_per_s),
+                          int(gbps * 1e9), peer_bytes=int(peer_gbps * 1e9) // nodes, provider="shm", nodes=nodes,
+                          q=q, touch=touch, cache=cache, rep=rep, **ds)
         return out
     rows += sm(1, 0, "copy", "warm", 72000, 9.0)           # local vs memcpy 0.9: met
     rows += sm(4, 0, "copy", "warm", 56000, 7.0)           # local vs in-place 0.7: missed
     rows += sm(4, 1, "copy", "warm", 40000, 5.0)
+    rows += sm(4, 1, "copy", "warm", 40000, 5.0, rep=1)
     rows += sm(4, 1, "copy", "dropped", 40000, 5.0)
     rows += sm(4, 1, "none", "warm", 40000, 5.0, 3.0)      # peer vs fi_read 0.75: missed
 
@@ -180,7 +184,9 @@ class Report(unittest.TestCase):
         mixed = result["results"]["mixed"]
         q1 = mixed["shardmix"]["shm"]["4"]["q1_copy_warm"]
         self.assertAlmostEqual(q1["samples_per_s"]["median"], 40000, delta=1)
-        self.assertEqual(q1["samples_per_s"]["n"], 3)  # epoch 0 left out
+        self.assertAlmostEqual(q1["samples_per_s"]["min"], 40000, delta=1)  # repetitions' spans kept apart
+        self.assertEqual(q1["samples_per_s"]["n"], 6)  # 2 repetitions x epochs 1..3; epoch 0 left out
+        self.assertEqual(mixed["memcpy_1t"]["gbps"], {"median": 10.0, "min": 8.0, "max": 12.0, "n": 3})
         warm = mixed["dataloader"]["4"]["warm"]
         self.assertEqual((warm["best"], warm["best_overlapping"]), ("0:concat", "1:default"))
         self.assertEqual(mixed["dataloader"]["4"]["dropped"]["best"], "0:default")
