@@ -11,7 +11,7 @@
 # Writes bench/results/latest.json, latest.md, latest-raw.jsonl and latest-*.png
 # (bench/suite_report.py); --quick writes them to bench/results/quick/ instead.
 #
-#   bash bench/run.sh [--quick] [--out-dir DIR]        # root: drop_caches; about 30 min (quick: ~6)
+#   bash bench/run.sh [--quick] [--out-dir DIR]   # root (drop_caches); 17 min here (quick: 3)
 # Env: SHARDMIX_BUILD_DIR (default build/, Release), SHARDMIX_BENCH_DIR (datasets, default
 # /tmp/shardmix-bench), SHARDMIX_TORCH_PYTHON (default /usr/bin/python3).
 set -euo pipefail
