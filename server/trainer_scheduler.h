@@ -37,6 +37,11 @@
 // daemons on tcp;ofi_rxm the survivors' reads of each other stall once one peer has died
 // (measured; docs/operations.md). This is the scheduler half, tested in storage_tier_test.
 //
+// Cache rotation (cache.rotation_epochs, docs/decisions/0033): with a ResidencyTable in the
+// context, a sample is read from an arena (local or peer) only where the table locates it
+// now, and the read or zero-copy reference holds that view's pin until it has landed or
+// the batch was released; a sample the table does not locate is a storage read.
+//
 // Transport-free: the fabric, storage and the socket are behind PeerFetcher,
 // StorageFetcher and FrameSink, so
 // this is tested as pure code (tests/unit/trainer_scheduler_test.cc).
