@@ -1,6 +1,7 @@
 #include "common/arena_layout.h"
 
 #include <algorithm>
+#include <map>
 
 namespace shardmix {
 
@@ -46,26 +47,33 @@ ArenaLayout next_arena_layout(const ArenaLayout& current, const std::vector<std:
     }
   }
   std::sort(taken.begin(), taken.end());
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> holes;  // (start, length), ascending
+  // Holes by length, for best fit: the smallest hole that takes a sample.
+  std::multimap<std::uint64_t, std::uint64_t> holes;  // length -> start
   std::uint64_t cursor = 0;
   for (const auto& [start, bytes] : taken) {
-    if (start > cursor) holes.emplace_back(cursor, start - cursor);
+    if (start > cursor) holes.emplace(start - cursor, cursor);
     cursor = std::max(cursor, start + bytes);
   }
-  if (next.arena_bytes > cursor) holes.emplace_back(cursor, next.arena_bytes - cursor);
+  if (next.arena_bytes > cursor) holes.emplace(next.arena_bytes - cursor, cursor);
+  // Largest first, best fit: measured in e2e_storage_2x_rotation's sizes, first fit in id
+  // order left ~10% of the chosen samples without a hole after one generation.
+  std::sort(entering.begin(), entering.end(), [&](SampleId a, SampleId b) {
+    return sizes[a] != sizes[b] ? sizes[a] > sizes[b] : a < b;
+  });
   for (SampleId id : entering) {
     const std::uint64_t bytes = align_to_arena(sizes[id]);
-    auto hole = std::find_if(holes.begin(), holes.end(), [&](const auto& h) { return h.second >= bytes; });
+    auto hole = holes.lower_bound(bytes);
     if (hole == holes.end()) {
       ++next.unplaced;
       continue;
     }
-    placed.emplace_back(id, hole->first);
-    next.entering.emplace_back(id, hole->first);
-    hole->first += bytes;
-    hole->second -= bytes;
-    if (hole->second == 0) holes.erase(hole);
+    const auto [length, start] = *hole;
+    holes.erase(hole);
+    placed.emplace_back(id, start);
+    next.entering.emplace_back(id, start);
+    if (length > bytes) holes.emplace(length - bytes, start + bytes);
   }
+  std::sort(next.entering.begin(), next.entering.end());
   std::sort(placed.begin(), placed.end());
   next.resident.reserve(placed.size());
   next.offset.reserve(placed.size());

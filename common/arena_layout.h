@@ -3,8 +3,8 @@
 // Generation 0 is the static placement's layout (ascending ids, packed). Generation g+1 is
 // derived from generation g so that only the *delta* is loaded: a sample resident in both
 // keeps its offset, so it is never written during the reload and stays readable by peers
-// and local trainers throughout; a sample that enters takes a first-fit hole left by the
-// ones that leave (in ascending id order). One that finds no hole stays cold for that
+// and local trainers throughout; samples that enter take holes left by the ones that leave,
+// largest first, each into the smallest hole that fits (best fit decreasing). One that finds no hole stays cold for that
 // generation (fragmentation with unequal sizes; counted in `unplaced`). Because entering
 // samples are written only into holes, the bytes a reload writes never overlap a kept
 // sample: the fence (server/rotation.h) only has to wait for readers of *leaving* slots.
@@ -47,7 +47,7 @@ std::uint64_t rotating_arena_bytes(const std::vector<std::uint64_t>& sizes, cons
 ArenaLayout initial_arena_layout(const Placement& placement, std::uint32_t node, std::uint64_t arena_bytes);
 
 // Generation current.generation + 1: `wanted` (ascending ids, e.g. choose_resident for
-// that generation) laid out by keeping current offsets and filling holes first fit.
+// that generation) laid out by keeping current offsets and filling holes best fit.
 ArenaLayout next_arena_layout(const ArenaLayout& current, const std::vector<std::uint64_t>& sizes,
                               const std::vector<SampleId>& wanted);
 
