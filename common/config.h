@@ -84,7 +84,7 @@ struct ServiceConfig {
 
 // What a daemon does when a peer daemon dies (docs/decisions/0025, 0026).
 struct FaultConfig {
-  std::string peer_death = "stop";     // fault.peer_death = stop|degrade (degrade: not available yet)
+  std::string peer_death = "stop";     // fault.peer_death = stop|degrade
   std::chrono::microseconds peer_timeout{std::chrono::seconds(10)};  // fault.peer_timeout
 
   bool operator==(const FaultConfig&) const = default;

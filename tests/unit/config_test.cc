@@ -387,6 +387,15 @@ TEST_F(ConfigTest, CapacityAcceptsBytesSizesAndFractions) {
   }
 }
 
+TEST_F(ConfigTest, PeerDeathDegradeIsAcceptedAndOtherValuesAreNot) {
+  auto degrade = load_config("", {}, {"dataset.path=/d", "fault.peer_death=degrade"});
+  ASSERT_TRUE(degrade.ok()) << degrade.status().to_string();
+  EXPECT_EQ(degrade->fault.peer_death, "degrade");
+  auto bad = load_config("", {}, {"dataset.path=/d", "fault.peer_death=ignore"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("fault.peer_death"), std::string::npos) << bad.status().to_string();
+}
+
 TEST_F(ConfigTest, PrintedConfigReadsBackToTheSameConfig) {
   // Defaults.
   auto base = load_config("", {}, {"dataset.path=/data/imagenet"});
