@@ -172,6 +172,10 @@ const KeySpec kKeys[] = {
      c.cache.capacity_bytes = cap.ok() ? cap->bytes : 0;
    },
    [](const Config& c) -> Value { return c.cache.capacity_text; }},
+  {"cache.rotation_epochs", KeyType::kUint, "0",
+   "When cache.capacity leaves samples cold: every this many epochs each node swaps in a new seeded-random resident set, loading only the samples that enter, behind a fence that no peer read or held batch crosses; samples in slots being rewritten are read from storage meanwhile. 0 = the resident set never changes. Ignored (with a warning) under fault.peer_death = \"degrade\": the fence needs every daemon alive (docs/decisions/0033-cache-rotation.md).",
+   "Rotation gives every sample its turn in RAM across epochs (fairness; at shuffle.exchange_fraction < 1 a node's cold share changes) but does not raise the hit rate: each reload reads the entering samples from storage on top of the cold reads, and while a node reloads its changing samples come from storage too. Leave 0 unless the same samples must not always be the storage-bound ones.",
+   "", 0, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(cache.rotation_epochs)},
 
   {"fabric.provider", KeyType::kString, "auto",
    "libfabric provider: \"auto\" (verbs, then tcp; shm inside a node), or a name such as tcp, shm, verbs, efa, cxi.",

@@ -55,6 +55,9 @@ struct CacheConfig {
   // Accepts an integer, "8GiB", or a fraction of physical RAM such as 0.5.
   std::uint64_t capacity_bytes = 0;
   std::string capacity_text = "0.8";   // as the user wrote it (printed back by --print-config)
+  // cache.rotation_epochs: a new resident set every this many epochs (0 = static set;
+  // docs/decisions/0033). Only acts when some samples are cold.
+  std::uint32_t rotation_epochs = 0;
 
   bool operator==(const CacheConfig&) const = default;
 };

@@ -36,6 +36,7 @@
 #include "server/client_service.h"
 #include "server/netns.h"
 #include "server/peer_monitor.h"
+#include "server/rotation.h"
 #include "server/shared_region.h"
 #include "server/storage_reader.h"
 #include "server/telemetry.h"
@@ -138,6 +139,15 @@ class StopLatch {
 constexpr int kTagTrainerEpoch = 41;  // one TrainerEpochRecord
 constexpr int kTagTelemetryDone = 42; // this daemon sends no more records
 constexpr int kTagLoadProgress = 43;  // a LoadProgressMessage, while loading
+// MPI tags of the cache-rotation fence (docs/decisions/0033), both a RotationMessage.
+constexpr int kTagRotationDone = 44;      // to node k: the sender reads nothing of k's generation any more
+constexpr int kTagRotationReadable = 45;  // from node k: its arena now holds the generation
+
+struct RotationMessage {
+  std::uint32_t node = 0;
+  std::uint32_t reserved = 0;
+  std::uint64_t generation = 0;
+};
 
 struct LoadProgressMessage {
   std::uint64_t samples = 0;
@@ -342,7 +352,10 @@ class TelemetryPump {
   bool receive_waiting() {
     bool any = false;
     for (;;) {
-      auto m = mpi_.try_receive();
+      // Telemetry's own tags only: the cache-rotation fence's messages are the main loop's.
+      auto m = mpi_.try_receive(kTagTrainerEpoch);
+      if (m.ok() && !m->has_value()) m = mpi_.try_receive(kTagLoadProgress);
+      if (m.ok() && !m->has_value()) m = mpi_.try_receive(kTagTelemetryDone);
       if (!m.ok()) {
         log_->warn("receiving statistics: {}", m.status().to_string());
         return any;
@@ -577,7 +590,22 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   }
 
   Status limits;
-  const std::uint64_t arena_bytes = placement.arena_bytes[rank];
+  // Cache rotation (docs/decisions/0033) only when something is cold: with everything
+  // resident every generation is the whole share, so the static path is kept bit-for-bit.
+  // Not under fault.peer_death = degrade: a dead daemon never sends its Done (every node's
+  // reload would wait for it forever) and a blocking MPI_Send to it may never return.
+  const bool rotation_refused = config.cache.rotation_epochs > 0 && config.fault.peer_death == "degrade";
+  if (rotation_refused && rank == 0) {
+    log->warn("cache.rotation_epochs = {} is ignored under fault.peer_death = degrade: the rotation fence needs "
+              "every daemon alive (docs/decisions/0033); the resident set stays static",
+              config.cache.rotation_epochs);
+  }
+  const bool rotating =
+      config.cache.rotation_epochs > 0 && placement.total_cold_samples() > 0 && !rotation_refused;
+  // A rotating arena is sized to the capacity, not to the first generation's packed set.
+  const std::uint64_t arena_bytes =
+      rotating ? rotating_arena_bytes(catalog.sizes(), placement, static_cast<std::uint32_t>(rank), capacity)
+               : placement.arena_bytes[rank];
   if (placement.cold_samples[rank] > 0) {
     // Exact figures: tests/e2e/check_storage.py checks them against the traces.
     log->info("cache: {} of {} owned samples resident ({} of {} bytes, arena {} bytes; cache.capacity {} = {} "
@@ -749,6 +777,21 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     }
   }
   fetcher.on_peer_error([&monitor](std::uint32_t peer, const Status& status) { monitor.report(peer, status); });
+  // Where every node's samples are now (cache rotation); outlives the service's schedulers.
+  std::unique_ptr<ResidencyTable> residency;
+  if (rotating) {
+    std::vector<ArenaLayout> initial;
+    for (int r = 0; r < nodes; ++r) {
+      const auto k = static_cast<std::uint32_t>(r);
+      initial.push_back(initial_arena_layout(placement, k, rotating_arena_bytes(catalog.sizes(), placement, k, capacity)));
+    }
+    residency = std::make_unique<ResidencyTable>(std::move(initial));
+    if (rank == 0) {
+      log->info("cache rotation: a new resident set every {} epoch(s) (cache.rotation_epochs); samples in slots "
+                "being reloaded are read from storage meanwhile",
+                config.cache.rotation_epochs);
+    }
+  }
   ServedJob served;
   served.context = SchedulerContext{&catalog, &placement, &planner, static_cast<std::uint32_t>(rank),
                                     config.service.prefetch, config.shuffle.window, catalog.num_classes(),
@@ -756,6 +799,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   served.context.redealt = redealt ? &*redealt : nullptr;
   served.context.degrade_dead_peers = degrade;
   served.context.rerouted_samples = telemetry.rerouted_samples();
+  served.context.residency = residency.get();
   served.plan_digest = digest;
   served.seed = config.shuffle.seed;
   served.shape = &shape;
@@ -872,9 +916,94 @@ int run_daemon(const Config& config, MpiSession& mpi) {
             "(fault.peer_timeout), fault.peer_death = {}",
             nodes - 1, std::chrono::duration_cast<std::chrono::milliseconds>(monitor.interval()).count(),
             std::chrono::duration<double>(monitor.timeout()).count(), config.fault.peer_death);
-  while (!stop.wait_for(std::chrono::milliseconds(100))) {
+  // The cache-rotation fence, on this thread too (MPI). The reload runs on its own thread;
+  // `reload` is declared after the arena, so it is joined before the arena goes.
+  std::future<Result<LoadStats>> reload;
+  std::optional<LoadStats> last_reload;
+  std::unique_ptr<RotationCoordinator> rotation;
+  if (rotating) {
+    auto send = [&mpi, &log](int to, int tag, std::uint32_t node, std::uint64_t generation) {
+      const RotationMessage m{node, 0, generation};
+      Status sent = mpi.send(to, tag, std::span(reinterpret_cast<const std::uint8_t*>(&m), sizeof(m)));
+      if (!sent.ok()) log->error("cache rotation: message to daemon rank {}: {}", to, sent.to_string());
+    };
+    RotationCoordinator::Hooks hooks;
+    hooks.send_done = [send](std::uint32_t node, std::uint64_t g) {
+      send(static_cast<int>(node), kTagRotationDone, node, g);
+    };
+    hooks.announce_readable = [send, rank, nodes](std::uint64_t g) {
+      for (int r = 0; r < nodes; ++r) {
+        if (r != rank) send(r, kTagRotationReadable, static_cast<std::uint32_t>(rank), g);
+      }
+    };
+    hooks.start_reload = [&](const ArenaLayout& layout) {
+      log->info("cache rotation: every daemon is done with generation {} of this node; loading the {} samples "
+                "that enter generation {}",
+                layout.generation - 1, layout.entering.size(), layout.generation);
+      reload = std::async(std::launch::async, [&, entering = layout.entering] {
+        return load_entering_samples(catalog, config.dataset, entering, config.service.loader_threads,
+                                     (*arena)->data(), [&stop] { return stop.requested(); });
+      });
+    };
+    hooks.reload_finished = [&]() -> std::optional<Status> {
+      if (!reload.valid() || reload.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+        return std::nullopt;
+      }
+      auto done = reload.get();
+      if (!done.ok()) return done.status();
+      last_reload = *done;
+      return Status::ok_status();
+    };
+    hooks.wanted = [&](std::uint32_t node, std::uint64_t g) {
+      return choose_resident(catalog.sizes(), placement.owned[node], capacity, config.shuffle.seed, node, g);
+    };
+    rotation = std::make_unique<RotationCoordinator>(static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(nodes),
+                                                     config.cache.rotation_epochs, catalog.sizes(), *residency,
+                                                     std::move(hooks));
+  }
+  auto pump_rotation = [&] {
+    if (!rotation) return;
+    for (const int tag : {kTagRotationDone, kTagRotationReadable}) {
+      for (;;) {
+        auto m = mpi.try_receive(tag);
+        if (!m.ok()) {
+          log->error("cache rotation: receiving: {}", m.status().to_string());
+          break;
+        }
+        if (!m->has_value()) break;
+        const MpiSession::Message& msg = **m;
+        RotationMessage r;
+        if (msg.bytes.size() != sizeof(r) || msg.source < 0 || msg.source >= nodes) {
+          log->warn("cache rotation: ignoring a {}-byte message from rank {}", msg.bytes.size(), msg.source);
+          continue;
+        }
+        std::memcpy(&r, msg.bytes.data(), sizeof(r));
+        if (tag == kTagRotationDone) {
+          rotation->on_done(static_cast<std::uint32_t>(msg.source), r.node, r.generation);
+        } else {
+          rotation->on_readable(r.node, r.generation);
+        }
+      }
+    }
+    const std::uint64_t before = rotation->generation(static_cast<std::uint32_t>(rank));
+    Status polled = rotation->poll();
+    if (!polled.ok()) {
+      log->error("cache rotation: {}; this node's changing samples stay on storage", polled.to_string());
+    }
+    const std::uint64_t now = rotation->generation(static_cast<std::uint32_t>(rank));
+    if (now != before && last_reload) {
+      log->info("cache rotation: generation {} readable: {} entering samples ({:.1f} MB) loaded in {:.2f} s",
+                now, last_reload->samples, last_reload->bytes / 1e6, last_reload->seconds);
+    }
+  };
+  // With rotation the fence's round trips (retire, Done, reload, Readable) each wait for
+  // this loop: a finer tick shortens the reload windows in which changing samples come
+  // from storage. MPI_Iprobe every 10 ms costs nothing measurable.
+  const auto tick = rotation ? std::chrono::milliseconds(10) : std::chrono::milliseconds(100);
+  while (!stop.wait_for(tick)) {
     while (auto dead = monitor.poll()) on_dead_peer(*dead);  // degrade: forget() clears it
     pump.pump();
+    pump_rotation();
   }
   // A stop signal may follow a peer's death (mpirun stops the job when a rank dies): then
   // the trainers are told which rank died, not only that we were stopped.
@@ -932,6 +1061,12 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     return Status::ok_status();
   });
   const fabric::FabricStats fs = fabric.stats();
+  if (rotation) {
+    const RotationCoordinator::Stats rs = rotation->stats();
+    log->info("cache rotation: {} generations loaded here, {} entering samples written, {} chosen samples found "
+              "no hole (stayed cold); {} unexpected fence messages",
+              rs.generations_loaded, rs.samples_loaded, rs.samples_unplaced, rs.unexpected_messages);
+  }
   if (storage_readers) {
     const StorageReaderStats ss = storage_readers->stats();
     log->info("storage: {} cold reads, {} bytes read from storage, {} failed", ss.reads_completed, ss.bytes_read,

@@ -21,6 +21,10 @@
 # and their bytes what the capacity predicts; default 0 = no limit),
 # SHARDMIX_E2E_STORAGE_DELAY (inject.storage_delay: each cold read holds its reader this
 # long, so a window has late cold reads to overtake; default 0ms).
+# SHARDMIX_E2E_ROTATION=K (cache.rotation_epochs, with a capacity factor: a new resident
+# set every K epochs; then the storage-tier set must change between epochs, its size stay
+# near the cold count, and every daemon must have reloaded; default 0 = static),
+# SHARDMIX_E2E_EPOCHS (default 2).
 # SHARDMIX_E2E_FORMAT (folder | webdataset | tfrecord, default folder): the shard formats
 # use shardmix-gen's tar / TFRecord shards of 64 samples with one damaged shard each (a tar
 # cut in the middle of a member; a TFRecord with a flipped data byte and a cut last record):
@@ -43,7 +47,8 @@ nodes=4
 per_node=${SHARDMIX_E2E_TRAINERS_PER_NODE:-2}
 samples=${SHARDMIX_E2E_SAMPLES:-1000}
 batch=8
-epochs=2
+epochs=${SHARDMIX_E2E_EPOCHS:-2}
+rotation=${SHARDMIX_E2E_ROTATION:-0}
 seed=20240611
 timeout_s=${SHARDMIX_E2E_TIMEOUT:-240}
 window=${SHARDMIX_E2E_WINDOW:-0}
@@ -173,6 +178,7 @@ config=$tmp/e2e.toml
   if ((capacity > 0)); then
     echo "[cache]"
     echo "capacity = $capacity"
+    echo "rotation_epochs = $rotation"
   fi
   echo "[fabric]"
   echo "provider = \"$provider\""
@@ -239,7 +245,7 @@ if ((capacity > 0)); then
   sm_section "storage tier"
   "$python" "$here/check_storage.py" --log "$tmp/daemons.log" --trace "$trace" --dataset "$data" \
     --nodes "$nodes" --epochs "$epochs" --capacity "$capacity" --trainers "$trainers" --batch-size "$batch" \
-    --prefetch 4 --readahead "$readahead" --window "$window"
+    --prefetch 4 --readahead "$readahead" --window "$window" --rotation-epochs "$rotation"
 fi
 
 # The peer samples must really have crossed the fabric: the daemons' fabric layers read
