@@ -1,5 +1,4 @@
 #!/usr/bin/env bash
-# shellcheck disable=SC2317  # (whole file) cleanup() runs from a trap
 # End-to-end test: 4 shardmixd daemons + trainers over a small generated dataset with
 # awkward file names (spaces, unicode, comma/quote/newline, zero bytes, nested dirs, a
 # hidden file that must be skipped); two epochs traced; check_traces.py judges
@@ -65,25 +64,13 @@ esac
 if ((repeat == 1 && window != 0)); then sm_die "SHARDMIX_E2E_REPEAT=1 needs SHARDMIX_E2E_WINDOW=0" 2; fi
 trainers=$((nodes * per_node))
 
-for exe in shardmixd shardmix-consume shardmix-gen; do
-  sm_find_exe "$exe" >/dev/null ||
-    sm_die "$exe not found in $(sm_build_dir)/{server,tools} or PATH; build first (cmake --build build) or set SHARDMIX_BUILD_DIR"
-done
+sm_require_exes shardmixd shardmix-consume shardmix-gen
 gen=$(sm_find_exe shardmix-gen)
 consume=$(sm_find_exe shardmix-consume)
 python=$(sm_python) || sm_die "python3 not found"
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardmix-e2e.XXXXXX")
-cleanup() {
-  if [[ ${SHARDMIX_E2E_KEEP:-0} == 1 ]]; then
-    sm_log "kept $tmp"
-  else
-    rm -rf -- "$tmp"
-  fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+sm_test_tmpdir e2e
+tmp=$SM_TMP
 data=$tmp/data
 trace=$tmp/trace
 
