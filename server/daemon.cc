@@ -1,5 +1,6 @@
 #include "server/daemon.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include "server/resume_loader.h"
 
@@ -467,7 +468,10 @@ int run_daemon(const Config& config, MpiSession& mpi) {
         signals.async_wait(on_signal);
       };
   signals.async_wait(on_signal);
-  std::thread io_thread([&io] { io.run(); });
+  std::thread io_thread([&io] {
+    ::pthread_setname_np(::pthread_self(), "smx-service");  // per-thread profiles (perf, top -H)
+    io.run();
+  });
   struct IoJoiner {
     boost::asio::io_context& io;
     std::thread& thread;
