@@ -613,7 +613,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     ::setenv("FI_TCP_IFACE", "lo", 0);  // all daemons on one host: keep tcp on loopback
   }
   fabric::FabricOptions fabric_options{config.fabric.provider, config.fabric.interface,
-                                       config.fabric.max_outstanding_reads};
+                                       config.fabric.max_outstanding_reads, config.fabric.max_read_segments};
   // Heartbeat reads (server/peer_monitor.h) land here, one byte per peer; declared before
   // the fabric so it outlives every read.
   std::vector<std::uint8_t> heartbeat_bytes(static_cast<std::size_t>(nodes));
