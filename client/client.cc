@@ -10,6 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -361,7 +362,45 @@ class DaemonConnection {
                       socket_path_, why);
   }
 
+  // Reads exactly n bytes: first what an earlier receive buffered, then, without fds,
+  // through the inbox: one recv takes whatever the daemon has queued (often several batch
+  // frames), so a trainer that is behind pays one system call for many frames instead of
+  // a poll and a recv per header and per payload. Payloads larger than the inbox are read
+  // straight into `out`. With fds (the Welcome, the first frame) nothing is buffered yet
+  // and the bytes are read exactly, with their SCM_RIGHTS descriptors.
   Status read_exact(std::uint8_t* out, std::size_t n, int* fds) {
+    if (fds != nullptr && inbox_begin_ == inbox_end_) return read_exact_unbuffered(out, n, fds);
+    std::size_t done = std::min(n, inbox_end_ - inbox_begin_);
+    std::memcpy(out, inbox_.data() + inbox_begin_, done);
+    inbox_begin_ += done;
+    while (done < n) {
+      if (n - done >= kInboxBytes) return read_exact_unbuffered(out + done, n - done, nullptr);
+      if (inbox_.size() < kInboxBytes) inbox_.resize(kInboxBytes);
+      ssize_t got = ::recv(fd_, inbox_.data(), inbox_.size(), MSG_DONTWAIT);
+      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        // Nothing queued: block until the daemon sends (the one wait of a starving trainer).
+        pollfd p{fd_, POLLIN, 0};
+        const int ready = ::poll(&p, 1, static_cast<int>(receive_timeout_s_ * 1000));
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready == 0) {
+          return make_error(StatusCode::kUnavailable, "the daemon of node {} sent nothing for {:.0f} s", node_,
+                            receive_timeout_s_);
+        }
+        continue;
+      }
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) return lost(std::strerror(errno));
+      if (got == 0) return lost("the daemon closed the connection (did it stop or crash?)");
+      const std::size_t take = std::min(n - done, static_cast<std::size_t>(got));
+      std::memcpy(out + done, inbox_.data(), take);
+      done += take;
+      inbox_begin_ = take;
+      inbox_end_ = static_cast<std::size_t>(got);
+    }
+    return Status::ok_status();
+  }
+
+  Status read_exact_unbuffered(std::uint8_t* out, std::size_t n, int* fds) {
     std::size_t done = 0;
     while (done < n) {
       pollfd p{fd_, POLLIN, 0};
@@ -429,6 +468,11 @@ class DaemonConnection {
     return found;
   }
 
+  // Bytes received but not consumed yet (read_exact).
+  static constexpr std::size_t kInboxBytes = 64 * 1024;
+  std::vector<std::uint8_t> inbox_;
+  std::size_t inbox_begin_ = 0;
+  std::size_t inbox_end_ = 0;
   int fd_ = -1;
   std::string socket_path_;
   double receive_timeout_s_ = 600;

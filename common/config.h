@@ -66,6 +66,7 @@ struct FabricConfig {
   std::string provider = "auto";       // fabric.provider = auto | tcp | shm | verbs | <any>
   std::string interface;               // fabric.interface: domain/interface name filter, "" = any
   std::uint32_t max_outstanding_reads = 8;  // fabric.max_outstanding_reads
+  std::uint32_t max_read_segments = 4;      // fabric.max_read_segments: samples per vectored read
   std::string netns;                   // fabric.netns: network namespace to join, "" = stay; {rank} expands
 
   bool operator==(const FabricConfig&) const = default;

@@ -20,13 +20,15 @@
 
 #include "common/log.h"
 #include "proto/wire.h"
+#include "server/read_groups.h"
 
 namespace shardmix {
 namespace asio = boost::asio;
 using stream = asio::local::stream_protocol;
 
 void FabricFetcher::fetch(std::vector<PeerRead> reads, std::function<void(const Status&)> done) {
-  // The reads complete on the fabric progress thread; only the last one hops to the
+  // A batch's reads of one peer go out as vectored reads (read_groups.h), all handed to
+  // the progress thread at once; they complete there, and only the last one hops to the
   // io thread, carrying the first error.
   struct Group {
     std::atomic<std::size_t> remaining;
@@ -34,8 +36,13 @@ void FabricFetcher::fetch(std::vector<PeerRead> reads, std::function<void(const 
     Status first_error;
     std::function<void(const Status&)> done;
   };
+  const std::vector<ReadGroup> planned = group_reads_by_peer(reads, fabric_.max_segments_per_read());
+  if (planned.empty()) {
+    asio::post(io_, [done = std::move(done)] { done(Status::ok_status()); });
+    return;
+  }
   auto group = std::make_shared<Group>();
-  group->remaining = reads.size();
+  group->remaining = planned.size();
   group->done = std::move(done);
   // An injected straggler delays the whole fetch: the io thread learns of it late, as it
   // would if the peer's NIC or memory were slow.
@@ -44,27 +51,34 @@ void FabricFetcher::fetch(std::vector<PeerRead> reads, std::function<void(const 
                       return static_cast<std::int64_t>(r.peer) == slow_peer_.rank;
                     });
   const auto delay = slow ? slow_peer_.delay : std::chrono::microseconds(0);
-  for (const PeerRead& r : reads) {
-    fabric_.read(static_cast<int>(r.peer), r.remote_offset, r.length, staging_, r.staging_offset,
-                 [this, group, delay, peer = r.peer](const Status& status) {
-                   if (!status.ok() && peer_error_) peer_error_(peer, status);
-                   if (!status.ok()) {
-                     std::lock_guard lock(group->mutex);
-                     if (group->first_error.ok()) group->first_error = status;
-                   }
-                   if (group->remaining.fetch_sub(1) != 1) return;
-                   if (delay.count() == 0) {
-                     asio::post(io_, [group] { group->done(group->first_error); });
-                     return;
-                   }
-                   asio::post(io_, [this, group, delay] {
-                     auto timer = std::make_shared<asio::steady_timer>(io_, delay);
-                     timer->async_wait([timer, group](const boost::system::error_code&) {
-                       group->done(group->first_error);
-                     });
-                   });
-                 });
+  std::vector<fabric::VectorRead> operations;
+  operations.reserve(planned.size());
+  for (const ReadGroup& planned_group : planned) {
+    fabric::VectorRead op;
+    op.peer = static_cast<int>(planned_group.peer);
+    for (const std::size_t index : planned_group.reads) {
+      const PeerRead& r = reads[index];
+      op.segments[op.segment_count++] = fabric::ReadSegment{r.remote_offset, r.length, r.staging_offset};
+    }
+    op.done = [this, group, delay, peer = planned_group.peer](const Status& status) {
+      if (!status.ok() && peer_error_) peer_error_(peer, status);
+      if (!status.ok()) {
+        std::lock_guard lock(group->mutex);
+        if (group->first_error.ok()) group->first_error = status;
+      }
+      if (group->remaining.fetch_sub(1) != 1) return;
+      if (delay.count() == 0) {
+        asio::post(io_, [group] { group->done(group->first_error); });
+        return;
+      }
+      asio::post(io_, [this, group, delay] {
+        auto timer = std::make_shared<asio::steady_timer>(io_, delay);
+        timer->async_wait([timer, group](const boost::system::error_code&) { group->done(group->first_error); });
+      });
+    };
+    operations.push_back(std::move(op));
   }
+  fabric_.read_many(std::move(operations), staging_);
 }
 
 // One trainer's connection. Owns the trainer's scheduler once the Hello is accepted.

@@ -1,5 +1,6 @@
 #include "server/daemon.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include "server/resume_loader.h"
 
@@ -500,7 +501,10 @@ int run_daemon(const Config& config, MpiSession& mpi) {
         signals.async_wait(on_signal);
       };
   signals.async_wait(on_signal);
-  std::thread io_thread([&io] { io.run(); });
+  std::thread io_thread([&io] {
+    ::pthread_setname_np(::pthread_self(), "smx-service");  // per-thread profiles (perf, top -H)
+    io.run();
+  });
   struct IoJoiner {
     boost::asio::io_context& io;
     std::thread& thread;
@@ -657,7 +661,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     ::setenv("FI_TCP_IFACE", "lo", 0);  // all daemons on one host: keep tcp on loopback
   }
   fabric::FabricOptions fabric_options{config.fabric.provider, config.fabric.interface,
-                                       config.fabric.max_outstanding_reads};
+                                       config.fabric.max_outstanding_reads, config.fabric.max_read_segments};
   // Heartbeat reads (server/peer_monitor.h) land here, one byte per peer; declared before
   // the fabric so it outlives every read.
   std::vector<std::uint8_t> heartbeat_bytes(static_cast<std::size_t>(nodes));

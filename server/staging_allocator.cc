@@ -11,37 +11,15 @@ StagingAllocator::StagingAllocator(std::uint64_t base, std::uint64_t capacity) :
 
 std::optional<std::uint64_t> StagingAllocator::allocate(std::uint64_t length) {
   if (length == 0 || length > capacity_ - in_use_) return std::nullopt;
-  if (in_use_ == 0) cursor_ = 0;  // one whole extent: start at 0 so anything that fits, fits
-  // Next-fit: the first extent that ends after the cursor, then wrap around once.
-  auto start = free_.upper_bound(cursor_);
-  if (start != free_.begin() && std::prev(start)->second > cursor_) start = std::prev(start);
-  auto take = free_.end();
-  for (auto it = start; it != free_.end(); ++it) {
-    if (it->second - std::max(it->first, cursor_) >= length) {
-      take = it;
-      break;
-    }
-  }
-  std::uint64_t begin = 0;
-  if (take != free_.end()) {
-    begin = std::max(take->first, cursor_);
-  } else {
-    for (auto it = free_.begin(); it != free_.end(); ++it) {  // wrap: whole extents, from the start
-      if (it->second - it->first >= length) {
-        take = it;
-        break;
-      }
-    }
-    if (take == free_.end()) return std::nullopt;
-    begin = take->first;
-  }
-  const std::uint64_t extent_begin = take->first;
+  // First-fit: the lowest free extent that holds `length`.
+  auto take = free_.begin();
+  while (take != free_.end() && take->second - take->first < length) ++take;
+  if (take == free_.end()) return std::nullopt;
+  const std::uint64_t begin = take->first;
   const std::uint64_t extent_end = take->second;
   free_.erase(take);
-  if (extent_begin < begin) free_.emplace(extent_begin, begin);
   if (begin + length < extent_end) free_.emplace(begin + length, extent_end);
   in_use_ += length;
-  cursor_ = begin + length == capacity_ ? 0 : begin + length;
   return base_ + begin;
 }
 

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <thread>
 #include <utility>
 
@@ -120,17 +121,30 @@ std::string describe_rdm_rma_providers() {
 
 bool names_match(const char* name, const std::string& wanted) { return name != nullptr && wanted == name; }
 
-// A read as queued by read(): everything the progress thread needs to post it.
+// A read as queued by read() or read_many(): everything the progress thread needs to
+// post it, as one fi_read (one segment) or one fi_readmsg (several).
 struct ReadRequest {
   int peer = -1;
-  std::uint64_t remote_offset = 0;
-  std::size_t length = 0;
-  void* local_address = nullptr;
+  std::array<ReadSegment, kMaxReadSegments> segments{};
+  std::size_t segment_count = 0;
+  std::uint8_t* local_base = nullptr;
   void* local_desc = nullptr;
   ReadCallback done;
   // Set when read() already knows the read cannot run; delivered on the progress thread
   // so callbacks never run on the caller's stack (a caller may hold its own locks).
   Status rejection;
+
+  std::size_t length() const {
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < segment_count; ++i) total += segments[i].length;
+    return total;
+  }
+  std::uint64_t remote_offset() const { return segment_count > 0 ? segments[0].remote_offset : 0; }
+  // "117 bytes at offset 4096", or "3 segments, 9000 bytes, the first at offset 4096".
+  std::string describe() const {
+    if (segment_count <= 1) return fmt::format("{} bytes at offset {}", length(), remote_offset());
+    return fmt::format("{} segments, {} bytes, the first at offset {}", segment_count, length(), remote_offset());
+  }
 };
 
 // A peer as connect_peers learnt it from its blob.
@@ -167,9 +181,12 @@ struct Fabric::Impl {
   Status open(const FabricOptions& options);
   // fi_mr_reg, plus bind+enable when the provider wants FI_MR_ENDPOINT.
   Result<FidPtr<fid_mr>> register_memory(void* base, std::size_t length, std::uint64_t access, const char* what);
-  void enqueue(ReadRequest request);
-  Status validate(int peer, std::uint64_t remote_offset, std::size_t length, const LocalRegion& local,
-                  std::size_t local_offset) const;
+  void enqueue(std::vector<ReadRequest> requests);
+  Status validate(int peer, std::span<const ReadSegment> segments, const LocalRegion& local) const;
+  ReadRequest make_request(int peer, std::span<const ReadSegment> segments, const LocalRegion& local,
+                           ReadCallback done) const;
+  // Posts one request to the provider (fi_read or fi_readmsg); the provider's return code.
+  ssize_t post(ReadRequest& request, fi_context2* context);
 
   // Progress thread.
   void progress_loop();
@@ -201,6 +218,7 @@ struct Fabric::Impl {
   std::size_t max_inflight = 1;
   // Reads in flight to any one peer; max_inflight - 1 with 3+ ranks (FabricOptions).
   std::size_t max_inflight_per_peer = 1;
+  std::size_t max_segments = 1;  // per read: the provider's iov limits, capped by options and kMaxReadSegments
 
   // --- libfabric objects, in creation order: members are destroyed in reverse, which
   // closes MRs before the endpoint, the endpoint before its AV and CQ, and so on. ---
@@ -318,6 +336,9 @@ Status Fabric::Impl::open(const FabricOptions& options) {
   if (info->tx_attr->size > 0) max_inflight = std::min<std::size_t>(max_inflight, info->tx_attr->size);
   // With two ranks there is only one peer to read; with more, keep one slot for the others.
   max_inflight_per_peer = nranks > 2 ? std::max<std::size_t>(1, max_inflight - 1) : max_inflight;
+  max_segments = read_segments_for(info->fabric_attr->prov_name ? info->fabric_attr->prov_name : "",
+                                   options.max_read_segments, kMaxReadSegments, info->tx_attr->iov_limit,
+                                   info->tx_attr->rma_iov_limit);
 
   // From here on errors say which provider and domain they are about.
   auto failed = [this](const char* call, int rc) {
@@ -381,9 +402,10 @@ Status Fabric::Impl::open(const FabricOptions& options) {
   }
   for (std::size_t slot = max_inflight; slot-- > 0;) free_slots.push_back(slot);
 
-  log::get("fabric")->info("provider {} domain {} mr_mode {} cq wait {} max outstanding reads {}", provider_name,
-                           domain_name, mr_mode_string(mr_mode),
-                           wait_mode == CqWaitMode::kBlockingSread ? "fi_cq_sread" : "poll+backoff", max_inflight);
+  log::get("fabric")->info("provider {} domain {} mr_mode {} cq wait {} max outstanding reads {}, segments per read {}",
+                           provider_name, domain_name, mr_mode_string(mr_mode),
+                           wait_mode == CqWaitMode::kBlockingSread ? "fi_cq_sread" : "poll+backoff", max_inflight,
+                           max_segments);
   return Status::ok_status();
 }
 
@@ -405,8 +427,7 @@ Result<FidPtr<fid_mr>> Fabric::Impl::register_memory(void* base, std::size_t len
   return mr;
 }
 
-Status Fabric::Impl::validate(int peer, std::uint64_t remote_offset, std::size_t length, const LocalRegion& local,
-                              std::size_t local_offset) const {
+Status Fabric::Impl::validate(int peer, std::span<const ReadSegment> segments, const LocalRegion& local) const {
   if (peer < 0 || peer >= nranks) {
     return make_error(StatusCode::kInvalidArgument, "read from peer {}: no such rank (ranks are 0..{})", peer,
                       nranks - 1);
@@ -414,42 +435,74 @@ Status Fabric::Impl::validate(int peer, std::uint64_t remote_offset, std::size_t
   if (!connected.load(std::memory_order_acquire)) {
     return make_error(StatusCode::kInvalidArgument, "read from peer {}: connect_peers has not run", peer);
   }
+  if (segments.empty() || segments.size() > max_segments) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "read from peer {}: {} segments in one read; provider {} takes 1 to {} (max_segments_per_read)",
+                      peer, segments.size(), provider_name, max_segments);
+  }
   const PeerRegion& region = peers[static_cast<std::size_t>(peer)];
   if (region.region_length == 0) {
     return make_error(StatusCode::kInvalidArgument, "read from peer {}: the peer exposes no memory", peer);
-  }
-  if (remote_offset > region.region_length || length > region.region_length - remote_offset) {
-    return make_error(StatusCode::kInvalidArgument,
-                      "read from peer {}: bytes [{}, {}+{}) lie outside its exposed region of {} bytes", peer,
-                      remote_offset, remote_offset, length, region.region_length);
   }
   if (local.index < 0 || local.index >= local_region_count.load(std::memory_order_acquire) || local.base == nullptr) {
     return make_error(StatusCode::kInvalidArgument,
                       "read from peer {}: the local target region was not registered with this fabric", peer);
   }
-  if (local_offset > local.length || length > local.length - local_offset) {
-    return make_error(StatusCode::kInvalidArgument,
-                      "read from peer {}: {} bytes at local offset {} overflow the local region of {} bytes", peer,
-                      length, local_offset, local.length);
+  for (const ReadSegment& segment : segments) {
+    const std::uint64_t remote_offset = segment.remote_offset;
+    const std::size_t length = segment.length;
+    if (remote_offset > region.region_length || length > region.region_length - remote_offset) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "read from peer {}: bytes [{}, {}+{}) lie outside its exposed region of {} bytes", peer,
+                        remote_offset, remote_offset, length, region.region_length);
+    }
+    if (segment.local_offset > local.length || length > local.length - segment.local_offset) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "read from peer {}: {} bytes at local offset {} overflow the local region of {} bytes", peer,
+                        length, segment.local_offset, local.length);
+    }
+    if (length == 0 && segments.size() > 1) {
+      // Providers differ on empty iovs; a single empty read completes without one.
+      return make_error(StatusCode::kInvalidArgument, "read from peer {}: an empty segment in a vectored read", peer);
+    }
   }
   return Status::ok_status();
 }
 
-void Fabric::Impl::enqueue(ReadRequest request) {
+ReadRequest Fabric::Impl::make_request(int peer, std::span<const ReadSegment> segments, const LocalRegion& local,
+                                       ReadCallback done) const {
+  ReadRequest request;
+  request.peer = peer;
+  request.local_desc = local.desc;
+  request.done = std::move(done);
+  request.rejection = validate(peer, segments, local);
+  if (request.rejection.ok()) {
+    std::copy(segments.begin(), segments.end(), request.segments.begin());
+    request.segment_count = segments.size();
+    request.local_base = static_cast<std::uint8_t*>(local.base);
+  }
+  return request;
+}
+
+void Fabric::Impl::enqueue(std::vector<ReadRequest> requests) {
+  if (requests.empty()) return;
   {
     std::unique_lock lock(queue_mutex);
     if (state == ProgressState::kStopped) {
       lock.unlock();
-      // No progress thread will ever run it: fail here, on the caller's thread.
-      ReadCallback done = std::move(request.done);
-      reads_failed.fetch_add(1, std::memory_order_relaxed);
-      if (done) {
-        done(make_error(StatusCode::kCancelled, "read from peer {}: the fabric has stopped", request.peer));
+      // No progress thread will ever run them: fail here, on the caller's thread.
+      for (ReadRequest& request : requests) {
+        ReadCallback done = std::move(request.done);
+        reads_failed.fetch_add(1, std::memory_order_relaxed);
+        if (done) {
+          done(make_error(StatusCode::kCancelled, "read from peer {}: the fabric has stopped", request.peer));
+        }
       }
       return;
     }
-    queue.push_back(std::move(request));
+    for (ReadRequest& request : requests) queue.push_back(std::move(request));
   }
+  // One wake-up for the whole hand-over.
   if (wait_mode == CqWaitMode::kBlockingSread) {
     if (progress_sleeping.load()) (void)fi_cq_signal(cq.get());
   } else {
@@ -464,6 +517,8 @@ void Fabric::Impl::progress_loop() {
   // kPollWithBackoff sleeps for tens of microseconds; the default 50 us timer slack
   // would stretch each of those sleeps to ~70 us.
   prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+  // A name for top -H, perf and /proc/PID/task: profiles of the daemon are read per thread.
+  prctl(PR_SET_NAME, "smx-fabric", 0UL, 0UL, 0UL);
   auto backoff = kMinIdleBackoff;
   for (;;) {
     // Read the flag before the work so everything queued before stop_progress is seen.
@@ -493,7 +548,7 @@ std::size_t Fabric::Impl::take_queued() {
     // never reach the provider, so they complete now and queue behind nothing.
     if (!request.rejection.ok()) {
       complete(request, request.rejection);
-    } else if (request.length == 0) {
+    } else if (request.length() == 0) {
       complete(request, Status::ok_status());
     } else if (!peer_failure[static_cast<std::size_t>(request.peer)].ok()) {
       fail_request(request);
@@ -608,9 +663,7 @@ std::size_t Fabric::Impl::post_one(int peer) {
   std::deque<ReadRequest>& waiting = pending_by_peer[static_cast<std::size_t>(peer)];
   ReadRequest& request = waiting.front();
   const std::size_t slot = allocate_slot();
-  const PeerRegion& region = peers[static_cast<std::size_t>(peer)];
-  const ssize_t rc = fi_read(ep.get(), request.local_address, request.length, request.local_desc, region.address,
-                             region.region_address + request.remote_offset, region.region_key, &op_contexts[slot]);
+  const ssize_t rc = post(request, &op_contexts[slot].provider_scratch);
   if (rc == -FI_EAGAIN) {
     free_slots.push_back(slot);
     return 0;
@@ -620,9 +673,8 @@ std::size_t Fabric::Impl::post_one(int peer) {
   --pending_count;
   if (rc != 0) {
     free_slots.push_back(slot);
-    complete(posted, make_error(StatusCode::kUnavailable, "read from peer {}: fi_read of {} bytes at offset {} "
-                                                         "failed: {}", posted.peer, posted.length,
-                                posted.remote_offset, fi_strerror(static_cast<int>(-rc))));
+    complete(posted, make_error(StatusCode::kUnavailable, "read from peer {}: fi_read of {} failed: {}", posted.peer,
+                                posted.describe(), fi_strerror(static_cast<int>(-rc))));
     return 1;
   }
   InflightRead& entry = inflight[slot];
@@ -633,6 +685,35 @@ std::size_t Fabric::Impl::post_one(int peer) {
   ++live_inflight;
   reads_posted.fetch_add(1, std::memory_order_relaxed);
   return 1;
+}
+
+ssize_t Fabric::Impl::post(ReadRequest& request, fi_context2* context) {
+  const PeerRegion& region = peers[static_cast<std::size_t>(request.peer)];
+  if (request.segment_count == 1) {
+    const ReadSegment& segment = request.segments[0];
+    return fi_read(ep.get(), request.local_base + segment.local_offset, segment.length, request.local_desc,
+                   region.address, region.region_address + segment.remote_offset, region.region_key, context);
+  }
+  // Several segments of one peer: one operation, one completion (fewer provider round
+  // trips, and with shm one process_vm_readv and one lock of the target's region).
+  std::array<iovec, kMaxReadSegments> local_iov{};
+  std::array<void*, kMaxReadSegments> descs{};
+  std::array<fi_rma_iov, kMaxReadSegments> remote_iov{};
+  for (std::size_t i = 0; i < request.segment_count; ++i) {
+    const ReadSegment& segment = request.segments[i];
+    local_iov[i] = iovec{request.local_base + segment.local_offset, segment.length};
+    descs[i] = request.local_desc;
+    remote_iov[i] = fi_rma_iov{region.region_address + segment.remote_offset, segment.length, region.region_key};
+  }
+  fi_msg_rma message{};
+  message.msg_iov = local_iov.data();
+  message.desc = descs.data();
+  message.iov_count = request.segment_count;
+  message.addr = region.address;
+  message.rma_iov = remote_iov.data();
+  message.rma_iov_count = request.segment_count;
+  message.context = context;
+  return fi_readmsg(ep.get(), &message, FI_COMPLETION);
 }
 
 std::size_t Fabric::Impl::poll_completions() {
@@ -660,7 +741,7 @@ std::size_t Fabric::Impl::handle_cq_result(ssize_t rc, const fi_cq_entry* entrie
       }
       ReadRequest done = std::move(inflight[*slot].request);
       release_slot(*slot);
-      bytes_read.fetch_add(done.length, std::memory_order_relaxed);
+      bytes_read.fetch_add(done.length(), std::memory_order_relaxed);
       complete(done, Status::ok_status());
     }
     return static_cast<std::size_t>(rc);
@@ -690,8 +771,8 @@ std::size_t Fabric::Impl::handle_cq_error() {
   ReadRequest failed = std::move(inflight[*slot].request);
   release_slot(*slot);
   complete(failed, make_error(StatusCode::kUnavailable,
-                              "read from peer {}: {} bytes at offset {} failed: {} (provider {}: {})", failed.peer,
-                              failed.length, failed.remote_offset, fi_strerror(error.err), provider_name,
+                              "read from peer {}: {} failed: {} (provider {}: {})", failed.peer,
+                              failed.describe(), fi_strerror(error.err), provider_name,
                               detail ? detail : "no detail"));
   return 1;
 }
@@ -905,15 +986,29 @@ void Fabric::stop_progress() {
 
 void Fabric::read(int peer, std::uint64_t remote_offset, std::size_t length, const LocalRegion& local,
                   std::size_t local_offset, ReadCallback done) {
-  ReadRequest request;
-  request.peer = peer;
-  request.remote_offset = remote_offset;
-  request.length = length;
-  request.local_desc = local.desc;
-  request.done = std::move(done);
-  request.rejection = impl_->validate(peer, remote_offset, length, local, local_offset);
-  if (request.rejection.ok()) request.local_address = static_cast<std::uint8_t*>(local.base) + local_offset;
-  impl_->enqueue(std::move(request));
+  const ReadSegment segment{remote_offset, length, local_offset};
+  std::vector<ReadRequest> one;
+  one.push_back(impl_->make_request(peer, std::span(&segment, 1), local, std::move(done)));
+  impl_->enqueue(std::move(one));
+}
+
+std::size_t Fabric::max_segments_per_read() const { return impl_->max_segments; }
+
+void Fabric::read_many(std::vector<VectorRead> reads, const LocalRegion& local) {
+  std::vector<ReadRequest> requests;
+  requests.reserve(reads.size());
+  for (VectorRead& read : reads) {
+    const std::size_t count = std::min(read.segment_count, read.segments.size());
+    ReadRequest request =
+        impl_->make_request(read.peer, std::span(read.segments.data(), count), local, std::move(read.done));
+    if (read.segment_count > read.segments.size()) {
+      request.rejection = make_error(StatusCode::kInvalidArgument, "read from peer {}: {} segments in one read; at "
+                                                                   "most {}",
+                                     read.peer, read.segment_count, read.segments.size());
+    }
+    requests.push_back(std::move(request));
+  }
+  impl_->enqueue(std::move(requests));
 }
 
 void Fabric::fail_peer(int peer, Status why) {

@@ -9,6 +9,7 @@
 // main-thread only. Completion callbacks run on the progress thread: keep them short.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -22,6 +23,10 @@
 
 namespace shardmix::fabric {
 
+// The most segments one read carries, whatever the provider allows: enough to turn a
+// batch's reads from one peer into a few operations (tcp and shm allow 4 here).
+inline constexpr std::size_t kMaxReadSegments = 4;
+
 struct FabricOptions {
   // "auto": verbs when an RDMA device is present (rdma-core's ibv_get_device_list),
   // else tcp. Otherwise a libfabric provider name: "tcp" (used as tcp;ofi_rxm), "shm",
@@ -32,6 +37,8 @@ struct FabricOptions {
   // all but one of them, so a peer that stops answering cannot starve reads (and failure
   // detector heartbeats) to the others.
   std::uint32_t max_outstanding_reads = 8;
+  // Segments per read (fabric.max_read_segments): 1 posts every sample as its own fi_read.
+  std::uint32_t max_read_segments = kMaxReadSegments;
 };
 
 // A locally registered region that can be the target of reads.
@@ -50,6 +57,24 @@ struct FabricStats {
 };
 
 using ReadCallback = std::function<void(const Status&)>;
+
+// One piece of a vectored read: `length` bytes at `remote_offset` of the peer's exposed
+// region into `local_offset` of the local target region.
+struct ReadSegment {
+  std::uint64_t remote_offset = 0;
+  std::size_t length = 0;
+  std::size_t local_offset = 0;
+};
+
+
+// A read of up to max_segments_per_read() segments of one peer's exposed region, posted
+// as one provider operation (fi_readmsg) with one completion.
+struct VectorRead {
+  int peer = -1;
+  std::array<ReadSegment, kMaxReadSegments> segments{};
+  std::size_t segment_count = 0;
+  ReadCallback done;
+};
 
 class Fabric {
  public:
@@ -89,6 +114,15 @@ class Fabric {
   // but no longer count against max_outstanding_reads. `why` must be an error (an ok
   // status or an unknown rank is ignored). Safe from any thread.
   void fail_peer(int peer, Status why);
+
+  // Segments one VectorRead may carry on this provider: the smaller of its local and
+  // remote iov limits, at most kMaxReadSegments, at least 1.
+  std::size_t max_segments_per_read() const;
+  // Hands several reads to the progress thread at once (one queue lock, one wake-up),
+  // each into `local`. Each read's `done` runs once on the progress thread, as for read().
+  // A read with more segments than max_segments_per_read(), or none, fails through its
+  // `done`, as does any segment out of range.
+  void read_many(std::vector<VectorRead> reads, const LocalRegion& local);
 
   FabricStats stats() const;
 

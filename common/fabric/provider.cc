@@ -2,6 +2,8 @@
 
 #include <infiniband/verbs.h>
 
+#include <algorithm>
+
 namespace shardmix::fabric {
 namespace {
 
@@ -36,6 +38,13 @@ CqWaitMode cq_wait_mode_for(std::string_view returned_prov_name) {
   const std::string_view core = core_provider(returned_prov_name);
   if (core == "tcp" || core == "net" || core == "verbs") return CqWaitMode::kBlockingSread;
   return CqWaitMode::kPollWithBackoff;
+}
+
+std::size_t read_segments_for(std::string_view returned_prov_name, std::size_t configured, std::size_t cap,
+                              std::size_t iov_limit, std::size_t rma_iov_limit) {
+  if (core_provider(returned_prov_name) == "shm") return 1;
+  const std::size_t limit = std::min({configured, cap, iov_limit, rma_iov_limit});
+  return std::max<std::size_t>(limit, 1);
 }
 
 }  // namespace shardmix::fabric

@@ -4,6 +4,7 @@
 // Thread-safety: free functions without shared state.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -37,5 +38,14 @@ enum class CqWaitMode {
 
 // Decides from the prov_name fi_getinfo returned (e.g. "tcp;ofi_rxm", "shm").
 CqWaitMode cq_wait_mode_for(std::string_view returned_prov_name);
+
+// Segments one vectored read may carry on a provider: the smallest of `configured`
+// (fabric.max_read_segments), `cap` and the provider's local and remote iov limits (a
+// segment needs one of each), at least 1. shm gets 1: its fast path (the reader copies
+// with one process_vm_readv under the target's lock) takes only reads with one remote
+// segment; any more go through the target's progress thread, which measured 2.4x slower
+// with 3.1x the fabric thread's CPU on the delivery benchmark (docs/decisions/0031).
+std::size_t read_segments_for(std::string_view returned_prov_name, std::size_t configured, std::size_t cap,
+                              std::size_t iov_limit, std::size_t rma_iov_limit);
 
 }  // namespace shardmix::fabric

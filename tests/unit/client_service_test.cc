@@ -204,6 +204,23 @@ TEST_F(ServiceTest, DeliversThePlannedSamplesWithTheRightBytes) {
   EXPECT_EQ(client.catalog().size(), catalog_.size());
 }
 
+// A trainer that falls behind finds several frames queued on its socket; the client reads
+// them with one receive into its inbox and must still split them exactly (the pause only
+// lets frames pile up; nothing is asserted about time).
+TEST_F(ServiceTest, FramesThatPiledUpAreSplitExactly) {
+  Client client = Client::connect(options(1));
+  for (std::uint64_t epoch : {0u, 1u}) {
+    std::vector<SampleId> ids;
+    Epoch pass = client.epoch(epoch);
+    for (auto it = pass.begin(); it != pass.end(); ++it) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      for (const Sample& s : *it) ids.push_back(s.id());
+    }
+    EXPECT_EQ(ids, planner_->plan_node(epoch, 0)[1].order);
+  }
+  EXPECT_EQ(client.catalog().size(), catalog_.size());
+}
+
 TEST_F(ServiceTest, AKilledTrainerDoesNotDisturbTheOtherAndCanComeBack) {
   Client steady = Client::connect(options(0));
   {

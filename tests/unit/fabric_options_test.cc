@@ -55,6 +55,15 @@ EndpointBlob sample_blob() {
   return blob;
 }
 
+TEST(FabricProvider, ReadSegmentsAreTheSmallestLimitAndOneOnShm) {
+  EXPECT_EQ(read_segments_for("tcp;ofi_rxm", 4, 4, 4, 4), 4u);
+  EXPECT_EQ(read_segments_for("tcp;ofi_rxm", 2, 4, 4, 4), 2u);   // fabric.max_read_segments
+  EXPECT_EQ(read_segments_for("verbs;ofi_rxm", 4, 4, 30, 1), 1u);  // the remote iov limit
+  EXPECT_EQ(read_segments_for("tcp;ofi_rxm", 4, 4, 3, 4), 3u);    // the local iov limit
+  EXPECT_EQ(read_segments_for("efa", 4, 4, 0, 0), 1u);            // a provider reporting 0
+  EXPECT_EQ(read_segments_for("shm", 4, 4, 4, 4), 1u);            // only 1 remote segment is fast
+}
+
 TEST(EndpointBlob, RoundTrips) {
   const EndpointBlob blob = sample_blob();
   Result<EndpointBlob> decoded = decode_endpoint_blob(encode_endpoint_blob(blob), 3);

@@ -561,7 +561,7 @@ TEST(TrainerScheduler, MinimumStagingDeliversEverything) {
   }
 }
 
-TEST(StagingAllocator, AllocatesNextFitAndRefusesWhatDoesNotFit) {
+TEST(StagingAllocator, AllocatesFirstFitAndRefusesWhatDoesNotFit) {
   StagingAllocator staging(100, 1000);
   auto a = staging.allocate(400);
   auto b = staging.allocate(400);
@@ -570,7 +570,7 @@ TEST(StagingAllocator, AllocatesNextFitAndRefusesWhatDoesNotFit) {
   EXPECT_EQ(*b, 500u);
   EXPECT_FALSE(staging.allocate(300));  // 200 left
   staging.release(*a, 400);
-  auto c = staging.allocate(300);  // wraps to the start
+  auto c = staging.allocate(300);  // the lowest hole that fits
   ASSERT_TRUE(c);
   EXPECT_EQ(*c, 100u);
   EXPECT_FALSE(staging.allocate(250));  // free: 100 between c and b, 200 after b
