@@ -122,6 +122,10 @@ int main(int argc, char** argv) {
                  "Do not connect: run each epoch over this many batches of in-memory bytes (touched as --touch "
                  "says, then --compute-ms): the stall-free reference of bench/stall.sh");
   app.add_option("--synthetic-batch-bytes", synthetic_batch_bytes, "Bytes per --synthetic-batches batch");
+  bool first_batch_only = false;
+  app.add_flag("--first-batch-only", first_batch_only,
+               "Print when the first batch was in hand (a 'JSON {...}' line with t_first_batch) and exit at once, "
+               "without finishing the epoch: bench/startup.sh's mpirun-to-first-batch");
   CLI11_PARSE(app, argc, argv);
   if (synthetic_batches > 0) {
     return run_synthetic(epochs, synthetic_batches, synthetic_batch_bytes, touch, compute_ms, json);
@@ -189,7 +193,17 @@ int main(int argc, char** argv) {
       const bool resuming = e == first_epoch && !resume_blob.empty();
       for (const shardmix::Batch& batch : resuming ? client.epoch(e, resume_blob) : client.epoch(e)) {
         stall += std::chrono::steady_clock::now() - waiting_since;
-        if (!first_batch_at) first_batch_at = std::chrono::steady_clock::now();
+        if (!first_batch_at) {
+          first_batch_at = std::chrono::steady_clock::now();
+          if (first_batch_only) {
+            std::printf("JSON {\"rank\": %d, \"epoch\": %llu, \"first_batch_only\": true, \"samples\": %zu, "
+                        "\"t_start\": %.6f, \"t_first_batch\": %.6f}\n",
+                        rank, static_cast<unsigned long long>(e), batch.size(), monotonic_seconds(start),
+                        monotonic_seconds(*first_batch_at));
+            std::fflush(stdout);
+            std::_Exit(0);  // like a trainer that goes away mid-epoch: the daemon copes (trainer_killed e2e)
+          }
+        }
         ++batches;
         std::size_t position = 0;
         for (const shardmix::Sample& s : batch) {
