@@ -9,14 +9,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <numeric>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -223,7 +226,7 @@ Status check_rank(int rank, int nranks) {
   return Status::ok_status();
 }
 
-Result<ScanResult> scan_folder(const DatasetConfig& dataset, int rank, int nranks) {
+Result<ScanResult> scan_folder(const DatasetConfig& dataset, int rank, int nranks, unsigned threads) {
   const std::string& root = dataset.path;
   struct stat st;
   if (::stat(root.c_str(), &st) != 0) {
@@ -268,8 +271,40 @@ Result<ScanResult> scan_folder(const DatasetConfig& dataset, int rank, int nrank
     return make_error(StatusCode::kInvalidArgument, "dataset.path '{}' has too many class folders ({})", root,
                       out.class_names.size());
   }
+  // This rank's classes, scanned by `threads` threads: on a cold cache each stat waits for
+  // its inode, and only more requests in flight use a disk's (or a parallel file
+  // system's) concurrency (docs/decisions/0029). Each class lands in its own slot, joined
+  // in class order, so the result does not depend on the thread count or timing.
+  std::vector<std::size_t> mine;
   for (std::size_t i = static_cast<std::size_t>(rank); i < out.class_names.size(); i += static_cast<std::size_t>(nranks)) {
-    SHARDMIX_RETURN_IF_ERROR(scan_class_dir(root, out.class_names[i], static_cast<std::int32_t>(i), out));
+    mine.push_back(i);
+  }
+  std::vector<ScanResult> per_class(mine.size());
+  std::vector<Status> statuses(mine.size());
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  auto worker = [&] {
+    for (std::size_t k = next.fetch_add(1); k < mine.size() && !failed.load(); k = next.fetch_add(1)) {
+      statuses[k] = scan_class_dir(root, out.class_names[mine[k]], static_cast<std::int32_t>(mine[k]), per_class[k]);
+      if (!statuses[k].ok()) failed = true;
+    }
+  };
+  const std::size_t n_threads = std::clamp<std::size_t>(threads, 1, std::max<std::size_t>(mine.size(), 1));
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < n_threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  // The first failing class in class order: the same error whatever the thread count
+  // (classes after it may not have been scanned).
+  for (const Status& st : statuses) SHARDMIX_RETURN_IF_ERROR(st);
+  std::size_t total = 0;
+  for (const ScanResult& part : per_class) total += part.entries.size();
+  out.entries.reserve(total);
+  for (ScanResult& part : per_class) {
+    std::move(part.entries.begin(), part.entries.end(), std::back_inserter(out.entries));
+    out.skipped_hidden += part.skipped_hidden;
+    out.skipped_symlinked_dirs += part.skipped_symlinked_dirs;
+    out.skipped_special += part.skipped_special;
   }
   return out;
 }
@@ -759,11 +794,11 @@ Result<Catalog> Catalog::deserialize(std::span<const std::uint8_t> bytes) {
 
 // ---------------------------------------------------------------- scans
 
-Result<ScanResult> scan_partition(const DatasetConfig& dataset, int rank, int nranks) {
+Result<ScanResult> scan_partition(const DatasetConfig& dataset, int rank, int nranks, unsigned threads) {
   SHARDMIX_RETURN_IF_ERROR(check_rank(rank, nranks));
   if (dataset.path.empty()) return make_error(StatusCode::kInvalidArgument, "dataset.path is empty");
   switch (dataset.format) {
-    case DatasetFormat::kFolder: return scan_folder(dataset, rank, nranks);
+    case DatasetFormat::kFolder: return scan_folder(dataset, rank, nranks, threads);
     case DatasetFormat::kFileList: return scan_filelist(dataset, rank, nranks);
     case DatasetFormat::kWebDataset:
     case DatasetFormat::kTfRecord: return scan_shards(dataset, rank, nranks);

@@ -533,7 +533,8 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   phases.mark("setup");
 
   // 1. Catalog: each rank scans its share, everyone merges the same catalog.
-  auto scan = scan_partition(config.dataset, rank, nodes);
+  // As many scanning threads as loading ones: both wait on storage, one request each.
+  auto scan = scan_partition(config.dataset, rank, nodes, config.service.loader_threads);
   s = agree(mpi, scan.status(), "scanning the dataset");
   if (!s.ok()) return fail(s);
   {
