@@ -251,8 +251,8 @@ def summarize_stall(rows):
             syn_med = med(list(syn_spans.values()))
             stalls, rates = [], []
             for (run, epoch), span in fed_spans.items():
-                if epoch == 0 and loader == "shardmix":
-                    continue
+                if epoch == 0:
+                    continue  # ShardMix: connection set-up; DataLoader: its persistent workers start
                 stalls.append(max(span - syn_med, 0.0) / span)
                 rates.append(sum(x["samples"] for x in fed if x["run"] == run and x["epoch"] == epoch) / span)
             per[str(f)] = {"stall_fraction": stats(stalls), "samples_per_s": stats(rates),

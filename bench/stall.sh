@@ -13,8 +13,8 @@
 # (bench/stall_torch.py: DistributedSampler + DataLoader over the same files, page cache
 # warm; the worker count among --workers with the best rate at no compute), and the
 # synthetic reference of each. An epoch's time is the span from the first rank's start to
-# the last one's end. ShardMix's epoch 0 (connection set-up, first touch of the staging
-# pages) is left out. Target: ShardMix stall < 1% when compute needs 80% of its peak.
+# the last one's end. Epoch 0 is left out (ShardMix: connection set-up, first touch of the
+# staging pages; DataLoader: its persistent workers start). Target: ShardMix stall < 1% when compute needs 80% of its peak.
 #
 #   bash bench/stall.sh [--quick] [--out FILE.json] [--epochs 4] [--workers "1 2"]
 # Full: 16,384 samples (median 112 KiB), 4 epochs per run (3 measured for ShardMix);
@@ -55,6 +55,7 @@ total_bytes=$(cd "$data" && find . -name '*.bin' -printf '%s\n' | awk '{s += $1}
 batch=32
 batches_per_trainer=$(((samples / 4 + batch - 1) / batch))
 batch_bytes=$((total_bytes / samples * batch))
+# shellcheck disable=SC2054  # "self,vader" is one argument
 mpirun_flags=(--allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader)
 cat >"$work/c.toml" <<TOML
 [dataset]

@@ -45,8 +45,9 @@ class StallTest(unittest.TestCase):
         rows += epoch_rows("fed", "shardmix", 0.8, 0, 2, 50.0, 1.02)
         rows += epoch_rows("synthetic", "shardmix", 0.8, 0, 0, 60.0, 1.0, samples=0)
         rows += epoch_rows("synthetic", "shardmix", 0.8, 0, 1, 70.0, 1.0, samples=0)
-        # DataLoader: its epoch 0 counts; 2 s against 1 s synthetic = 50% stall.
-        rows += epoch_rows("fed", "dataloader", 0.8, 0, 0, 80.0, 2.0)
+        # DataLoader: epoch 0 (workers starting) left out too; 2 s against 1 s synthetic = 50% stall.
+        rows += epoch_rows("fed", "dataloader", 0.8, 0, 0, 75.0, 4.0)
+        rows += epoch_rows("fed", "dataloader", 0.8, 0, 1, 80.0, 2.0)
         rows += epoch_rows("synthetic", "dataloader", 0.8, 0, 0, 90.0, 1.0, samples=0)
         result = cr.summarize_stall(rows)
         self.assertAlmostEqual(result["shardmix_peak_samples_per_s"]["median"], 4000.0)
