@@ -69,9 +69,11 @@ def run_rank(args):
             nbytes += train_step(b, sink, compute_s)
             samples += len(b)
         t1 = time.monotonic()
-        print("JSON " + json.dumps({"bench": "stall_torch", "rank": args.rank, "epoch": epoch, "samples": samples,
-                                    "bytes": nbytes, "workers": args.workers, "t_start": t0, "t_end": t1}),
-              flush=True)
+        line = "JSON " + json.dumps({"bench": "stall_torch", "rank": args.rank, "epoch": epoch, "samples": samples,
+                                     "bytes": nbytes, "workers": args.workers, "t_start": t0, "t_end": t1})
+        # One write(2) per line: the ranks share stdout, and print() under PYTHONUNBUFFERED
+        # writes the text and the newline apart, so lines of two ranks could interleave.
+        os.write(1, (line + "\n").encode())
     dist.barrier()
     dist.destroy_process_group()
 
