@@ -236,6 +236,15 @@ def summarize_stall(rows):
         samples = sum(x["samples"] for x in peak if x["run"] == run and x["epoch"] == epoch)
         peak_rates.append(samples / span)
     result["shardmix_peak_samples_per_s"] = stats(peak_rates)
+    # The DataLoader's worker counts at no compute, which picked its best configuration.
+    probes = {}
+    probe_rows = [r for r in rows if r["kind"] == "torch_probe"]
+    for (run, epoch), span in epoch_spans(probe_rows).items():
+        if epoch == 0:
+            continue
+        ranks = [x for x in probe_rows if x["run"] == run and x["epoch"] == epoch]
+        probes.setdefault(ranks[0]["config"], []).append(sum(x["samples"] for x in ranks) / span)
+    result["dataloader_no_compute_samples_per_s"] = {k: stats(v) for k, v in probes.items()}
     result["compute"] = {}
     for r in rows:
         if r["kind"] == "compute":
@@ -275,6 +284,10 @@ def summarize_stall(rows):
     md.append("|---|" + "---|" * len(fractions))
     md.append("| ms per batch per trainer | " + " | ".join(
         f"{result['compute'][str(f)]['compute_ms']:.2f}" for f in fractions) + " |")
+    if probes:
+        md.append("")
+        md.append("DataLoader at no compute (page cache warm), samples/s: " + ", ".join(
+            f"{k}: {rng(v, '{:.0f}')}" for k, v in result["dataloader_no_compute_samples_per_s"].items()) + ".")
     md.append("")
     sm = result["loaders"].get("shardmix", {}).get("0.8")
     if sm and sm["stall_fraction"]["median"] is not None:

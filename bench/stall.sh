@@ -101,7 +101,7 @@ rows = [json.loads(l[5:]) for l in open(sys.argv[1]) if l.startswith("JSON ")]
 last = [r for r in rows if r["epoch"] == 1]
 print(sum(r["samples"] for r in last) / (max(r["t_end"] for r in last) - min(r["t_start"] for r in last)))' "$work/t.txt")
   echo "   $rate samples/s"
-  tag_rows torch_probe "\"loader\": \"dataloader\", \"run\": 0, \"fraction\": null, \"config\": \"$w workers\"" <"$work/t.txt"
+  tag_rows torch_probe "\"loader\": \"dataloader\", \"run\": $w, \"fraction\": null, \"config\": \"$w workers\"" <"$work/t.txt"
   if python3 -c "import sys; sys.exit(0 if $rate > $best_rate else 1)"; then best_workers=$w best_rate=$rate; fi
 done
 echo "DataLoader best: $best_workers workers ($best_rate samples/s)"

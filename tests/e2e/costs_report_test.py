@@ -49,8 +49,16 @@ class StallTest(unittest.TestCase):
         rows += epoch_rows("fed", "dataloader", 0.8, 0, 0, 75.0, 4.0)
         rows += epoch_rows("fed", "dataloader", 0.8, 0, 1, 80.0, 2.0)
         rows += epoch_rows("synthetic", "dataloader", 0.8, 0, 0, 90.0, 1.0, samples=0)
+        # The DataLoader's probes at no compute: one run per worker count, epoch 0 left out.
+        for workers, seconds in ((1, 0.4), (2, 0.2)):
+            for epoch in (0, 1):
+                rows += [dict(r, config=f"{workers} workers")
+                         for r in epoch_rows("torch_probe", "dataloader", None, workers, epoch, 100.0 + epoch, seconds)]
         result = cr.summarize_stall(rows)
         self.assertAlmostEqual(result["shardmix_peak_samples_per_s"]["median"], 4000.0)
+        probes = result["dataloader_no_compute_samples_per_s"]
+        self.assertAlmostEqual(probes["1 workers"]["median"], 1000.0)
+        self.assertAlmostEqual(probes["2 workers"]["median"], 2000.0)
         sm = result["loaders"]["shardmix"]["0.8"]["stall_fraction"]
         self.assertEqual(sm["n"], 2)
         self.assertAlmostEqual(sm["min"], 0.0)
