@@ -202,7 +202,8 @@ def summarize_cost(rows):
           f"| daemon RSS per cached GB (sum of 4 daemons' VmRSS / cached bytes) | {rng(result['rss_bytes_per_cached_gb'], '{:.2f}', 1e-9)} GB |",
           f"| catalog bytes per sample (in memory, each daemon) | {rng(result['catalog_bytes_per_sample'], '{:.1f}')} |",
           f"| bookkeeping bytes per sample (serialized catalog kept for trainers + placement tables) | "
-          f"{rng(result['bookkeeping_bytes_per_sample'], '{:.1f}')} |", "",
+          f"{rng(result['bookkeeping_bytes_per_sample'], '{:.1f}')} |",
+          f"| load average at each run's start | {'; '.join(str(x) for x in result['loadavg'])} |", "",
           "Resident set of one daemon at the end of the run, MB (mean over daemons):", "",
           "| part | MB |", "|---|---|"]
     for k, s in result["rss_parts_bytes_per_daemon"].items():
@@ -228,6 +229,9 @@ def epoch_spans(rows):
 
 def summarize_stall(rows):
     result = header({"loaders": {}})
+    conditions = [r for r in rows if r["kind"] == "conditions"]
+    if conditions:
+        result["conditions"] = {k: v for k, v in conditions[-1].items() if k != "kind"}
     peak = [r for r in rows if r["kind"] == "peak"]
     peak_rates = []
     for (run, epoch), span in epoch_spans(peak).items():
@@ -288,6 +292,11 @@ def summarize_stall(rows):
         md.append("")
         md.append("DataLoader at no compute (page cache warm), samples/s: " + ", ".join(
             f"{k}: {rng(v, '{:.0f}')}" for k, v in result["dataloader_no_compute_samples_per_s"].items()) + ".")
+    if conditions:
+        c = result["conditions"]
+        md.append("")
+        md.append(f"Dataset {c.get('dataset')}; {c.get('epochs')} epochs per run (epoch 0 left out); load average "
+                  f"{c.get('loadavg_start')} at the start, {c.get('loadavg_end')} at the end.")
     md.append("")
     sm = result["loaders"].get("shardmix", {}).get("0.8")
     if sm and sm["stall_fraction"]["median"] is not None:
