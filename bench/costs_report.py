@@ -147,6 +147,9 @@ def summarize_startup(rows):
     lines.append("| loading / disk | | " + " | ".join(
         f"{e['load_vs_disk']:.0%}" if e["load_vs_disk"] else "n/a" for e in sizes) + " |")
     lines.append("")
+    lines.append("Load average at each run's start: " + "; ".join(
+        f"{e['samples']:,}: " + ", ".join(str(x) for x in e["loadavg"]) for e in sizes) + ".")
+    lines.append("")
     for e in sizes:
         if "target_s" in e:
             verdict = "met" if e["target_met"] else "MISSED"
