@@ -51,10 +51,10 @@ trap 'rm -rf "$work"' EXIT
 raw=$work/raw.jsonl
 : >"$raw"
 (cd "$data" && find . -name '*.bin' -printf '%P\n' | sort) >"$work/list"
-total_bytes=$(cd "$data" && find . -name '*.bin' -printf '%s\n' | awk '{s += $1} END {print s}')
+total_bytes=$(cd "$data" && find . -name '*.bin' -printf '%s\n' | awk '{s += $1} END {printf "%.0f\n", s}')
 batch=32
 batches_per_trainer=$(((samples / 4 + batch - 1) / batch))
-batch_bytes=$((total_bytes / samples * batch))
+batch_bytes=$((total_bytes * batch / samples))
 # shellcheck disable=SC2054  # "self,vader" is one argument
 mpirun_flags=(--allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader)
 cat >"$work/c.toml" <<TOML
