@@ -265,13 +265,19 @@ def summarize_stall(rows):
             fed_spans = epoch_spans(fed)
             syn_spans = epoch_spans(syn)
             syn_med = med(list(syn_spans.values()))
-            stalls, rates = [], []
+            stalls, rates, waits = [], [], []
             for (run, epoch), span in fed_spans.items():
                 if epoch == 0:
                     continue  # ShardMix: connection set-up; DataLoader: its persistent workers start
                 stalls.append(max(span - syn_med, 0.0) / span)
-                rates.append(sum(x["samples"] for x in fed if x["run"] == run and x["epoch"] == epoch) / span)
+                ranks = [x for x in fed if x["run"] == run and x["epoch"] == epoch]
+                rates.append(sum(x["samples"] for x in ranks) / span)
+                # What shardmix-consume itself saw: time waiting for a batch (the rest of
+                # the stall is the trainer's own work running slower while sharing the CPU).
+                if all("stall_seconds" in x for x in ranks):
+                    waits.append(statistics.mean(x["stall_seconds"] for x in ranks) / span)
             per[str(f)] = {"stall_fraction": stats(stalls), "samples_per_s": stats(rates),
+                           "trainer_wait_fraction": stats(waits),
                            "synthetic_epoch_s": syn_med, "fed_epoch_s": stats(list(fed_spans.values())),
                            "config": fed[0].get("config") if fed else None}
         result["loaders"][loader] = per
@@ -286,6 +292,10 @@ def summarize_stall(rows):
         md.append(f"| {loader}{' (' + cfg + ')' if cfg else ''} | " + " | ".join(
             f"{rng(per[str(f)]['stall_fraction'], '{:.1%}')} at {rng(per[str(f)]['samples_per_s'], '{:.0f}')} samples/s"
             for f in fractions) + " |")
+    for loader, per in result["loaders"].items():
+        if any(per[str(f)]["trainer_wait_fraction"]["n"] for f in fractions):
+            md.append(f"| {loader}: time the trainer waited for a batch, as a fraction of the epoch | " + " | ".join(
+                rng(per[str(f)]["trainer_wait_fraction"], "{:.1%}") for f in fractions) + " |")
     md.append("")
     md.append("| compute needs | " + " | ".join(f"{float(f):.0%}" for f in fractions) + " |")
     md.append("|---|" + "---|" * len(fractions))

@@ -16,8 +16,9 @@
 # the last one's end. Epoch 0 is left out (ShardMix: connection set-up, first touch of the
 # staging pages; DataLoader: its persistent workers start). Target: ShardMix stall < 1% when compute needs 80% of its peak.
 #
-#   bash bench/stall.sh [--quick] [--out FILE.json] [--epochs 4] [--workers "1 2"]
-# Full: 16,384 samples (median 112 KiB), 4 epochs per run (3 measured for ShardMix);
+#   bash bench/stall.sh [--quick] [--out FILE.json] [--epochs 4] [--workers "1 2"] [--prefetch 8]
+# --prefetch: ShardMix's service.prefetch (batches staged ahead per trainer).
+# Full: 16,384 samples (median 112 KiB), 4 epochs per run (3 measured);
 # --quick: 4,096 samples, 2 epochs.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -26,13 +27,15 @@ build=${SHARDMIX_BUILD_DIR:-$repo/build}
 data_root=${SHARDMIX_BENCH_DIR:-/tmp/shardmix-bench}
 torch_python=${SHARDMIX_TORCH_PYTHON:-/usr/bin/python3}
 samples=16384 median_kib=112 epochs=4 workers="1 2" fractions="0.5 0.8 1.0" out=$repo/bench/results/stall-latest.json
+prefetch=8
 while (($#)); do
   case $1 in
     --quick) samples=4096 epochs=2 ;;
     --out) out=$2; shift ;;
     --epochs) epochs=$2; shift ;;
     --workers) workers=$2; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    --prefetch) prefetch=$2; shift ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "stall.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -67,7 +70,7 @@ exchange_fraction = 1
 [fabric]
 provider = "tcp"
 [service]
-prefetch = 8
+prefetch = $prefetch
 [log]
 level = "warn"
 TOML
@@ -124,5 +127,5 @@ for f in $fractions; do
     --epochs "$epochs" --compute-ms "$compute_ms" >"$work/t.txt"
   tag_rows synthetic "\"loader\": \"dataloader\", \"run\": 0, \"fraction\": $f" <"$work/t.txt"
 done
-echo "{\"kind\": \"conditions\", \"dataset\": \"$samples samples, median $median_kib KiB\", \"loadavg_start\": \"$loadavg_start\", \"loadavg_end\": \"$(cut -d' ' -f1-3 /proc/loadavg)\", \"epochs\": $epochs}" >>"$raw"
+echo "{\"kind\": \"conditions\", \"prefetch\": $prefetch, \"dataset\": \"$samples samples, median $median_kib KiB\", \"loadavg_start\": \"$loadavg_start\", \"loadavg_end\": \"$(cut -d' ' -f1-3 /proc/loadavg)\", \"epochs\": $epochs}" >>"$raw"
 PYTHONPATH=$here python3 "$here/costs_report.py" stall "$raw" "$out"

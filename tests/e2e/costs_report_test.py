@@ -65,17 +65,19 @@ class StallTest(unittest.TestCase):
         self.assertAlmostEqual(sm["max"], 0.02 / 1.02)
         self.assertAlmostEqual(result["loaders"]["dataloader"]["0.8"]["stall_fraction"]["median"], 0.5)
         self.assertTrue(result["target_met"])  # median 0.98% < 1%
+        self.assertEqual(result["loaders"]["shardmix"]["0.8"]["trainer_wait_fraction"]["n"], 0)  # no stall_seconds
         self.assertIn("**met**", result["markdown"])
 
     def test_a_fed_epoch_faster_than_synthetic_is_zero_stall_and_a_miss_is_reported(self):
         rows = epoch_rows("peak", "shardmix", None, 0, 1, 0.0, 0.1)
         rows.append({"kind": "compute", "fraction": 0.8, "compute_ms": 10.0})
-        rows += epoch_rows("fed", "shardmix", 0.8, 0, 1, 10.0, 1.5)
+        rows += [dict(r, stall_seconds=0.3) for r in epoch_rows("fed", "shardmix", 0.8, 0, 1, 10.0, 1.5)]
         rows += epoch_rows("synthetic", "shardmix", 0.8, 0, 0, 20.0, 1.0, samples=0)
         result = cr.summarize_stall(rows)
         self.assertAlmostEqual(result["loaders"]["shardmix"]["0.8"]["stall_fraction"]["median"], 0.5 / 1.5)
         self.assertFalse(result["target_met"])
         self.assertIn("**MISSED**", result["markdown"])
+        self.assertAlmostEqual(result["loaders"]["shardmix"]["0.8"]["trainer_wait_fraction"]["median"], 0.2)
 
 
 class CostTest(unittest.TestCase):
