@@ -172,6 +172,10 @@ const KeySpec kKeys[] = {
      c.cache.capacity_bytes = cap.ok() ? cap->bytes : 0;
    },
    [](const Config& c) -> Value { return c.cache.capacity_text; }},
+  {"cache.rotation_epochs", KeyType::kUint, "0",
+   "When cache.capacity leaves samples cold: every this many epochs each node swaps in a new seeded-random resident set, loading only the samples that enter, behind a fence that no peer read or held batch crosses; samples in slots being rewritten are read from storage meanwhile. 0 = the resident set never changes. Ignored (with a warning) under fault.peer_death = \"degrade\": the fence needs every daemon alive (docs/decisions/0033-cache-rotation.md).",
+   "Rotation gives every sample its turn in RAM across epochs (fairness; at shuffle.exchange_fraction < 1 a node's cold share changes) but does not raise the hit rate: each reload reads the entering samples from storage on top of the cold reads, and while a node reloads its changing samples come from storage too. Leave 0 unless the same samples must not always be the storage-bound ones.",
+   "", 0, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(cache.rotation_epochs)},
 
   {"fabric.provider", KeyType::kString, "auto",
    "libfabric provider: \"auto\" (verbs, then tcp; shm inside a node), or a name such as tcp, shm, verbs, efa, cxi.",
@@ -182,7 +186,7 @@ const KeySpec kKeys[] = {
    "Pinning avoids a slow management NIC being picked first; leaving it empty is portable across node types.",
    "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(fabric.interface)},
   {"fabric.max_outstanding_reads", KeyType::kUint, "8",
-   "Remote reads (fi_read) in flight per daemon.",
+   "Remote reads (fi_read) in flight per daemon; with 3 or more daemons one peer may hold at most all but one of them (a peer that stops answering cannot starve the others, decision 0032).",
    "More overlaps more network latency but uses more staging memory and completion-queue space; beyond ~8 gave nothing on the development machines.",
    "", 1, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(fabric.max_outstanding_reads)},
   {"fabric.netns", KeyType::kString, "",
@@ -216,8 +220,8 @@ const KeySpec kKeys[] = {
    "", 0, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(service.cold_readahead_batches)},
 
   {"fault.peer_death", KeyType::kEnum, "stop",
-   "What the surviving daemons do when a peer daemon dies or stops answering (detected within fault.peer_timeout, docs/operations.md): \"stop\" = every trainer gets an error naming the dead daemon rank and the daemons exit non-zero with that message; \"degrade\" = serve the dead node's samples from storage instead (not built yet: refused with an error).",
-   "stop never hides a fault and never hangs; degrade would keep the job training at storage speed for a share of the samples.",
+   "What the surviving daemons do when a peer daemon dies or stops answering (detected within fault.peer_timeout, docs/operations.md): \"stop\" = every trainer gets an error naming the dead daemon rank and the daemons exit non-zero with that message; \"degrade\" = the survivors log the dead rank once (error level), read its samples from storage from then on (reads in flight retried from storage; the plan does not change), report it (shardmix_degraded_peers, storage_samples) and exit 0 without the shutdown barrier; the dead node's own trainers are gone, so this suits jobs whose surviving trainers can go on alone (elastic or independent trainers), not a fixed-size data-parallel job.",
+   "stop never hides a fault and never hangs; degrade keeps the surviving trainers going at storage speed for the dead node's share of the samples.",
    "stop|degrade", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(fault.peer_death)},
   {"fault.peer_timeout", KeyType::kDuration, "10s",
    "A peer daemon that answers no read (heartbeat or sample) for this long is declared dead (a duration such as \"10s\"). A peer whose process died is usually found sooner: its connection breaks at the next heartbeat (one per peer every fault.peer_timeout / 10, at most 1 s).",
@@ -947,12 +951,6 @@ Status validate(const Config& config, const Origins& origins) {
   }
   if (auto exts = parse_extension_list(config.dataset.sample_ext, "dataset.sample_ext"); !exts.ok()) {
     return exts.status();
-  }
-  if (config.fault.peer_death == "degrade") {
-    return make_error(StatusCode::kInvalidArgument,
-                      "config key 'fault.peer_death' = \"degrade\" ({}) would read a dead node's samples from storage; "
-                      "that failover is not built yet (the storage tier is, decisions/0025); use \"stop\"",
-                      origins.count("fault.peer_death") ? origins.at("fault.peer_death") : "default");
   }
   if (config.inject.slow_peer_rank < -1) {
     return make_error(StatusCode::kInvalidArgument, "config key 'inject.slow_peer_rank' must be -1 (none) or a rank, got {}",

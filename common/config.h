@@ -55,6 +55,9 @@ struct CacheConfig {
   // Accepts an integer, "8GiB", or a fraction of physical RAM such as 0.5.
   std::uint64_t capacity_bytes = 0;
   std::string capacity_text = "0.8";   // as the user wrote it (printed back by --print-config)
+  // cache.rotation_epochs: a new resident set every this many epochs (0 = static set;
+  // docs/decisions/0033). Only acts when some samples are cold.
+  std::uint32_t rotation_epochs = 0;
 
   bool operator==(const CacheConfig&) const = default;
 };
@@ -81,7 +84,7 @@ struct ServiceConfig {
 
 // What a daemon does when a peer daemon dies (docs/decisions/0025, 0026).
 struct FaultConfig {
-  std::string peer_death = "stop";     // fault.peer_death = stop|degrade (degrade: not available yet)
+  std::string peer_death = "stop";     // fault.peer_death = stop|degrade
   std::chrono::microseconds peer_timeout{std::chrono::seconds(10)};  // fault.peer_timeout
 
   bool operator==(const FaultConfig&) const = default;

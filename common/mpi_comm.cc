@@ -215,10 +215,11 @@ Status MpiSession::send(int dest, int tag, std::span<const std::uint8_t> bytes) 
   return Status::ok_status();
 }
 
-Result<std::optional<MpiSession::Message>> MpiSession::try_receive() const {
+Result<std::optional<MpiSession::Message>> MpiSession::try_receive(std::optional<int> tag) const {
   int waiting = 0;
   MPI_Status status;
-  SHARDMIX_MPI_CHECK("MPI_Iprobe", MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, g_comm, &waiting, &status));
+  SHARDMIX_MPI_CHECK("MPI_Iprobe",
+                     MPI_Iprobe(MPI_ANY_SOURCE, tag ? *tag : MPI_ANY_TAG, g_comm, &waiting, &status));
   if (!waiting) return std::optional<Message>();
   int count = 0;
   SHARDMIX_MPI_CHECK("MPI_Get_count", MPI_Get_count(&status, MPI_BYTE, &count));

@@ -49,8 +49,9 @@ class MpiSession {
     std::vector<std::uint8_t> bytes;
   };
   Status send(int dest, int tag, std::span<const std::uint8_t> bytes) const;
-  // nullopt if no message is waiting.
-  Result<std::optional<Message>> try_receive() const;
+  // nullopt if no message is waiting. With `tag`, only a message with that tag (so that
+  // the telemetry and the cache-rotation fence each take only their own messages).
+  Result<std::optional<Message>> try_receive(std::optional<int> tag = std::nullopt) const;
 
  private:
   int rank_ = 0;

@@ -60,7 +60,8 @@ std::uint64_t Placement::total_cold_samples() const {
 }
 
 std::vector<SampleId> choose_resident(const std::vector<std::uint64_t>& sizes, const std::vector<SampleId>& owned,
-                                      std::uint64_t capacity, std::uint64_t seed, std::uint32_t node) {
+                                      std::uint64_t capacity, std::uint64_t seed, std::uint32_t node,
+                                      std::uint64_t generation) {
   std::uint64_t needed = 0;
   for (SampleId id : owned) {
     needed += align_to_arena(sizes[id]);
@@ -70,7 +71,9 @@ std::vector<SampleId> choose_resident(const std::vector<std::uint64_t>& sizes, c
   // Random, not by id: ids are sorted by label, so a prefix would make the resident set
   // (and with it what stays local at low exchange_fraction) class-sorted.
   std::vector<SampleId> order(owned);
-  Rng rng = Rng::for_stream(seed, {kStreamResident, node});
+  // Generation 0 keeps the static tier's stream, so a job without rotation is unchanged.
+  Rng rng = generation == 0 ? Rng::for_stream(seed, {kStreamResident, node})
+                            : Rng::for_stream(seed, {kStreamResident, node, generation});
   shuffle(std::span<SampleId>(order), rng);
   std::vector<SampleId> resident;
   std::uint64_t used = 0;

@@ -65,8 +65,19 @@ struct Placement {
 // `capacity` bytes: the owned samples in a seeded-random order (stream {seed, node}), each
 // taken if its aligned size still fits (first fit), returned in ascending id order. Zero-byte
 // samples always fit. Deterministic: a pure function of its arguments.
+// `generation` (cache rotation, docs/decisions/0033): generation 0 is the static choice
+// above (stream {seed, node}); generation g > 0 draws its order from stream {seed, node, g},
+// so every generation is an independent random subset. When everything fits, every
+// generation is the whole share: rotation is then a no-op.
 std::vector<SampleId> choose_resident(const std::vector<std::uint64_t>& sizes, const std::vector<SampleId>& owned,
-                                      std::uint64_t capacity, std::uint64_t seed, std::uint32_t node);
+                                      std::uint64_t capacity, std::uint64_t seed, std::uint32_t node,
+                                      std::uint64_t generation = 0);
+
+// The residency generation of `epoch` under cache.rotation_epochs = `rotation_epochs`
+// (0 = static: always generation 0): epoch / rotation_epochs.
+constexpr std::uint64_t residency_generation(std::uint64_t epoch, std::uint32_t rotation_epochs) {
+  return rotation_epochs == 0 ? 0 : epoch / rotation_epochs;
+}
 
 // `capacity_bytes`: each node's arena limit (the same on every node; kNoCapacityLimit = all
 // owned samples resident, the layout of a dataset that fits in RAM).

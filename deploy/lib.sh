@@ -12,6 +12,8 @@
 #   sm_is_uint STRING                         true if STRING is a decimal integer >= 0
 #   sm_unexport_tool_vars                     keep the scripts' own SHARDMIX_* knobs out of
 #                                             the environment of shardmixd and the trainers
+#   sm_require_exes NAME...                   die unless every ShardMix executable is built
+#   sm_test_tmpdir LABEL                      a test's temp dir in SM_TMP, removed on exit
 
 SM_PROG=${SM_PROG:-$(basename -- "${BASH_SOURCE[1]:-$0}")}
 SM_REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -43,6 +45,29 @@ sm_find_exe() {
   done
   command -v -- "$name" 2>/dev/null && return 0
   return 1
+}
+
+# Dies naming the first executable that is neither built nor on PATH.
+sm_require_exes() {
+  local exe
+  for exe in "$@"; do
+    sm_find_exe "$exe" >/dev/null || sm_die "$exe not found in $(sm_build_dir) or PATH; build it first"
+  done
+}
+
+# One temp dir per test run, in SM_TMP: removed when the script exits, kept (and its path
+# logged) with SHARDMIX_E2E_KEEP=1 for a post-mortem. INT and TERM exit with the usual
+# codes so that the EXIT trap runs. A script that must undo more (network namespaces,
+# stray processes) defines sm_before_tmp_cleanup; it runs first.
+sm_test_tmpdir() {
+  SM_TMP=$(mktemp -d "${TMPDIR:-/tmp}/shardmix-$1.XXXXXX")
+  trap _sm_test_cleanup EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+}
+_sm_test_cleanup() {
+  if declare -F sm_before_tmp_cleanup >/dev/null; then sm_before_tmp_cleanup || true; fi
+  if [[ ${SHARDMIX_E2E_KEEP:-0} == 1 ]]; then sm_log "kept $SM_TMP"; else rm -rf -- "$SM_TMP"; fi
 }
 
 # mpirun and the flags that work on the development machines (shared/machine-notes.md).

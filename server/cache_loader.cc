@@ -88,4 +88,47 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
   return stats;
 }
 
+Result<LoadStats> load_entering_samples(const Catalog& catalog, const DatasetConfig& dataset,
+                                        const std::vector<std::pair<SampleId, std::uint64_t>>& entering,
+                                        std::uint32_t threads, std::uint8_t* arena,
+                                        const std::function<bool()>& cancelled) {
+  const auto start = std::chrono::steady_clock::now();
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::uint64_t> bytes{0};
+  std::atomic<bool> failed{false};
+  std::mutex error_mutex;  // guards first_error
+  Status first_error;
+  auto worker = [&] {
+    while (!failed.load(std::memory_order_relaxed)) {
+      if (cancelled && cancelled()) {
+        std::lock_guard lock(error_mutex);
+        if (first_error.ok()) first_error = make_error(StatusCode::kCancelled, "cache reload stopped");
+        failed = true;
+        return;
+      }
+      const std::size_t i = next.fetch_add(1);
+      if (i >= entering.size()) return;
+      const auto [id, offset] = entering[i];
+      Status s = read_sample(catalog, dataset, id, arena + offset);
+      if (!s.ok()) {
+        std::lock_guard lock(error_mutex);
+        if (first_error.ok()) first_error = s;
+        failed = true;
+        return;
+      }
+      bytes.fetch_add(catalog.sample_bytes(id), std::memory_order_relaxed);
+    }
+  };
+  std::vector<std::thread> pool;
+  const auto n_threads = static_cast<std::uint32_t>(std::max<std::uint64_t>(1, std::min<std::uint64_t>(threads, entering.size())));
+  for (std::uint32_t t = 0; t < n_threads; ++t) pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+  if (!first_error.ok()) return first_error;
+  LoadStats stats;
+  stats.samples = entering.size();
+  stats.bytes = bytes.load();
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return stats;
+}
+
 }  // namespace shardmix

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <utility>
+#include <vector>
 
 #include "common/catalog.h"
 #include "common/config.h"
@@ -33,5 +35,14 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
                                      const LoadProgress& progress = {},
                                      const std::function<bool()>& cancelled = {},
                                      std::chrono::microseconds per_sample_delay = {});
+
+// Cache rotation's reload (docs/decisions/0033): writes each (sample, offset) of `entering`
+// into `arena` with `threads` readers; the first error (naming file and offset) stops it.
+// `cancelled` is polled between samples (e.g. the daemon is stopping). No progress output:
+// it runs on its own thread while the daemon serves.
+Result<LoadStats> load_entering_samples(const Catalog& catalog, const DatasetConfig& dataset,
+                                        const std::vector<std::pair<SampleId, std::uint64_t>>& entering,
+                                        std::uint32_t threads, std::uint8_t* arena,
+                                        const std::function<bool()>& cancelled = {});
 
 }  // namespace shardmix

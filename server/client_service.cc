@@ -77,6 +77,10 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     if (!check_credentials()) return;
     read_header();
   }
+  // Degraded mode: this trainer's samples of `peer` come from storage from now on.
+  void peer_dead(std::uint32_t peer) {
+    if (scheduler_) scheduler_->peer_dead(peer);
+  }
 
   void close() {
     if (closed_) return;
@@ -332,6 +336,7 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     }
     service_.trainer_connection_[local] = weak_from_this();
     scheduler_ = std::make_shared<TrainerScheduler>(job.context, local, service_.staging_[local], *job.fetcher, *this);
+    for (const std::uint32_t peer : service_.dead_peers_) scheduler_->peer_dead(peer);  // degraded mode
     if (job.telemetry != nullptr) job.telemetry->trainer_connected();
     log_->info("trainer rank {} (pid {}) connected", hello.trainer_rank, peer_pid_);
 
@@ -634,6 +639,15 @@ bool ClientService::wait_all_closed(std::chrono::milliseconds timeout) {
     if (std::chrono::steady_clock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+}
+
+void ClientService::peer_dead(std::uint32_t peer) {
+  asio::post(io_, [this, peer] {
+    if (std::find(dead_peers_.begin(), dead_peers_.end(), peer) != dead_peers_.end()) return;
+    dead_peers_.push_back(peer);
+    auto open = connections_;
+    for (const auto& c : open) c->peer_dead(peer);
+  });
 }
 
 void ClientService::forget(const std::shared_ptr<TrainerConnection>& connection) { connections_.erase(connection); }

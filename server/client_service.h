@@ -104,6 +104,10 @@ class ClientService {
   // Logs, once per epoch and node, what shuffle.min_entropy chose for `epoch` (nothing
   // when the mode is off).
   void report_epoch_choice(std::uint64_t epoch);
+  // fault.peer_death = degrade: peer daemon `peer` is dead; every scheduler, and those of
+  // trainers that connect later, reads its samples from storage (TrainerScheduler::peer_dead).
+  // Safe from any thread (runs on the io thread).
+  void peer_dead(std::uint32_t peer);
 
  private:
   friend class TrainerConnection;
@@ -124,6 +128,7 @@ class ClientService {
   std::set<std::shared_ptr<TrainerConnection>> connections_;
   bool listening_ = false;
   std::set<std::uint64_t> reported_epochs_;  // epochs whose choice report_epoch_choice logged
+  std::vector<std::uint32_t> dead_peers_;    // io thread: peers declared dead (degraded mode)
 };
 
 }  // namespace shardmix

@@ -21,7 +21,10 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
+
+#include <fmt/ranges.h>
 
 #include "common/catalog.h"
 #include "common/epoch_plan.h"
@@ -33,6 +36,7 @@
 #include "server/client_service.h"
 #include "server/netns.h"
 #include "server/peer_monitor.h"
+#include "server/rotation.h"
 #include "server/shared_region.h"
 #include "server/startup_report.h"
 #include "server/storage_reader.h"
@@ -136,6 +140,15 @@ class StopLatch {
 constexpr int kTagTrainerEpoch = 41;  // one TrainerEpochRecord
 constexpr int kTagTelemetryDone = 42; // this daemon sends no more records
 constexpr int kTagLoadProgress = 43;  // a LoadProgressMessage, while loading
+// MPI tags of the cache-rotation fence (docs/decisions/0033), both a RotationMessage.
+constexpr int kTagRotationDone = 44;      // to node k: the sender reads nothing of k's generation any more
+constexpr int kTagRotationReadable = 45;  // from node k: its arena now holds the generation
+
+struct RotationMessage {
+  std::uint32_t node = 0;
+  std::uint32_t reserved = 0;
+  std::uint64_t generation = 0;
+};
 
 struct LoadProgressMessage {
   std::uint64_t samples = 0;
@@ -274,6 +287,14 @@ class TelemetryPump {
     if (stats_ != nullptr) std::fclose(stats_);
   }
 
+  // Degraded mode: `rank` is dead. Rank 0 no longer waits for its last statistics; if it
+  // is rank 0 itself, the others stop sending (a blocking MPI_Send to a dead rank may never
+  // return) and keep their statistics local (Prometheus file, log).
+  void peer_dead(int rank) {
+    if (rank == 0) rank0_dead_ = true;
+    ++dead_ranks_;
+  }
+
   // While serving: forward or merge what finished since the last call.
   void pump() {
     bool changed = false;
@@ -281,7 +302,7 @@ class TelemetryPump {
       changed = true;
       if (mpi_.rank() == 0) {
         aggregator_.add(r);
-      } else {
+      } else if (!rank0_dead_) {
         Status s = mpi_.send(0, kTagTrainerEpoch, std::span(reinterpret_cast<const std::uint8_t*>(&r), sizeof(r)));
         if (!s.ok()) log_->warn("sending epoch {} of trainer {} to rank 0: {}", r.stats.epoch, r.trainer_rank, s.to_string());
       }
@@ -302,16 +323,23 @@ class TelemetryPump {
   void finish(std::chrono::seconds timeout) {
     pump();
     if (mpi_.rank() != 0) {
+      if (rank0_dead_) {
+        telemetry_.set_serving(false);
+        write_prometheus();
+        return;
+      }
       Status s = mpi_.send(0, kTagTelemetryDone, {});
       if (!s.ok()) log_->warn("telling rank 0 that telemetry is done: {}", s.to_string());
     } else {
       const auto deadline = std::chrono::steady_clock::now() + timeout;
-      while (done_ranks_ + 1 < mpi_.size() && std::chrono::steady_clock::now() < deadline) {
+      // Dead ranks (degraded mode) send nothing more.
+      const int expected = mpi_.size() - 1 - dead_ranks_;
+      while (done_ranks_ < expected && std::chrono::steady_clock::now() < deadline) {
         if (!receive_waiting()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
-      if (done_ranks_ + 1 < mpi_.size()) {
-        log_->warn("{} of {} daemons did not send their last statistics within {} s", mpi_.size() - 1 - done_ranks_,
-                   mpi_.size() - 1, timeout.count());
+      if (done_ranks_ < expected) {
+        log_->warn("{} of {} daemons did not send their last statistics within {} s", expected - done_ranks_,
+                   expected, timeout.count());
       }
       for (const JobEpochStats& j : aggregator_.take_complete()) write(j);
       for (const JobEpochStats& j : aggregator_.flush()) write(j);
@@ -325,7 +353,10 @@ class TelemetryPump {
   bool receive_waiting() {
     bool any = false;
     for (;;) {
-      auto m = mpi_.try_receive();
+      // Telemetry's own tags only: the cache-rotation fence's messages are the main loop's.
+      auto m = mpi_.try_receive(kTagTrainerEpoch);
+      if (m.ok() && !m->has_value()) m = mpi_.try_receive(kTagLoadProgress);
+      if (m.ok() && !m->has_value()) m = mpi_.try_receive(kTagTelemetryDone);
       if (!m.ok()) {
         log_->warn("receiving statistics: {}", m.status().to_string());
         return any;
@@ -376,6 +407,8 @@ class TelemetryPump {
   std::FILE* stats_ = nullptr;
   std::chrono::steady_clock::time_point next_prometheus_;
   int done_ranks_ = 0;
+  int dead_ranks_ = 0;        // degraded mode: peers declared dead
+  bool rank0_dead_ = false;   // degraded mode: rank 0 is one of them
   bool prometheus_failed_ = false;
 };
 
@@ -603,7 +636,22 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   }
 
   Status limits;
-  const std::uint64_t arena_bytes = placement.arena_bytes[rank];
+  // Cache rotation (docs/decisions/0033) only when something is cold: with everything
+  // resident every generation is the whole share, so the static path is kept bit-for-bit.
+  // Not under fault.peer_death = degrade: a dead daemon never sends its Done (every node's
+  // reload would wait for it forever) and a blocking MPI_Send to it may never return.
+  const bool rotation_refused = config.cache.rotation_epochs > 0 && config.fault.peer_death == "degrade";
+  if (rotation_refused && rank == 0) {
+    log->warn("cache.rotation_epochs = {} is ignored under fault.peer_death = degrade: the rotation fence needs "
+              "every daemon alive (docs/decisions/0033); the resident set stays static",
+              config.cache.rotation_epochs);
+  }
+  const bool rotating =
+      config.cache.rotation_epochs > 0 && placement.total_cold_samples() > 0 && !rotation_refused;
+  // A rotating arena is sized to the capacity, not to the first generation's packed set.
+  const std::uint64_t arena_bytes =
+      rotating ? rotating_arena_bytes(catalog.sizes(), placement, static_cast<std::uint32_t>(rank), capacity)
+               : placement.arena_bytes[rank];
   if (placement.cold_samples[rank] > 0) {
     // Exact figures: tests/e2e/check_storage.py checks them against the traces.
     log->info("cache: {} of {} owned samples resident ({} of {} bytes, arena {} bytes; cache.capacity {} = {} "
@@ -767,8 +815,10 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   FabricFetcher fetcher(io, fabric, staging_region, slow_peer);
   // The storage tier: cold samples are read by the daemon whose trainer needs them (the
   // dataset is on a file system every node sees), with completions on the io thread.
+  // fault.peer_death = degrade needs it too: a dead peer's samples are read from storage.
+  const bool degrade = config.fault.peer_death == "degrade";
   std::unique_ptr<StorageReaderPool> storage_readers;
-  if (placement.total_cold_samples() > 0) {
+  if (placement.total_cold_samples() > 0 || degrade) {
     storage_readers = std::make_unique<StorageReaderPool>(
         catalog, config.dataset, (*staging)->data(), config.service.loader_threads,
         [&io](std::function<void()> f) { boost::asio::post(io, std::move(f)); }, config.inject.storage_delay);
@@ -778,11 +828,29 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     }
   }
   fetcher.on_peer_error([&monitor](std::uint32_t peer, const Status& status) { monitor.report(peer, status); });
+  // Where every node's samples are now (cache rotation); outlives the service's schedulers.
+  std::unique_ptr<ResidencyTable> residency;
+  if (rotating) {
+    std::vector<ArenaLayout> initial;
+    for (int r = 0; r < nodes; ++r) {
+      const auto k = static_cast<std::uint32_t>(r);
+      initial.push_back(initial_arena_layout(placement, k, rotating_arena_bytes(catalog.sizes(), placement, k, capacity)));
+    }
+    residency = std::make_unique<ResidencyTable>(std::move(initial));
+    if (rank == 0) {
+      log->info("cache rotation: a new resident set every {} epoch(s) (cache.rotation_epochs); samples in slots "
+                "being reloaded are read from storage meanwhile",
+                config.cache.rotation_epochs);
+    }
+  }
   ServedJob served;
   served.context = SchedulerContext{&catalog, &placement, &planner, static_cast<std::uint32_t>(rank),
                                     config.service.prefetch, config.shuffle.window, catalog.num_classes(),
                                     storage_readers.get(), config.service.cold_readahead_batches};
   served.context.redealt = redealt ? &*redealt : nullptr;
+  served.context.degrade_dead_peers = degrade;
+  served.context.rerouted_samples = telemetry.rerouted_samples();
+  served.context.residency = residency.get();
   served.plan_digest = digest;
   served.seed = config.shuffle.seed;
   served.shape = &shape;
@@ -878,19 +946,124 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     std::fflush(nullptr);
     std::_Exit(1);
   };
+  // fault.peer_death = degrade: report each death once and keep serving (decisions 0026,
+  // 0032): the fabric stops reading the dead peer (tcp;ofi_rxm would answer -FI_EAGAIN to
+  // every read of it forever), every scheduler reads its samples from storage, and the
+  // detector goes on watching the others.
+  std::vector<std::uint32_t> degraded;  // dead peers, in the order they were found
+  auto on_dead_peer = [&](const PeerMonitor::Failure& dead) {
+    if (!degrade) stop_for_dead_peer(dead);
+    const std::string host = dead.rank < hosts->size() ? to_string((*hosts)[dead.rank]) : "?";
+    log->error("daemon rank {} (host {}) is dead or unreachable: {}; degraded mode: its samples are read from "
+               "storage from now on and its trainers are gone (fault.peer_death = degrade)",
+               dead.rank, host, dead.reason);
+    degraded.push_back(dead.rank);
+    fabric.fail_peer(static_cast<int>(dead.rank),
+                     make_error(StatusCode::kUnavailable, "daemon rank {} was declared dead: {}", dead.rank,
+                                dead.reason));
+    monitor.forget(dead.rank);
+    telemetry.peer_degraded(dead.rank);
+    pump.peer_dead(static_cast<int>(dead.rank));
+    service->peer_dead(dead.rank);
+  };
   // The main thread is idle while serving: it carries the telemetry (MPI stays on it) and
   // the failure detector.
   log->info("watching {} peer daemons: a heartbeat every {} ms, dead after {:.1f} s without an answer "
             "(fault.peer_timeout), fault.peer_death = {}",
             nodes - 1, std::chrono::duration_cast<std::chrono::milliseconds>(monitor.interval()).count(),
             std::chrono::duration<double>(monitor.timeout()).count(), config.fault.peer_death);
-  while (!stop.wait_for(std::chrono::milliseconds(100))) {
+  // The cache-rotation fence, on this thread too (MPI). The reload runs on its own thread;
+  // `reload` is declared after the arena, so it is joined before the arena goes.
+  std::future<Result<LoadStats>> reload;
+  std::optional<LoadStats> last_reload;
+  std::unique_ptr<RotationCoordinator> rotation;
+  if (rotating) {
+    auto send = [&mpi, &log](int to, int tag, std::uint32_t node, std::uint64_t generation) {
+      const RotationMessage m{node, 0, generation};
+      Status sent = mpi.send(to, tag, std::span(reinterpret_cast<const std::uint8_t*>(&m), sizeof(m)));
+      if (!sent.ok()) log->error("cache rotation: message to daemon rank {}: {}", to, sent.to_string());
+    };
+    RotationCoordinator::Hooks hooks;
+    hooks.send_done = [send](std::uint32_t node, std::uint64_t g) {
+      send(static_cast<int>(node), kTagRotationDone, node, g);
+    };
+    hooks.announce_readable = [send, rank, nodes](std::uint64_t g) {
+      for (int r = 0; r < nodes; ++r) {
+        if (r != rank) send(r, kTagRotationReadable, static_cast<std::uint32_t>(rank), g);
+      }
+    };
+    hooks.start_reload = [&](const ArenaLayout& layout) {
+      log->info("cache rotation: every daemon is done with generation {} of this node; loading the {} samples "
+                "that enter generation {}",
+                layout.generation - 1, layout.entering.size(), layout.generation);
+      reload = std::async(std::launch::async, [&, entering = layout.entering] {
+        return load_entering_samples(catalog, config.dataset, entering, config.service.loader_threads,
+                                     (*arena)->data(), [&stop] { return stop.requested(); });
+      });
+    };
+    hooks.reload_finished = [&]() -> std::optional<Status> {
+      if (!reload.valid() || reload.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+        return std::nullopt;
+      }
+      auto done = reload.get();
+      if (!done.ok()) return done.status();
+      last_reload = *done;
+      return Status::ok_status();
+    };
+    hooks.wanted = [&](std::uint32_t node, std::uint64_t g) {
+      return choose_resident(catalog.sizes(), placement.owned[node], capacity, config.shuffle.seed, node, g);
+    };
+    rotation = std::make_unique<RotationCoordinator>(static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(nodes),
+                                                     config.cache.rotation_epochs, catalog.sizes(), *residency,
+                                                     std::move(hooks));
+  }
+  auto pump_rotation = [&] {
+    if (!rotation) return;
+    for (const int tag : {kTagRotationDone, kTagRotationReadable}) {
+      for (;;) {
+        auto m = mpi.try_receive(tag);
+        if (!m.ok()) {
+          log->error("cache rotation: receiving: {}", m.status().to_string());
+          break;
+        }
+        if (!m->has_value()) break;
+        const MpiSession::Message& msg = **m;
+        RotationMessage r;
+        if (msg.bytes.size() != sizeof(r) || msg.source < 0 || msg.source >= nodes) {
+          log->warn("cache rotation: ignoring a {}-byte message from rank {}", msg.bytes.size(), msg.source);
+          continue;
+        }
+        std::memcpy(&r, msg.bytes.data(), sizeof(r));
+        if (tag == kTagRotationDone) {
+          rotation->on_done(static_cast<std::uint32_t>(msg.source), r.node, r.generation);
+        } else {
+          rotation->on_readable(r.node, r.generation);
+        }
+      }
+    }
+    const std::uint64_t before = rotation->generation(static_cast<std::uint32_t>(rank));
+    Status polled = rotation->poll();
+    if (!polled.ok()) {
+      log->error("cache rotation: {}; this node's changing samples stay on storage", polled.to_string());
+    }
+    const std::uint64_t now = rotation->generation(static_cast<std::uint32_t>(rank));
+    if (now != before && last_reload) {
+      log->info("cache rotation: generation {} readable: {} entering samples ({:.1f} MB) loaded in {:.2f} s",
+                now, last_reload->samples, last_reload->bytes / 1e6, last_reload->seconds);
+    }
+  };
+  // With rotation the fence's round trips (retire, Done, reload, Readable) each wait for
+  // this loop: a finer tick shortens the reload windows in which changing samples come
+  // from storage. MPI_Iprobe every 10 ms costs nothing measurable.
+  const auto tick = rotation ? std::chrono::milliseconds(10) : std::chrono::milliseconds(100);
+  while (!stop.wait_for(tick)) {
+    while (auto dead = monitor.poll()) on_dead_peer(*dead);  // degrade: forget() clears it
     pump.pump();
-    if (auto dead = monitor.poll()) stop_for_dead_peer(*dead);
+    pump_rotation();
   }
   // A stop signal may follow a peer's death (mpirun stops the job when a rank dies): then
   // the trainers are told which rank died, not only that we were stopped.
-  if (auto dead = monitor.poll()) stop_for_dead_peer(*dead);
+  while (auto dead = monitor.poll()) on_dead_peer(*dead);
 
   // 8. Drain: stop serving, then wait for every peer while still progressing the fabric,
   //    so no peer's read of our arena is left hanging.
@@ -907,6 +1080,20 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   if (rank == 0) ::unlink(ready_path.c_str());
   ::unlink(token_path.c_str());
   pump.finish(std::chrono::seconds(10));
+  if (!degraded.empty()) {
+    // A dead rank never reaches the shutdown barrier, and MPI_Finalize would wait for it:
+    // a degraded daemon leaves without either. A surviving peer still reading our arena
+    // then sees its reads fail and reads those samples from storage (degraded mode).
+    // Exit status 0: every trainer of ours was served; the death is reported above, in
+    // telemetry (shardmix_degraded_peers) and by mpirun's own status for the dead rank.
+    log->error("exiting with status 0 in degraded mode: daemon rank{} {} died; {} samples were read from storage "
+               "instead of a dead peer",
+               degraded.size() > 1 ? "s" : "", fmt::join(degraded, ", "), telemetry.rerouted_samples()->load());
+    if (storage_readers) storage_readers->stop();
+    spdlog::apply_all([](const std::shared_ptr<spdlog::logger>& l) { l->flush(); });
+    std::fflush(nullptr);
+    std::_Exit(0);
+  }
   // A peer that dies now would never reach the barrier: keep watching while waiting. A
   // failure must persist for a second, so a peer that left the barrier first and closed
   // its endpoint is not mistaken for a dead one.
@@ -917,10 +1104,25 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     const auto now = std::chrono::steady_clock::now();
     if (!failing_since) failing_since = now;
     if (now - *failing_since < std::chrono::seconds(1)) return Status::ok_status();
+    if (degrade) {
+      // A peer that died after we stopped serving: no trainer of ours needs it any more.
+      log->error("daemon rank {} died during shutdown: {}; leaving without the barrier (fault.peer_death = "
+                 "degrade), exit status 0",
+                 dead->rank, dead->reason);
+      spdlog::apply_all([](const std::shared_ptr<spdlog::logger>& l) { l->flush(); });
+      std::fflush(nullptr);
+      std::_Exit(0);
+    }
     stop_for_dead_peer(*dead);
     return Status::ok_status();
   });
   const fabric::FabricStats fs = fabric.stats();
+  if (rotation) {
+    const RotationCoordinator::Stats rs = rotation->stats();
+    log->info("cache rotation: {} generations loaded here, {} entering samples written, {} chosen samples found "
+              "no hole (stayed cold); {} unexpected fence messages",
+              rs.generations_loaded, rs.samples_loaded, rs.samples_unplaced, rs.unexpected_messages);
+  }
   if (storage_readers) {
     const StorageReaderStats ss = storage_readers->stats();
     log->info("storage: {} cold reads, {} bytes read from storage, {} failed", ss.reads_completed, ss.bytes_read,

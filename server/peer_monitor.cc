@@ -47,7 +47,9 @@ std::optional<PeerMonitor::Failure> PeerMonitor::poll(Clock::time_point now) {
           const double seconds = std::chrono::duration<double>(now - p.posted).count();
           state_->fail(r, fmt::format("no answer to a heartbeat read for {:.1f} s (fault.peer_timeout = {:.1f} s)",
                                       seconds, std::chrono::duration<double>(timeout_).count()));
-          return state_->failure;
+          // No early return: heartbeats already marked outstanding in this pass must still
+          // be posted, or (degraded mode, where watching goes on) a live peer would be
+          // declared dead a timeout later for a heartbeat that was never sent.
         }
         continue;
       }
@@ -68,6 +70,7 @@ std::optional<PeerMonitor::Failure> PeerMonitor::poll(Clock::time_point now) {
       std::lock_guard lock(state->mutex);
       State::Peer& p = state->peers[r];
       p.outstanding = false;
+      if (!p.monitored) return;  // forgotten (degraded mode) while the heartbeat was out
       if (status.ok() || status.code() == StatusCode::kCancelled) return;  // answered, or we are stopping
       if (status.code() == StatusCode::kInvalidArgument) {
         p.monitored = false;  // e.g. the peer exposes no memory: nothing to read
@@ -83,8 +86,16 @@ std::optional<PeerMonitor::Failure> PeerMonitor::poll(Clock::time_point now) {
 void PeerMonitor::report(std::uint32_t peer, const Status& status) {
   if (status.ok() || status.code() != StatusCode::kUnavailable || peer == self_) return;
   std::lock_guard lock(state_->mutex);
-  if (peer >= state_->peers.size()) return;
+  if (peer >= state_->peers.size() || !state_->peers[peer].monitored) return;
   state_->fail(peer, "a sample read failed: " + status.message());
+}
+
+void PeerMonitor::forget(std::uint32_t peer) {
+  std::lock_guard lock(state_->mutex);
+  if (peer >= state_->peers.size()) return;
+  state_->peers[peer].monitored = false;
+  state_->peers[peer].outstanding = false;
+  if (state_->failure && state_->failure->rank == peer) state_->failure.reset();
 }
 
 std::optional<PeerMonitor::Failure> PeerMonitor::failure() const {

@@ -44,6 +44,10 @@ class PeerMonitor {
   // cancellations (our own shutdown) and rejected requests do not.
   void report(std::uint32_t peer, const Status& status);
   std::optional<Failure> failure() const;
+  // Degraded mode (fault.peer_death = degrade): the failure of `peer` has been acted on.
+  // It is no longer watched, its later read errors are ignored, and if it was the sticky
+  // failure that is cleared, so poll() goes on watching the others and reports the next.
+  void forget(std::uint32_t peer);
   // Peers being watched (those that answered or have not been found unreadable).
   std::uint32_t monitored() const;
 

@@ -255,6 +255,16 @@ void NodeTelemetry::error_sent() {
   ++errors_;
 }
 
+void NodeTelemetry::peer_degraded(std::uint32_t rank) {
+  std::lock_guard lock(mutex_);
+  degraded_peers_.insert(rank);
+}
+
+std::uint64_t NodeTelemetry::degraded_peers() const {
+  std::lock_guard lock(mutex_);
+  return degraded_peers_.size();
+}
+
 std::uint64_t NodeTelemetry::errors_total() const {
   std::lock_guard lock(mutex_);
   return errors_;
@@ -329,6 +339,12 @@ std::string NodeTelemetry::prometheus_text() const {
            fetch_wait_us_ / 1e6);
   w.metric("shardmix_errors_total", "counter", "Error frames sent to trainers (failed reads, protocol errors).",
            static_cast<double>(errors_));
+  w.metric("shardmix_degraded_peers", "gauge",
+           "Peer daemons declared dead whose samples this node reads from storage (fault.peer_death = degrade).",
+           static_cast<double>(degraded_peers_.size()));
+  w.metric("shardmix_dead_peer_storage_samples_total", "counter",
+           "Samples read from storage instead of a dead or failing peer daemon (degraded mode).",
+           static_cast<double>(rerouted_samples_.load(std::memory_order_relaxed)));
   if (last_) {
     const proto::EpochStats& s = last_->stats;
     w.metric("shardmix_last_epoch", "gauge", "Epoch of the latest finished trainer pass on this node.",

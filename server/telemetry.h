@@ -14,7 +14,9 @@
 // and JobEpochStats are not (rank 0's main thread only).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <set>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -119,6 +121,12 @@ class NodeTelemetry {
   void trainer_disconnected();
   void error_sent();
   std::uint64_t errors_total() const;
+  // Degraded mode (fault.peer_death = degrade): a peer daemon declared dead whose samples
+  // this node now reads from storage, and the counter schedulers add to for each sample
+  // read from storage instead of a dead or failing peer.
+  void peer_degraded(std::uint32_t rank);
+  std::uint64_t degraded_peers() const;
+  std::atomic<std::uint64_t>* rerouted_samples() { return &rerouted_samples_; }
   // A finished pass: counted here and queued for rank 0.
   void add_record(const TrainerEpochRecord& record);
   std::vector<TrainerEpochRecord> take_records();
@@ -137,6 +145,8 @@ class NodeTelemetry {
   bool serving_ = false;
   std::int64_t trainers_connected_ = 0;
   std::uint64_t errors_ = 0;
+  std::set<std::uint32_t> degraded_peers_;
+  std::atomic<std::uint64_t> rerouted_samples_{0};  // written by schedulers without the mutex
   // Sums over every finished pass on this node.
   std::uint64_t passes_ = 0, batches_ = 0, samples_ = 0, bytes_ = 0, local_ = 0, peer_ = 0, storage_ = 0,
                 peer_bytes_ = 0, substituted_ = 0, stall_us_ = 0, fetch_wait_us_ = 0;

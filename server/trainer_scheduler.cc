@@ -41,6 +41,7 @@ void TrainerScheduler::abandon(const std::shared_ptr<Pass>& pass) {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
   for (Slot& slot : pass->slots) {
     if (slot.state == SlotState::kReady) take_bytes(*pass, slot, ranges);
+    slot.arena_pin.reset();  // never delivered: the trainer holds no view of it
   }
   staging_->release_all(ranges);
 }
@@ -222,12 +223,44 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
   const Catalog& catalog = *context_.catalog;
   const Placement& placement = *context_.placement;
 
+  // Where each position is read from: this node's arena (zero-copy), a peer's arena, or
+  // storage. Under cache rotation the residency table says where a sample is *now*.
+  struct Source {
+    bool local = false;
+    bool cold = false;
+    std::uint64_t offset = 0;  // in the owner's arena
+    std::shared_ptr<const int> pin;
+  };
+  std::vector<Source> sources(end - begin);
+  ResidencyTable::Snapshot views;
+  if (context_.residency != nullptr) {
+    context_.residency->note_epoch_staged(p.epoch);
+    views = context_.residency->snapshot();
+  }
+  for (std::uint64_t i = begin; i < end; ++i) {
+    const SampleId id = p.plan.order[i];
+    const std::uint32_t owner = placement.owner[id];
+    Source& source = sources[i - begin];
+    if (context_.residency != nullptr) {
+      if (auto at = ResidencyTable::locate(views, owner, id)) {
+        source.local = owner == context_.node;
+        source.offset = at->offset;
+        source.pin = std::move(at->pin);
+      } else {
+        source.cold = true;
+      }
+    } else {
+      source.local = is_local(id);
+      source.cold = !placement.is_resident(id);
+      source.offset = placement.arena_offset[id];
+    }
+  }
+
   // The batch's peer and cold bytes as one extent (freed sample by sample as batches are
   // released).
   std::uint64_t peer_bytes = 0;
   for (std::uint64_t i = begin; i < end; ++i) {
-    const SampleId id = p.plan.order[i];
-    if (!is_local(id)) peer_bytes += align_to_arena(catalog.sample_bytes(id));
+    if (!sources[i - begin].local) peer_bytes += align_to_arena(catalog.sample_bytes(p.plan.order[i]));
   }
   std::uint64_t cursor = 0;
   if (peer_bytes > 0) {
@@ -256,6 +289,7 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
   std::map<std::uint32_t, std::vector<PeerRead>> reads;
   std::vector<StorageRead> cold_reads;
   std::map<std::uint32_t, std::vector<std::uint64_t>> positions;
+  std::map<std::uint32_t, std::vector<std::shared_ptr<const int>>> pins;  // cache rotation, per peer group
   std::map<std::uint32_t, std::uint64_t> seqs;  // group -> fetch_seq, assigned in group order
   std::vector<std::uint32_t> group_of(end - begin, 0);
   for (std::uint64_t i = begin; i < end; ++i) {
@@ -268,14 +302,16 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
     d.label = catalog.label(id);
     d.owner = owner;  // for a cold sample: the node whose share it is (none caches it)
     d.length = length;
-    if (is_local(id)) {
+    Source& source = sources[i - begin];
+    if (source.local) {
       d.region = static_cast<std::uint8_t>(proto::Region::kArena);
       d.tier = static_cast<std::uint8_t>(proto::Tier::kLocal);
-      d.offset = placement.arena_offset[id];
+      d.offset = source.offset;
+      slot.arena_pin = std::move(source.pin);
     } else {
       // A dead peer's sample (degraded mode) is read from storage, like a cold one.
-      const bool dead_owner = placement.is_resident(id) && is_dead(owner);
-      const bool cold = !placement.is_resident(id) || dead_owner;
+      const bool dead_owner = !source.cold && is_dead(owner);
+      const bool cold = source.cold || dead_owner;
       if (dead_owner && length > 0) {
         ++rerouted_samples_;
         if (context_.rerouted_samples != nullptr) context_.rerouted_samples->fetch_add(1, std::memory_order_relaxed);
@@ -292,7 +328,8 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
         if (cold) {
           cold_reads.push_back({id, length, d.offset});
         } else {
-          reads[group].push_back({owner, placement.arena_offset[id], length, d.offset});
+          reads[group].push_back({owner, source.offset, length, d.offset});
+          if (source.pin) pins[group].push_back(std::move(source.pin));
           slot.peer = owner;
         }
         positions[group].push_back(i);
@@ -302,7 +339,11 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
     }
     slots.push_back(slot);
   }
-  for (auto& [group, seq] : seqs) seq = next_fetch_seq_++;
+  for (auto& [group, seq] : seqs) {
+    seq = next_fetch_seq_++;
+    auto held = pins.find(group);
+    if (held != pins.end()) p.read_pins[seq] = std::move(held->second);
+  }
   for (std::size_t k = 0; k < slots.size(); ++k) {
     Slot& slot = slots[k];
     if (slot.state == SlotState::kFetching) slot.fetch_seq = seqs.at(group_of[k]);
@@ -374,6 +415,7 @@ bool TrainerScheduler::deliver_next() {
     frame.samples.push_back(d);
     frame.positions.push_back(p.planned_position.empty() ? p.base + k : p.planned_position[p.base + k]);
     take_bytes(p, slot, sent.staging);
+    if (slot.arena_pin) sent.arena_pins.push_back(std::move(slot.arena_pin));
     const std::uint64_t position = p.base + k;
     if (position < plan_begin || position >= plan_begin + n) ++stats_.substituted_samples;
     ++stats_.samples;
@@ -484,6 +526,7 @@ void TrainerScheduler::on_fetched(const std::shared_ptr<Pass>& pass, const std::
                                   std::uint64_t seq, std::chrono::steady_clock::time_point started,
                                   const Status& status) {
   --pass->fetches_in_flight;
+  pass->read_pins.erase(seq);  // the read has landed (or failed): it no longer touches the peer's arena
   if (pass->stale_reads.erase(seq) > 0) {
     // A read from a dead peer whose positions were re-posted to storage: they no longer
     // wait for it (they may be delivered already); only the bytes it could have written

@@ -37,6 +37,11 @@
 // daemons on tcp;ofi_rxm the survivors' reads of each other stall once one peer has died
 // (measured; docs/operations.md). This is the scheduler half, tested in storage_tier_test.
 //
+// Cache rotation (cache.rotation_epochs, docs/decisions/0033): with a ResidencyTable in the
+// context, a sample is read from an arena (local or peer) only where the table locates it
+// now, and the read or zero-copy reference holds that view's pin until it has landed or
+// the batch was released; a sample the table does not locate is a storage read.
+//
 // Transport-free: the fabric, storage and the socket are behind PeerFetcher,
 // StorageFetcher and FrameSink, so
 // this is tested as pure code (tests/unit/trainer_scheduler_test.cc).
@@ -62,6 +67,7 @@
 #include "common/shuffle_metrics.h"
 #include "common/status.h"
 #include "proto/wire.h"
+#include "server/rotation.h"
 #include "server/staging_allocator.h"
 
 namespace shardmix {
@@ -133,6 +139,11 @@ struct SchedulerContext {
   bool degrade_dead_peers = false;
   // Counts samples read from storage instead of a dead or failing peer (telemetry), or null.
   std::atomic<std::uint64_t>* rerouted_samples = nullptr;
+  // Cache rotation (cache.rotation_epochs > 0, docs/decisions/0033): where each node's
+  // samples are *now*; replaces placement's static residency and offsets. A sample it does
+  // not locate (cold, or in a slot being rewritten) is read from `storage`, which must be
+  // set. Null: the static placement.
+  ResidencyTable* residency = nullptr;
 };
 
 class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
@@ -179,6 +190,8 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
     // these bytes, so they are quarantined (not reused) until it completes.
     std::uint64_t stale_seq = 0;
     SlotState state = SlotState::kReady;
+    // A local (zero-copy) slot under cache rotation: held until the trainer releases the batch.
+    std::shared_ptr<const int> arena_pin;
   };
 
   // One pass over an epoch's plan for this trainer. Shared with fetch completions, which
@@ -204,6 +217,9 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
     // the stale read completes (a dead process's read fails; a hung one may never return).
     std::set<std::uint64_t> stale_reads;
     std::map<std::uint64_t, std::vector<std::pair<std::uint64_t, std::uint64_t>>> quarantine;
+    // Cache rotation: each in-flight peer read group (fetch_seq) holds the pins of the arena
+    // views it reads under, until it completes (ResidencyTable).
+    std::map<std::uint64_t, std::vector<std::shared_ptr<const int>>> read_pins;
     Status error;                     // first fetch error
     std::uint64_t error_position = 0;
 
@@ -213,6 +229,7 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   struct SentBatch {
     std::vector<std::pair<std::uint64_t, std::uint64_t>> staging;  // (offset, bytes) to free
     std::uint64_t samples = 0;
+    std::vector<std::shared_ptr<const int>> arena_pins;  // cache rotation: its local samples' views
   };
 
   std::shared_ptr<Pass> new_pass(std::uint64_t epoch);

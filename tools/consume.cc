@@ -111,6 +111,11 @@ int main(int argc, char** argv) {
   std::uint64_t checkpoint_after = 0;
   std::string checkpoint_dir;
   std::string resume_dir;
+  std::string between_epochs;
+  app.add_option("--between-epochs", between_epochs,
+                 "Shell command run (std::system) after every epoch but the last, outside the epoch's timing, "
+                 "e.g. 'sync; echo 3 > /proc/sys/vm/drop_caches' to drop the page cache while the daemons run")
+      ->check(CLI::Validator([](std::string& s) { return s.empty() ? "must not be empty" : ""; }, "COMMAND"));
   app.add_option("--checkpoint-after", checkpoint_after,
                  "Save a checkpoint after this many batches of the first epoch, then exit at once (0 = never)");
   app.add_option("--checkpoint-dir", checkpoint_dir, "Where --checkpoint-after writes rank-<R>.ckpt");
@@ -281,6 +286,16 @@ int main(int argc, char** argv) {
             monotonic_seconds(start) + secs, monotonic_seconds(first_batch_at.value_or(start)));
       }
       std::fflush(stdout);
+      if (!between_epochs.empty() && e + 1 < first_epoch + epochs) {
+        // A failed hook would leave the next epoch in a state the caller did not ask for
+        // (e.g. a warm page cache in a cold-cache benchmark): stop rather than mislabel it.
+        const int status = std::system(between_epochs.c_str());
+        if (status != 0) {
+          std::fprintf(stderr, "shardmix-consume: --between-epochs command '%s' failed (status %d) after epoch %llu\n",
+                       between_epochs.c_str(), status, static_cast<unsigned long long>(e));
+          return 1;
+        }
+      }
     }
     if (trace != nullptr) {
       std::fwrite(rows.data(), 1, rows.size(), trace);

@@ -19,6 +19,7 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <utility>
@@ -142,6 +143,22 @@ struct PeerRegion {
 
 enum class ProgressState { kNotStarted, kRunning, kStopped };
 
+// The op_context of one posted fi_read. fi_context2 comes first so the pointer the CQ
+// returns is this struct's address; `slot` then names the in-flight entry.
+struct OpContext {
+  fi_context2 provider_scratch;
+  std::size_t slot = 0;
+};
+
+// A posted read and what it counts against.
+struct InflightRead {
+  ReadRequest request;
+  bool busy = false;
+  // Posted before its peer was failed (fail_peer): still with the provider, but no
+  // longer counted against max_outstanding_reads.
+  bool to_failed_peer = false;
+};
+
 }  // namespace
 
 // The state behind Fabric. A plain struct: Fabric's methods and the progress thread
@@ -158,6 +175,15 @@ struct Fabric::Impl {
   void progress_loop();
   std::size_t take_queued();
   std::size_t post_pending();
+  // Posts one read (the front of `peer`'s queue): 1 if it left the queue, 0 on -FI_EAGAIN.
+  std::size_t post_one(int peer);
+  std::size_t apply_peer_failures();
+  // Completes a read for a failed peer with the reason; returns 1 (one request handled).
+  std::size_t fail_request(ReadRequest& request);
+  std::size_t allocate_slot();
+  void release_slot(std::size_t slot);
+  // The in-flight slot a CQ entry's op_context names, or nullopt for one that is not ours.
+  std::optional<std::size_t> slot_of(void* op_context) const;
   std::size_t poll_completions();
   std::size_t handle_cq_result(ssize_t rc, const fi_cq_entry* entries);
   std::size_t handle_cq_error();
@@ -173,6 +199,8 @@ struct Fabric::Impl {
   CqWaitMode wait_mode = CqWaitMode::kPollWithBackoff;
   int mr_mode = 0;
   std::size_t max_inflight = 1;
+  // Reads in flight to any one peer; max_inflight - 1 with 3+ ranks (FabricOptions).
+  std::size_t max_inflight_per_peer = 1;
 
   // --- libfabric objects, in creation order: members are destroyed in reverse, which
   // closes MRs before the endpoint, the endpoint before its AV and CQ, and so on. ---
@@ -206,12 +234,24 @@ struct Fabric::Impl {
   std::atomic<bool> progress_sleeping{false};
   std::atomic<bool> stop_requested{false};
   std::thread progress_thread;
+  // fail_peer() -> progress thread, also under queue_mutex.
+  std::vector<std::pair<int, Status>> new_peer_failures;
 
   // --- Progress thread only. ---
-  std::deque<ReadRequest> pending;         // taken from the queue, not yet posted
-  std::vector<fi_context2> op_contexts;    // one per in-flight slot; op_context of fi_read
-  std::vector<ReadRequest> inflight;       // slot -> posted request
+  // Taken from the queue, not yet posted: one FIFO per peer, served round-robin, so a
+  // peer whose fi_read keeps answering -FI_EAGAIN (tcp;ofi_rxm after its connection broke)
+  // holds up only its own reads (decision 0032).
+  std::vector<std::deque<ReadRequest>> pending_by_peer;
+  std::size_t pending_count = 0;
+  int next_peer = 0;                       // round-robin cursor over pending_by_peer
+  std::vector<Status> peer_failure;        // per peer: ok, or why fail_peer() was called
+  // Slots grow past max_inflight only for reads stuck with a failed peer; a deque keeps
+  // the addresses handed to the provider stable while it grows.
+  std::deque<OpContext> op_contexts;       // slot -> op_context of fi_read
+  std::deque<InflightRead> inflight;       // slot -> posted request
   std::vector<std::size_t> free_slots;
+  std::vector<std::size_t> inflight_by_peer;  // reads in flight per peer
+  std::size_t live_inflight = 0;           // in flight, not to a failed peer
 
   // --- Statistics, written by the progress thread (and read()'s inline cancellations),
   // read by anyone. ---
@@ -276,6 +316,8 @@ Status Fabric::Impl::open(const FabricOptions& options) {
   wait_mode = cq_wait_mode_for(provider_name);
   max_inflight = options.max_outstanding_reads;
   if (info->tx_attr->size > 0) max_inflight = std::min<std::size_t>(max_inflight, info->tx_attr->size);
+  // With two ranks there is only one peer to read; with more, keep one slot for the others.
+  max_inflight_per_peer = nranks > 2 ? std::max<std::size_t>(1, max_inflight - 1) : max_inflight;
 
   // From here on errors say which provider and domain they are about.
   auto failed = [this](const char* call, int rc) {
@@ -330,8 +372,13 @@ Status Fabric::Impl::open(const FabricOptions& options) {
   }
   own_blob.endpoint_name.resize(name_length);
 
-  op_contexts.resize(max_inflight);
-  inflight.resize(max_inflight);
+  pending_by_peer.resize(static_cast<std::size_t>(nranks));
+  peer_failure.resize(static_cast<std::size_t>(nranks));
+  inflight_by_peer.resize(static_cast<std::size_t>(nranks), 0);
+  for (std::size_t slot = 0; slot < max_inflight; ++slot) {
+    op_contexts.emplace_back().slot = slot;
+    inflight.emplace_back();
+  }
   for (std::size_t slot = max_inflight; slot-- > 0;) free_slots.push_back(slot);
 
   log::get("fabric")->info("provider {} domain {} mr_mode {} cq wait {} max outstanding reads {}", provider_name,
@@ -440,53 +487,152 @@ std::size_t Fabric::Impl::take_queued() {
     std::lock_guard lock(queue_mutex);
     taken.swap(queue);
   }
-  for (ReadRequest& request : taken) pending.push_back(std::move(request));
-  return taken.size();
+  std::size_t handled = apply_peer_failures();
+  for (ReadRequest& request : taken) {
+    // Rejected (validated on the caller's thread), empty, or for a failed peer: these
+    // never reach the provider, so they complete now and queue behind nothing.
+    if (!request.rejection.ok()) {
+      complete(request, request.rejection);
+    } else if (request.length == 0) {
+      complete(request, Status::ok_status());
+    } else if (!peer_failure[static_cast<std::size_t>(request.peer)].ok()) {
+      fail_request(request);
+    } else {
+      pending_by_peer[static_cast<std::size_t>(request.peer)].push_back(std::move(request));
+      ++pending_count;
+      continue;
+    }
+    ++handled;
+  }
+  return handled;
+}
+
+std::size_t Fabric::Impl::apply_peer_failures() {
+  std::vector<std::pair<int, Status>> failures;
+  {
+    std::lock_guard lock(queue_mutex);
+    failures.swap(new_peer_failures);
+  }
+  std::size_t handled = 0;
+  for (auto& [peer, why] : failures) {
+    const auto p = static_cast<std::size_t>(peer);
+    if (!peer_failure[p].ok()) continue;  // failed already
+    peer_failure[p] = std::move(why);
+    // Reads already with the provider keep their slots (the provider may still write their
+    // targets) but stop counting against max_outstanding_reads: a dead peer's reads must
+    // not hold back the live ones.
+    for (InflightRead& entry : inflight) {
+      if (entry.busy && !entry.to_failed_peer && entry.request.peer == peer) {
+        entry.to_failed_peer = true;
+        --live_inflight;
+      }
+    }
+    std::deque<ReadRequest> queued = std::move(pending_by_peer[p]);
+    pending_by_peer[p].clear();
+    pending_count -= queued.size();
+    for (ReadRequest& request : queued) handled += fail_request(request);
+  }
+  return handled;
+}
+
+std::size_t Fabric::Impl::fail_request(ReadRequest& request) {
+  const Status& why = peer_failure[static_cast<std::size_t>(request.peer)];
+  complete(request, make_error(StatusCode::kUnavailable, "read from peer {}: not posted, the peer was failed: {}",
+                               request.peer, why.message()));
+  return 1;
+}
+
+std::size_t Fabric::Impl::allocate_slot() {
+  if (!free_slots.empty()) {
+    const std::size_t slot = free_slots.back();
+    free_slots.pop_back();
+    return slot;
+  }
+  // Every slot is busy although fewer than max_inflight reads are live: the others wait
+  // for failed peers. A new slot keeps the live capacity at max_inflight.
+  const std::size_t slot = op_contexts.size();
+  op_contexts.emplace_back().slot = slot;
+  inflight.emplace_back();
+  return slot;
+}
+
+void Fabric::Impl::release_slot(std::size_t slot) {
+  InflightRead& entry = inflight[slot];
+  const auto peer = static_cast<std::size_t>(entry.request.peer);
+  --inflight_by_peer[peer];
+  if (!entry.to_failed_peer) --live_inflight;
+  entry.busy = false;
+  entry.to_failed_peer = false;
+  free_slots.push_back(slot);
+}
+
+std::optional<std::size_t> Fabric::Impl::slot_of(void* op_context) const {
+  if (op_context == nullptr) return std::nullopt;
+  const auto* context = static_cast<const OpContext*>(op_context);
+  const std::size_t slot = context->slot;
+  if (slot >= op_contexts.size() || &op_contexts[slot] != context || !inflight[slot].busy) return std::nullopt;
+  return slot;
 }
 
 std::size_t Fabric::Impl::post_pending() {
   std::size_t handled = 0;
-  while (!pending.empty()) {
-    ReadRequest& request = pending.front();
-    if (!request.rejection.ok()) {
-      ReadRequest rejected = std::move(request);
-      pending.pop_front();
-      complete(rejected, rejected.rejection);
-      ++handled;
-      continue;
+  // Peers whose fi_read answered -FI_EAGAIN in this pass: tried again on the next one.
+  std::vector<bool> deferred(pending_by_peer.size(), false);
+  while (pending_count > 0 && live_inflight < max_inflight) {
+    // The next peer after the cursor with a read that may go now.
+    int chosen = -1;
+    for (std::size_t step = 0; step < pending_by_peer.size(); ++step) {
+      const auto peer = static_cast<std::size_t>((next_peer + static_cast<int>(step)) % nranks);
+      if (!pending_by_peer[peer].empty() && !deferred[peer] && inflight_by_peer[peer] < max_inflight_per_peer) {
+        chosen = static_cast<int>(peer);
+        break;
+      }
     }
-    if (request.length == 0) {  // nothing to move; no provider involved
-      ReadRequest empty = std::move(request);
-      pending.pop_front();
-      complete(empty, Status::ok_status());
-      ++handled;
-      continue;
-    }
-    if (free_slots.empty()) break;  // max_outstanding_reads in flight; completions free slots
-    const std::size_t slot = free_slots.back();
-    const PeerRegion& region = peers[static_cast<std::size_t>(request.peer)];
-    const ssize_t rc = fi_read(ep.get(), request.local_address, request.length, request.local_desc, region.address,
-                               region.region_address + request.remote_offset, region.region_key, &op_contexts[slot]);
-    if (rc == -FI_EAGAIN) {
-      // The provider's queues are full or it needs progress (e.g. a connection being
-      // set up): progress it now and retry on the next pass.
+    if (chosen < 0) break;  // every waiting peer is deferred or at its share
+    next_peer = (chosen + 1) % nranks;
+    const std::size_t posted = post_one(chosen);
+    if (posted == 0) {
+      // The provider's queues are full or it needs progress (a connection being set up,
+      // or, with tcp;ofi_rxm, re-set up to a peer that died): progress it, and go on with
+      // the other peers' reads instead of waiting behind this one.
+      deferred[static_cast<std::size_t>(chosen)] = true;
       handled += poll_completions();
-      break;
-    }
-    ReadRequest posted = std::move(request);
-    pending.pop_front();
-    ++handled;
-    if (rc != 0) {
-      complete(posted, make_error(StatusCode::kUnavailable, "read from peer {}: fi_read of {} bytes at offset {} "
-                                                           "failed: {}", posted.peer, posted.length,
-                                  posted.remote_offset, fi_strerror(static_cast<int>(-rc))));
       continue;
     }
-    free_slots.pop_back();
-    inflight[slot] = std::move(posted);
-    reads_posted.fetch_add(1, std::memory_order_relaxed);
+    handled += posted;
   }
   return handled;
+}
+
+std::size_t Fabric::Impl::post_one(int peer) {
+  std::deque<ReadRequest>& waiting = pending_by_peer[static_cast<std::size_t>(peer)];
+  ReadRequest& request = waiting.front();
+  const std::size_t slot = allocate_slot();
+  const PeerRegion& region = peers[static_cast<std::size_t>(peer)];
+  const ssize_t rc = fi_read(ep.get(), request.local_address, request.length, request.local_desc, region.address,
+                             region.region_address + request.remote_offset, region.region_key, &op_contexts[slot]);
+  if (rc == -FI_EAGAIN) {
+    free_slots.push_back(slot);
+    return 0;
+  }
+  ReadRequest posted = std::move(request);
+  waiting.pop_front();
+  --pending_count;
+  if (rc != 0) {
+    free_slots.push_back(slot);
+    complete(posted, make_error(StatusCode::kUnavailable, "read from peer {}: fi_read of {} bytes at offset {} "
+                                                         "failed: {}", posted.peer, posted.length,
+                                posted.remote_offset, fi_strerror(static_cast<int>(-rc))));
+    return 1;
+  }
+  InflightRead& entry = inflight[slot];
+  entry.request = std::move(posted);
+  entry.busy = true;
+  entry.to_failed_peer = false;
+  ++inflight_by_peer[static_cast<std::size_t>(peer)];
+  ++live_inflight;
+  reads_posted.fetch_add(1, std::memory_order_relaxed);
+  return 1;
 }
 
 std::size_t Fabric::Impl::poll_completions() {
@@ -507,14 +653,13 @@ std::size_t Fabric::Impl::poll_completions() {
 std::size_t Fabric::Impl::handle_cq_result(ssize_t rc, const fi_cq_entry* entries) {
   if (rc > 0) {
     for (ssize_t i = 0; i < rc; ++i) {
-      const auto* context = static_cast<const fi_context2*>(entries[i].op_context);
-      const std::ptrdiff_t slot = context - op_contexts.data();
-      if (context == nullptr || slot < 0 || slot >= static_cast<std::ptrdiff_t>(op_contexts.size())) {
+      const std::optional<std::size_t> slot = slot_of(entries[i].op_context);
+      if (!slot) {
         log::get("fabric")->error("completion with an unknown op_context {}; ignored", entries[i].op_context);
         continue;
       }
-      ReadRequest done = std::move(inflight[static_cast<std::size_t>(slot)]);
-      free_slots.push_back(static_cast<std::size_t>(slot));
+      ReadRequest done = std::move(inflight[*slot].request);
+      release_slot(*slot);
       bytes_read.fetch_add(done.length, std::memory_order_relaxed);
       complete(done, Status::ok_status());
     }
@@ -536,15 +681,14 @@ std::size_t Fabric::Impl::handle_cq_error() {
   }
   char provider_text[256] = {};
   const char* detail = fi_cq_strerror(cq.get(), error.prov_errno, error.err_data, provider_text, sizeof(provider_text));
-  const auto* context = static_cast<const fi_context2*>(error.op_context);
-  const std::ptrdiff_t slot = context - op_contexts.data();
-  if (context == nullptr || slot < 0 || slot >= static_cast<std::ptrdiff_t>(op_contexts.size())) {
+  const std::optional<std::size_t> slot = slot_of(error.op_context);
+  if (!slot) {
     log::get("fabric")->error("CQ error without a read of ours: {} ({})", fi_strerror(error.err),
                               detail ? detail : "");
     return 1;
   }
-  ReadRequest failed = std::move(inflight[static_cast<std::size_t>(slot)]);
-  free_slots.push_back(static_cast<std::size_t>(slot));
+  ReadRequest failed = std::move(inflight[*slot].request);
+  release_slot(*slot);
   complete(failed, make_error(StatusCode::kUnavailable,
                               "read from peer {}: {} bytes at offset {} failed: {} (provider {}: {})", failed.peer,
                               failed.length, failed.remote_offset, fi_strerror(error.err), provider_name,
@@ -560,7 +704,7 @@ void Fabric::Impl::idle_wait(std::chrono::microseconds& backoff) {
     bool work_waiting = false;
     {
       std::lock_guard lock(queue_mutex);
-      work_waiting = !queue.empty();
+      work_waiting = !queue.empty() || !new_peer_failures.empty();
     }
     if (!work_waiting && !stop_requested.load()) {
       fi_cq_entry entries[kCqBatch];
@@ -571,30 +715,37 @@ void Fabric::Impl::idle_wait(std::chrono::microseconds& backoff) {
     return;
   }
   std::unique_lock lock(queue_mutex);
-  queue_cv.wait_for(lock, backoff, [&] { return !queue.empty() || stop_requested.load(); });
+  queue_cv.wait_for(lock, backoff,
+                    [&] { return !queue.empty() || !new_peer_failures.empty() || stop_requested.load(); });
   backoff = std::min(backoff * 2, kMaxIdleBackoff);
 }
 
 void Fabric::Impl::cancel_unposted_and_drain_inflight() {
   // stop_progress set kStopped under queue_mutex, so the queue can no longer grow.
   take_queued();
-  while (!pending.empty()) {
-    ReadRequest request = std::move(pending.front());
-    pending.pop_front();
-    complete(request, make_error(StatusCode::kCancelled, "read from peer {}: cancelled by stop_progress",
-                                 request.peer));
+  for (std::deque<ReadRequest>& waiting : pending_by_peer) {
+    while (!waiting.empty()) {
+      ReadRequest request = std::move(waiting.front());
+      waiting.pop_front();
+      complete(request, make_error(StatusCode::kCancelled, "read from peer {}: cancelled by stop_progress",
+                                   request.peer));
+    }
   }
-  // Reads the provider already has may still land in caller memory: wait for them.
+  pending_count = 0;
+  // Reads the provider already has may still land in caller memory: wait for them (not
+  // for those to failed peers, which may never answer).
   const auto deadline = std::chrono::steady_clock::now() + kStopDrainTimeout;
-  while (free_slots.size() < max_inflight && std::chrono::steady_clock::now() < deadline) {
+  while (live_inflight > 0 && std::chrono::steady_clock::now() < deadline) {
     if (poll_completions() == 0) std::this_thread::sleep_for(kMinIdleBackoff);
   }
   for (std::size_t slot = 0; slot < inflight.size(); ++slot) {
-    if (std::find(free_slots.begin(), free_slots.end(), slot) != free_slots.end()) continue;
-    log::get("fabric")->warn("read from peer {} still in flight {} s after stop_progress; reporting it cancelled",
-                             inflight[slot].peer, kStopDrainTimeout.count());
-    ReadRequest stuck = std::move(inflight[slot]);
-    free_slots.push_back(slot);
+    if (!inflight[slot].busy) continue;
+    if (!inflight[slot].to_failed_peer) {
+      log::get("fabric")->warn("read from peer {} still in flight {} s after stop_progress; reporting it cancelled",
+                               inflight[slot].request.peer, kStopDrainTimeout.count());
+    }
+    ReadRequest stuck = std::move(inflight[slot].request);
+    release_slot(slot);
     complete(stuck, make_error(StatusCode::kCancelled, "read from peer {}: did not complete before stop_progress",
                                stuck.peer));
   }
@@ -763,6 +914,20 @@ void Fabric::read(int peer, std::uint64_t remote_offset, std::size_t length, con
   request.rejection = impl_->validate(peer, remote_offset, length, local, local_offset);
   if (request.rejection.ok()) request.local_address = static_cast<std::uint8_t*>(local.base) + local_offset;
   impl_->enqueue(std::move(request));
+}
+
+void Fabric::fail_peer(int peer, Status why) {
+  Impl& impl = *impl_;
+  if (peer < 0 || peer >= impl.nranks || why.ok()) return;
+  {
+    std::lock_guard lock(impl.queue_mutex);
+    impl.new_peer_failures.emplace_back(peer, std::move(why));
+  }
+  if (impl.wait_mode == CqWaitMode::kBlockingSread) {
+    if (impl.progress_sleeping.load()) (void)fi_cq_signal(impl.cq.get());
+  } else {
+    impl.queue_cv.notify_one();
+  }
 }
 
 FabricStats Fabric::stats() const {

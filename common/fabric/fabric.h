@@ -28,6 +28,9 @@ struct FabricOptions {
   // "verbs" (as verbs;ofi_rxm), or any name fi_info lists.
   std::string provider = "auto";
   std::string interface;                 // domain name filter, e.g. "lo"; "" = first match
+  // Reads handed to the provider at once. With 3 or more ranks one peer may hold at most
+  // all but one of them, so a peer that stops answering cannot starve reads (and failure
+  // detector heartbeats) to the others.
   std::uint32_t max_outstanding_reads = 8;
 };
 
@@ -76,6 +79,16 @@ class Fabric {
   // (bad peer, out of range, provider failure) are reported through `done`, naming the peer rank.
   void read(int peer, std::uint64_t remote_offset, std::size_t length, const LocalRegion& local,
             std::size_t local_offset, ReadCallback done);
+
+  // Stops reading from `peer` for good (a daemon declared dead, fault.peer_death =
+  // degrade): reads queued for it, and every later read(), complete with `why` on the
+  // progress thread without reaching the provider. Needed because tcp;ofi_rxm answers
+  // fi_read to a peer whose connection broke with -FI_EAGAIN forever (it reconnects on
+  // every call and the connect is refused; decision 0032). Reads already posted to it stay
+  // with the provider until it completes them (their target memory may still be written),
+  // but no longer count against max_outstanding_reads. `why` must be an error (an ok
+  // status or an unknown rank is ignored). Safe from any thread.
+  void fail_peer(int peer, Status why);
 
   FabricStats stats() const;
 

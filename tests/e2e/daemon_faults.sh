@@ -16,6 +16,16 @@
 #              fault.peer_timeout (3 s) daemon 0 names rank 1 to its trainer and exits 1.
 #   peer_hung  SIGSTOP of daemon 1 (a hung node): after fault.peer_timeout (2 s) daemon 0
 #              names rank 1 to its trainer and exits 1.
+#   peer_dead_degrade  3 daemons, fault.peer_death = degrade: SIGKILL of daemon 2 while the
+#              trainers are in epoch 1..; trainers 0 and 1 finish every epoch, and their
+#              traces equal those of a fault-free reference run of the same job (same plan,
+#              W = 0: every planned sample once, in planned order, same bytes; the reference
+#              is checked against the files), some of rank 2's samples came from storage,
+#              the survivors log degraded mode naming rank 2 (and never call a live rank
+#              dead), report it in their Prometheus files (shardmix_degraded_peers 1), and
+#              exit 0 on SIGTERM without the barrier that would wait for rank 2.
+#   peer_hung_degrade  the same with SIGSTOP of daemon 2 (a hung node): found by
+#              fault.peer_timeout (3 s); its reads in flight never complete.
 # The peer cases run mpirun with --enable-recovery: without it Open MPI's mpirun itself
 # kills the whole job about a second after a rank dies (measured; docs/operations.md),
 # and the survivor's own detection is what is under test here.
@@ -97,7 +107,7 @@ provider = "tcp"
 trainers_per_node = 1
 run_dir = "$run_dir"
 TOML
-  "$SM_MPIRUN" "${SM_MPIRUN_FLAGS[@]}" "${mpi_extra[@]}" -np 2 "$daemon" --config "$tmp/c.toml" "${sets[@]}" \
+  "$SM_MPIRUN" "${SM_MPIRUN_FLAGS[@]}" "${mpi_extra[@]}" -np "$world" "$daemon" --config "$tmp/c.toml" "${sets[@]}" \
     >>"$tmp/daemons.log" 2>&1 &
   mpirun_pid=$!
 }
@@ -111,7 +121,7 @@ daemon_pid() { sed -n "s/^pid.$2=//p" "$1/ready"; }
 start_trainer() {
   local run_dir=$1 rank=$2 name=$3
   shift 3
-  env SHARDMIX_RUN_DIR="$run_dir" SHARDMIX_RANK="$rank" SHARDMIX_WORLD_SIZE=2 SHARDMIX_CONNECT_TIMEOUT=60 \
+  env SHARDMIX_RUN_DIR="$run_dir" SHARDMIX_RANK="$rank" SHARDMIX_WORLD_SIZE="$world" SHARDMIX_CONNECT_TIMEOUT=60 \
     "$consume" "$@" >"$tmp/$name.log" 2>&1 &
   trainer_pids+=($!)
 }
@@ -126,7 +136,9 @@ run_dir_empty() {
   left=$(find "$1" -mindepth 1 -maxdepth 1 2>/dev/null | sort | tr '\n' ' ')
   [[ -z $left ]] || fail "run dir $1 not clean after the daemons exited: $left"
 }
+world=2  # daemons, one trainer each
 reset() {
+  world=2
   mpirun_pid=""
   trainer_pids=()
   rm -f -- "$tmp"/*.log
@@ -269,8 +281,105 @@ case_peer_dead() {
 }
 case_peer_hung() { peer_case STOP "no answer to a heartbeat read for 2" --set fault.peer_timeout=2s; }
 
+# run_three RUN_DIR TRACE_DIR: a 3-daemon job with 3 trainers of $epochs epochs, tracing;
+# leaves the trainers' pids in t[0..2] and the daemons running.
+epochs=8
+run_three() {
+  local run=$1 trace=$2 r
+  shift 2
+  world=3
+  start_daemons "$run" --enable-recovery -- --set fault.peer_death=degrade --set fault.peer_timeout=3s "$@"
+  wait_ready "$run"
+  t=()
+  for r in 0 1 2; do
+    start_trainer "$run" "$r" "t$r" --epochs "$epochs" --compute-ms 20 --trace "$trace"
+    t+=($!)
+  done
+}
+# degrade_case SIGNAL: the reference run, then the same job with daemon 2 sent SIGNAL
+# (KILL: a dead process; STOP: a hung node, whose reads in flight never complete).
+degrade_case() {
+  local signal=$1 ref=$tmp/rref run=$tmp/rdeg d0 d1 d2 r
+  # The reference: the same job without a fault (its traces are checked against the files).
+  run_three "$ref" "$tmp/trace-ref"
+  for r in 0 1 2; do
+    wait_exit "${t[$r]}" 120 "reference trainer $r"
+    ((rc == 0)) || fail "reference trainer $r failed (exit $rc)"
+  done
+  "$python" "$here/check_traces.py" "$tmp/trace-ref" --dataset "$tmp/data" --epochs "$epochs" --trainers 3 \
+    --trainers-per-node 1 --batch-size 8 || fail "the reference run's trace is wrong"
+  kill -TERM "$(daemon_pid "$ref" 0)" "$(daemon_pid "$ref" 1)" "$(daemon_pid "$ref" 2)"
+  wait_exit "$mpirun_pid" 60 "mpirun (reference daemons)"
+  ((rc == 0)) || fail "the reference daemons exited $rc"
+  : >"$tmp/daemons.log"
+  # The degraded run: daemon 2 dies while the trainers are past epoch 0.
+  run_three "$run" "$tmp/trace-deg" --set "telemetry.prometheus_file=$tmp/deg{rank}.prom"
+  wait_until 60 "trainer 0 past epoch 0" has "$tmp/t0.log" "epoch 0:"
+  d0=$(daemon_pid "$run" 0)
+  d1=$(daemon_pid "$run" 1)
+  d2=$(daemon_pid "$run" 2)
+  has "$tmp/t0.log" "epoch $((epochs - 1)):" && fail "trainer 0 finished before the fault (make the epochs slower)"
+  kill -"$signal" "$d2"
+  for r in 0 1; do
+    wait_exit "${t[$r]}" 120 "surviving trainer $r"
+    ((rc == 0)) || fail "surviving trainer $r failed (exit $rc): $(tail -n 2 "$tmp/t$r.log")"
+  done
+  if [[ $signal == KILL ]]; then
+    wait_exit "${t[2]}" 60 "trainer 2 (its daemon was killed)"
+    ((rc != 0)) || fail "trainer 2 exited 0 although its daemon was killed"
+  else
+    # Its daemon is stopped, not dead: trainer 2 waits for it (no client-side timeout).
+    kill -KILL "${t[2]}"
+  fi
+  has "$tmp/daemons.log" "daemon rank 2 (host .*) is dead or unreachable: .*degraded mode" ||
+    fail "no survivor logged degraded mode naming daemon rank 2"
+  [[ $(grep -c "\]\[daemon\] daemon rank 2 (host .*) is dead or unreachable: .*degraded mode" "$tmp/daemons.log") -le 2 ]] ||
+    fail "degraded mode logged more than once per survivor"
+  # Every sample planned for trainers 0 and 1: once, in planned order, same bytes as the
+  # reference (the same plan); some of rank 2's came from storage.
+  "$python" - "$tmp/trace-ref" "$tmp/trace-deg" "$CASE" <<'PY' || fail "the survivors' traces differ from the plan"
+import csv, sys
+ref_dir, deg_dir, case = sys.argv[1:4]
+storage_from_dead = 0
+for r in (0, 1):
+    def rows(d):
+        with open("%s/rank-%d.csv" % (d, r)) as f:
+            return list(csv.DictReader(f))
+    ref, deg = rows(ref_dir), rows(deg_dir)
+    key = lambda x: (x["epoch"], x["batch"], x["position"], x["sample_id"], x["bytes"], x["xxh64"])
+    if len(ref) != len(deg):
+        sys.exit("rank %d: %d samples delivered, %d planned" % (r, len(deg), len(ref)))
+    for i, (a, b) in enumerate(zip(ref, deg)):
+        if key(a) != key(b):
+            sys.exit("rank %d row %d: got %s, planned %s" % (r, i, key(b), key(a)))
+    storage_from_dead += sum(1 for x in deg if x["tier"] == "storage" and x["owner"] == "2")
+if storage_from_dead == 0:
+    sys.exit("no sample of the dead rank 2 was read from storage: the fault did not hit a read")
+print("daemon_faults: %s: %d samples of rank 2 came from storage; traces equal the plan"
+      % (case, storage_from_dead))
+PY
+  kill -TERM "$d0" "$d1"
+  wait_until 60 "the surviving daemons to exit" gone "$d0"
+  wait_until 60 "the surviving daemons to exit" gone "$d1"
+  [[ $(grep -c "exiting with status 0 in degraded mode: daemon rank 2 died" "$tmp/daemons.log") == 2 ]] ||
+    fail "not both survivors exited in degraded mode naming rank 2"
+  # The bug this case caught once: reads to the dead rank stalled those between survivors
+  # until one declared the other, live, dead (decision 0032).
+  has "$tmp/daemons.log" "daemon rank [01] (host .*) is dead or unreachable" && fail "a live daemon was declared dead"
+  for r in 0 1; do
+    has "$tmp/deg$r.prom" "^shardmix_degraded_peers{.*} 1$" || fail "daemon $r's Prometheus file lacks shardmix_degraded_peers 1"
+    grep -q "^shardmix_dead_peer_storage_samples_total{.*} [1-9]" "$tmp/deg$r.prom" ||
+      fail "daemon $r's Prometheus file counts no sample read from storage for the dead peer"
+  done
+  [[ $signal == KILL ]] || kill -KILL "$d2"  # the hung daemon never leaves by itself
+  wait_exit "$mpirun_pid" 60 "mpirun"
+  echo "$SM_PROG: $CASE: mpirun --enable-recovery exited $rc"
+}
+case_peer_dead_degrade() { degrade_case KILL; }
+case_peer_hung_degrade() { degrade_case STOP; }
+
 cases=("$@")
-((${#cases[@]})) || cases=(load epoch killed peer_dead peer_hung)
+((${#cases[@]})) || cases=(load epoch killed peer_dead peer_hung peer_dead_degrade peer_hung_degrade)
 for CASE in "${cases[@]}"; do
   declare -F "case_$CASE" >/dev/null || sm_die "unknown case '$CASE'" 2
   reset

@@ -1,5 +1,4 @@
 #!/usr/bin/env bash
-# shellcheck disable=SC2317  # (whole file) cleanup() runs from a trap
 # End-to-end test of the MPMD example (deploy/mpmd.sh): 2 daemons and 4 trainers in one
 # mpirun; the trainers' ranks exclude the daemons', every sample arrives exactly once per
 # epoch (check_traces.py), and the job ends by itself when the trainers are done.
@@ -13,17 +12,10 @@ here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
 source "$here/../../deploy/lib.sh"
 
 nodes=2 per_node=2 epochs=2 batch=8
-for exe in shardmixd shardmix-consume shardmix-gen shardmix-mpmd-trainer; do
-  sm_find_exe "$exe" >/dev/null || sm_die "$exe not found in $(sm_build_dir) or PATH; build it first"
-done
+sm_require_exes shardmixd shardmix-consume shardmix-gen shardmix-mpmd-trainer
 python=$(sm_python) || sm_die "python3 not found"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardmix-mpmd.XXXXXX")
-cleanup() {
-  if [[ ${SHARDMIX_E2E_KEEP:-0} == 1 ]]; then sm_log "kept $tmp"; else rm -rf -- "$tmp"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+sm_test_tmpdir mpmd
+tmp=$SM_TMP
 
 "$(sm_find_exe shardmix-gen)" --out "$tmp/data" --samples 400 --classes 8 --median-kib 8 --seed 5 --quiet
 cat >"$tmp/job.toml" <<EOF

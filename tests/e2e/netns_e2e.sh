@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# shellcheck disable=SC2317  # (whole file) cleanup() runs from a trap
+# shellcheck disable=SC2317  # (whole file) sm_before_tmp_cleanup() runs from a trap
 # End-to-end test of the emulated cluster: 4 shardmixd daemons, each in its own network
 # namespace (fabric.netns = "smxe{rank}", made by deploy/netns-cluster.sh with 1 Gbit/s
 # links), 4 trainers in the root namespace talking to them over their Unix sockets; two
@@ -37,27 +37,16 @@ epochs=2
 prefix=smxe
 timeout_s=${SHARDMIX_E2E_TIMEOUT:-100}
 
-for exe in shardmixd shardmix-consume shardmix-gen; do
-  sm_find_exe "$exe" >/dev/null ||
-    sm_die "$exe not found in $(sm_build_dir)/{server,tools} or PATH; build first (cmake --build build) or set SHARDMIX_BUILD_DIR"
-done
+sm_require_exes shardmixd shardmix-consume shardmix-gen
 gen=$(sm_find_exe shardmix-gen)
 consume=$(sm_find_exe shardmix-consume)
 python=$(sm_python) || sm_die "python3 not found"
 cluster=$SM_REPO/deploy/netns-cluster.sh
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardmix-netns.XXXXXX")
-cleanup() {
-  bash "$cluster" down "$nodes" --prefix "$prefix" >/dev/null 2>&1 || true
-  if [[ ${SHARDMIX_E2E_KEEP:-0} == 1 ]]; then
-    sm_log "kept $tmp"
-  else
-    rm -rf -- "$tmp"
-  fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# The namespaces go too, whatever happens (the up command below creates them).
+sm_before_tmp_cleanup() { bash "$cluster" down "$nodes" --prefix "$prefix" >/dev/null 2>&1; }
+sm_test_tmpdir netns
+tmp=$SM_TMP
 
 sm_section "cluster: $nodes namespaces ${prefix}0..${prefix}$((nodes - 1)), 1 Gbit/s links"
 bash "$cluster" up "$nodes" 1gbit --prefix "$prefix" --subnet 10.78.0

@@ -24,8 +24,8 @@ gen=$(sm_find_exe shardmix-gen) || sm_die "shardmix-gen not found; build first"
 consume=$(sm_find_exe shardmix-consume) || sm_die "shardmix-consume not found; build first"
 python=$(sm_python) || sm_die "python3 not found"
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardmix-resume.XXXXXX")
-trap 'rm -rf -- "$tmp"' EXIT
+sm_test_tmpdir resume
+tmp=$SM_TMP
 "$gen" --out "$tmp/data" --samples 800 --classes 8 --median-kib 16 --seed 5 --quiet
 cat >"$tmp/c.toml" <<TOML
 [dataset]

@@ -1,5 +1,4 @@
 #!/usr/bin/env bash
-# shellcheck disable=SC2317  # (whole file) cleanup() runs from a trap
 # End-to-end test: 4 shardmixd daemons + trainers over a small generated dataset with
 # awkward file names (spaces, unicode, comma/quote/newline, zero bytes, nested dirs, a
 # hidden file that must be skipped); two epochs traced; check_traces.py judges
@@ -21,6 +20,10 @@
 # and their bytes what the capacity predicts; default 0 = no limit),
 # SHARDMIX_E2E_STORAGE_DELAY (inject.storage_delay: each cold read holds its reader this
 # long, so a window has late cold reads to overtake; default 0ms).
+# SHARDMIX_E2E_ROTATION=K (cache.rotation_epochs, with a capacity factor: a new resident
+# set every K epochs; then the storage-tier set must change between epochs, its size stay
+# near the cold count, and every daemon must have reloaded; default 0 = static),
+# SHARDMIX_E2E_EPOCHS (default 2).
 # SHARDMIX_E2E_FORMAT (folder | webdataset | tfrecord, default folder): the shard formats
 # use shardmix-gen's tar / TFRecord shards of 64 samples with one damaged shard each (a tar
 # cut in the middle of a member; a TFRecord with a flipped data byte and a cut last record):
@@ -43,7 +46,8 @@ nodes=4
 per_node=${SHARDMIX_E2E_TRAINERS_PER_NODE:-2}
 samples=${SHARDMIX_E2E_SAMPLES:-1000}
 batch=8
-epochs=2
+epochs=${SHARDMIX_E2E_EPOCHS:-2}
+rotation=${SHARDMIX_E2E_ROTATION:-0}
 seed=20240611
 timeout_s=${SHARDMIX_E2E_TIMEOUT:-240}
 window=${SHARDMIX_E2E_WINDOW:-0}
@@ -60,25 +64,13 @@ esac
 if ((repeat == 1 && window != 0)); then sm_die "SHARDMIX_E2E_REPEAT=1 needs SHARDMIX_E2E_WINDOW=0" 2; fi
 trainers=$((nodes * per_node))
 
-for exe in shardmixd shardmix-consume shardmix-gen; do
-  sm_find_exe "$exe" >/dev/null ||
-    sm_die "$exe not found in $(sm_build_dir)/{server,tools} or PATH; build first (cmake --build build) or set SHARDMIX_BUILD_DIR"
-done
+sm_require_exes shardmixd shardmix-consume shardmix-gen
 gen=$(sm_find_exe shardmix-gen)
 consume=$(sm_find_exe shardmix-consume)
 python=$(sm_python) || sm_die "python3 not found"
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardmix-e2e.XXXXXX")
-cleanup() {
-  if [[ ${SHARDMIX_E2E_KEEP:-0} == 1 ]]; then
-    sm_log "kept $tmp"
-  else
-    rm -rf -- "$tmp"
-  fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+sm_test_tmpdir e2e
+tmp=$SM_TMP
 data=$tmp/data
 trace=$tmp/trace
 
@@ -173,6 +165,7 @@ config=$tmp/e2e.toml
   if ((capacity > 0)); then
     echo "[cache]"
     echo "capacity = $capacity"
+    echo "rotation_epochs = $rotation"
   fi
   echo "[fabric]"
   echo "provider = \"$provider\""
@@ -239,7 +232,7 @@ if ((capacity > 0)); then
   sm_section "storage tier"
   "$python" "$here/check_storage.py" --log "$tmp/daemons.log" --trace "$trace" --dataset "$data" \
     --nodes "$nodes" --epochs "$epochs" --capacity "$capacity" --trainers "$trainers" --batch-size "$batch" \
-    --prefetch 4 --readahead "$readahead" --window "$window"
+    --prefetch 4 --readahead "$readahead" --window "$window" --rotation-epochs "$rotation"
 fi
 
 # The peer samples must really have crossed the fabric: the daemons' fabric layers read

@@ -1,5 +1,4 @@
 #!/usr/bin/env bash
-# shellcheck disable=SC2317  # (whole file) cleanup() runs from a trap
 # End-to-end test of deploy/slurm/shardmix.sbatch without Slurm: `srun` is
 # tests/e2e/srun_shim.sh (mpirun underneath, SLURM_* per rank, Open MPI's rank variables
 # hidden from the trainers). 2 "nodes", 2 trainers per node, 2 epochs: the daemons start as
@@ -17,18 +16,11 @@ here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
 source "$here/../../deploy/lib.sh"
 
 nodes=2 per_node=2 epochs=2 batch=8
-for exe in shardmixd shardmix-consume shardmix-gen; do
-  sm_find_exe "$exe" >/dev/null || sm_die "$exe not found in $(sm_build_dir) or PATH; build it first"
-done
+sm_require_exes shardmixd shardmix-consume shardmix-gen
 python=$(sm_python) || sm_die "python3 not found"
 consume=$(sm_find_exe shardmix-consume)
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardmix-slurm.XXXXXX")
-cleanup() {
-  if [[ ${SHARDMIX_E2E_KEEP:-0} == 1 ]]; then sm_log "kept $tmp"; else rm -rf -- "$tmp"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+sm_test_tmpdir slurm
+tmp=$SM_TMP
 
 mkdir -p "$tmp/bin"
 ln -s "$here/srun_shim.sh" "$tmp/bin/srun"

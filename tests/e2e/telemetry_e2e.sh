@@ -1,5 +1,4 @@
 #!/usr/bin/env bash
-# shellcheck disable=SC2317  # (whole file) cleanup() runs from a trap
 # End-to-end telemetry test: 2 daemons (tcp) + 4 trainers (shardmix-consume --json) for 3
 # epochs, with rank 1's peer reads delayed so that trainers really stall. Then:
 #  - the stats file (telemetry.stats_file, rank 0) has one complete JSON line per epoch
@@ -23,21 +22,14 @@ source "$here/../../deploy/lib.sh"
 nodes=2
 per_node=2
 epochs=3
-for exe in shardmixd shardmix-consume shardmix-gen shardmix-stat; do
-  sm_find_exe "$exe" >/dev/null || sm_die "$exe not found in $(sm_build_dir) or PATH; build it first"
-done
+sm_require_exes shardmixd shardmix-consume shardmix-gen shardmix-stat
 gen=$(sm_find_exe shardmix-gen)
 consume=$(sm_find_exe shardmix-consume)
 stat=$(sm_find_exe shardmix-stat)
 python=$(sm_python) || sm_die "python3 not found"
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardmix-tele.XXXXXX")
-cleanup() {
-  if [[ ${SHARDMIX_E2E_KEEP:-0} == 1 ]]; then sm_log "kept $tmp"; else rm -rf -- "$tmp"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+sm_test_tmpdir tele
+tmp=$SM_TMP
 
 "$gen" --out "$tmp/data" --samples 600 --classes 10 --median-kib 16 --seed 3 --quiet
 cat >"$tmp/job.toml" <<EOF

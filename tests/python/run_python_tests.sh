@@ -25,13 +25,8 @@ gen=$(sm_find_exe shardmix-gen) || sm_die "shardmix-gen not built"
 consume=$(sm_find_exe shardmix-consume) || sm_die "shardmix-consume not built"
 
 nodes=2 per_node=1 q=0.5 seed=4242
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardmix-py.XXXXXX")
-cleanup() {
-  if [[ ${SHARDMIX_E2E_KEEP:-0} == 1 ]]; then sm_log "kept $tmp"; else rm -rf -- "$tmp"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+sm_test_tmpdir py
+tmp=$SM_TMP
 
 "$gen" --out "$tmp/data" --samples 300 --classes 6 --median-kib 4 --seed 3 --quiet
 cat >"$tmp/job.toml" <<TOML

@@ -387,6 +387,15 @@ TEST_F(ConfigTest, CapacityAcceptsBytesSizesAndFractions) {
   }
 }
 
+TEST_F(ConfigTest, PeerDeathDegradeIsAcceptedAndOtherValuesAreNot) {
+  auto degrade = load_config("", {}, {"dataset.path=/d", "fault.peer_death=degrade"});
+  ASSERT_TRUE(degrade.ok()) << degrade.status().to_string();
+  EXPECT_EQ(degrade->fault.peer_death, "degrade");
+  auto bad = load_config("", {}, {"dataset.path=/d", "fault.peer_death=ignore"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("fault.peer_death"), std::string::npos) << bad.status().to_string();
+}
+
 TEST_F(ConfigTest, PrintedConfigReadsBackToTheSameConfig) {
   // Defaults.
   auto base = load_config("", {}, {"dataset.path=/data/imagenet"});
@@ -452,7 +461,7 @@ TEST_F(ConfigTest, PrintedConfigListsSectionsInTableOrderWithEveryKey) {
 
 TEST(ConfigKeysTest, TableIsWellFormed) {
   const auto keys = config_keys();
-  EXPECT_EQ(keys.size(), 37u);  // update with config.h when adding a key
+  EXPECT_EQ(keys.size(), 38u);  // update with config.h when adding a key
   std::set<std::string> names;
   for (const ConfigKeyInfo& key : keys) {
     EXPECT_TRUE(names.insert(key.name).second) << "duplicate " << key.name;

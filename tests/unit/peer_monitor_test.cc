@@ -98,5 +98,59 @@ TEST(PeerMonitorTest, OurOwnShutdownAndUnreadablePeersAreNotFailures) {
   EXPECT_TRUE(hb.pending[2].empty());
 }
 
+TEST(PeerMonitorTest, AForgottenPeerIsNotWatchedAndTheNextFailureIsReported) {
+  // Degraded mode: rank 3 died and was acted on; the others are still watched, rank 3's
+  // late errors and heartbeats are ignored, and a second death is reported on its own.
+  FakeHeartbeats hb;
+  PeerMonitor monitor(0, 4, 1s, hb.hook());
+  const Clock::time_point t0{};
+  EXPECT_FALSE(monitor.poll(t0).has_value());
+  hb.answer(3, Status(StatusCode::kUnavailable, "read from peer 3: connection refused"));
+  ASSERT_EQ(monitor.poll(t0 + 1ms)->rank, 3u);
+  monitor.forget(3);
+  EXPECT_FALSE(monitor.failure().has_value());
+  EXPECT_EQ(monitor.monitored(), 2u);
+  monitor.report(3, Status(StatusCode::kUnavailable, "read from peer 3: not posted, the peer was failed"));
+  const int posted = hb.posted;
+  for (auto t = t0 + 100ms; t < t0 + 3s; t += 100ms) {
+    EXPECT_FALSE(monitor.poll(t).has_value()) << "at " << (t - t0).count();
+    hb.answer(1);
+    hb.answer(2);
+  }
+  EXPECT_TRUE(hb.pending[3].empty()) << "a forgotten peer got heartbeats";
+  EXPECT_GT(hb.posted, posted);
+  // Rank 2 now stops answering: reported after the timeout, naming rank 2.
+  std::optional<PeerMonitor::Failure> dead;
+  for (auto t = t0 + 3s; !dead && t < t0 + 10s; t += 100ms) {
+    dead = monitor.poll(t);
+    hb.answer(1);
+  }
+  ASSERT_TRUE(dead.has_value());
+  EXPECT_EQ(dead->rank, 2u);
+}
+
+TEST(PeerMonitorTest, TheHeartbeatsDueWhenAPeerTimesOutAreStillSent) {
+  // Rank 2 goes silent; rank 0's heartbeat falls due in the very poll that declares rank
+  // 2 dead. It must still be posted: after forget(2) a live rank 0 is never declared dead.
+  FakeHeartbeats hb;
+  PeerMonitor monitor(1, 3, 1s, hb.hook());
+  ASSERT_EQ(monitor.interval(), 100ms);
+  const Clock::time_point t0{};
+  std::optional<PeerMonitor::Failure> dead;
+  auto t = t0;
+  for (; !dead && t < t0 + 5s; t += 100ms) {
+    dead = monitor.poll(t);
+    hb.answer(0);
+  }
+  ASSERT_TRUE(dead.has_value());
+  ASSERT_EQ(dead->rank, 2u);
+  monitor.forget(2);
+  for (; t < t0 + 10s; t += 100ms) {
+    auto again = monitor.poll(t);
+    ASSERT_FALSE(again.has_value()) << "live rank " << again->rank << " declared dead: " << again->reason;
+    hb.answer(0);
+  }
+}
+
 }  // namespace
 }  // namespace shardmix

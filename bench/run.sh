@@ -1,0 +1,236 @@
+#!/usr/bin/env bash
+# The benchmark suite of issue 8, in one run on one machine (docs/decisions/0028):
+#   1. delivered throughput, 16,384 samples (median 112 KiB): ShardMix (1, 2, 4 daemons with
+#      one trainer each; tcp and shm; shuffle.exchange_fraction 0 and 1) against the PyTorch
+#      DataLoader (bench/torch_loader.py: num_workers 0/1/2 x default/concat collate, 1/2/4
+#      ranks), a multi-threaded POSIX reader (shardmix-bench-posix-reader), each with the page
+#      cache dropped before every epoch and warm, and the limits: single-thread memcpy,
+#      raw fi_read on the same provider, P processes reading in place from their own memory;
+#   3. small (4 KiB) and large (1 MiB) samples, 4 daemons: per-sample cost vs bandwidth;
+#   plus the colleagues' bench/stall.sh, cost.sh, startup.sh when they exist.
+# Writes bench/results/latest.json, latest.md, latest-raw.jsonl and latest-*.png
+# (bench/suite_report.py); --quick writes them to bench/results/quick/ instead.
+#
+#   bash bench/run.sh [--quick] [--out-dir DIR]   # root (drop_caches); 17 min here (quick: 3)
+# Env: SHARDMIX_BUILD_DIR (default build/, Release), SHARDMIX_BENCH_DIR (datasets, default
+# /tmp/shardmix-bench), SHARDMIX_TORCH_PYTHON (default /usr/bin/python3).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+build=${SHARDMIX_BUILD_DIR:-$repo/build}
+data_root=${SHARDMIX_BENCH_DIR:-/tmp/shardmix-bench}
+torch_python=${SHARDMIX_TORCH_PYTHON:-/usr/bin/python3}
+out_dir=""
+quick=0
+command_line="bash bench/run.sh $*"
+while (($#)); do
+  case $1 in
+    --quick) quick=1 ;;
+    --out-dir) out_dir=$2; shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+# A quick run must not replace the full run's figures the README quotes.
+[[ -n $out_dir ]] || { if ((quick)); then out_dir=$repo/bench/results/quick; else out_dir=$repo/bench/results; fi; }
+for tool in server/shardmixd tools/shardmix-consume tools/shardmix-gen bench/shardmix-bench-memcpy \
+            bench/shardmix-bench-fabric-read bench/shardmix-bench-posix-reader bench/shardmix-bench-inplace; do
+  [[ -x $build/$tool ]] || { echo "run.sh: $build/$tool missing; build first (cmake --build $build)" >&2; exit 2; }
+done
+if [[ $(id -u) != 0 ]]; then
+  echo "run.sh: the cold-cache runs drop the page cache (/proc/sys/vm/drop_caches) and need root" >&2
+  exit 2
+fi
+"$torch_python" -c 'import torch' 2>/dev/null || { echo "run.sh: $torch_python has no torch (apt-get install python3-torch)" >&2; exit 2; }
+
+# Sizes. Full: comparison 1 at the issue's 16,384 samples, 4 epochs per run (epoch 0 is the
+# warm-up, 1..3 are measured); ShardMix and the limits it is held against are measured
+# REPEAT times, interleaved (limits, then ShardMix, again), so that a ratio does not hinge
+# on the load of one moment. Quick: a quarter of the samples, 1 and 4 nodes, 3 epochs
+# (2 measured), one repetition.
+if ((quick)); then
+  samples=4096 epochs=3 repeat=1 nodes_list="1 4" providers="tcp shm" fi_seconds=1 passes=3
+  small_samples=16384 large_samples=512 torch_configs_small="0:default 0:concat"
+else
+  samples=16384 epochs=4 repeat=3 nodes_list="1 2 4" providers="tcp shm" fi_seconds=3 passes=5
+  small_samples=65536 large_samples=2048 torch_configs_small="0:default 0:concat 2:concat"
+fi
+torch_configs="0:default 0:concat 1:default 1:concat 2:default 2:concat"
+posix_threads="4 16"
+mpirun_flags=(--allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --mca btl 'self,vader')
+drop_cmd='sync; echo 3 > /proc/sys/vm/drop_caches'
+
+# gen DIR SAMPLES MEDIAN_KIB SIGMA: generate the dataset once, reuse it afterwards.
+gen() {
+  [[ -d $1 ]] && return 0
+  mkdir -p "$data_root"
+  "$build/tools/shardmix-gen" --out "$1" --samples "$2" --classes 1000 --median-kib "$3" --sigma "$4" --seed 1 -q
+}
+# Same name and content as bench/delivery.sh's dataset, so the two share it.
+mixed=$data_root/data-$samples-112k
+small=$data_root/data-$small_samples-4k-fixed
+large=$data_root/data-$large_samples-1024k-fixed
+gen "$mixed" "$samples" 112 0.5
+gen "$small" "$small_samples" 4 0
+gen "$large" "$large_samples" 1024 0
+
+work=$(mktemp -d /tmp/shardmix-suite.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+raw=$work/raw.jsonl
+: >"$raw"
+# keep PREFIX < FILE: the 'JSON {...}' lines of FILE, each with PREFIX's fields added.
+# The load average when the lines are kept goes with them (the machine is shared).
+loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
+rep=0  # the repetition the kept lines belong to
+keep() { local la; la=$(loadavg); grep '^JSON ' | sed "s/^JSON {/{\"loadavg\": \"$la\", \"rep\": $rep, $1, /" >>"$raw"; }
+log() { echo "== [$(date -u +%H:%M:%S), load $(loadavg)] $*"; }
+echo "{\"phase_loadavg\": \"$(loadavg)\", \"phase\": \"start\"}" >>"$raw"
+
+# limits DATASET TAG COUNT SIZES_ARGS: memcpy (1 thread), in-place reading with P processes,
+# raw fi_read with P ranks on each provider, each rank exposing COUNT chunks of SIZES_ARGS
+# (about 256 MB per rank: enough to defeat the CPU caches, small enough to register fast).
+limits() {
+  local data=$1 tag=$2 count=$3; shift 3
+  log "$tag: memcpy, 1 thread"
+  "$build/bench/shardmix-bench-memcpy" --dataset "$data" --passes "$passes" --threads 1 | keep "\"dataset\": \"$tag\""
+  for p in $nodes_list; do
+    log "$tag: in-place copy, $p process(es)"
+    "$build/bench/shardmix-bench-inplace" --dataset "$data" --processes "$p" --passes "$passes" \
+      | keep "\"dataset\": \"$tag\""
+  done
+  for provider in $providers; do
+    local iface=(); [[ $provider == tcp ]] && iface=(--interface lo)
+    for p in $nodes_list; do
+      ((p >= 2)) || continue
+      log "$tag: raw fi_read, $provider, $p ranks, qd 8"
+      FI_TCP_IFACE=lo mpirun "${mpirun_flags[@]}" -np "$p" "$build/bench/shardmix-bench-fabric-read" \
+        --provider "$provider" "${iface[@]}" "$@" --count "$count" --qd 8 --seconds "$fi_seconds" --seed 1 \
+        >"$work/f.txt" 2>&1 || { cat "$work/f.txt"; exit 1; }
+      keep "\"dataset\": \"$tag\", \"provider_run\": \"$provider\"" <"$work/f.txt"
+    done
+  done
+}
+
+# posix DATASET TAG: the POSIX reader, every thread count, dropped and warm.
+posix() {
+  local data=$1 tag=$2 threads cache flag
+  for threads in $posix_threads; do
+    for cache in dropped warm; do
+      flag=(); [[ $cache == dropped ]] && flag=(--drop-caches)
+      log "$tag: POSIX reader, $threads threads, page cache $cache"
+      "$build/bench/shardmix-bench-posix-reader" --dataset "$data" --threads "$threads" --epochs "$epochs" "${flag[@]}" \
+        | keep "\"dataset\": \"$tag\""
+    done
+  done
+}
+
+# torch DATASET TAG WORLD CONFIGS CACHE...: the DataLoader ranks.
+torch_runs() {
+  local data=$1 tag=$2 world=$3 configs=$4 cache flag; shift 4
+  for cache in "$@"; do
+    flag=(); [[ $cache == dropped ]] && flag=(--drop-caches)
+    log "$tag: DataLoader, $world rank(s), configs '$configs', page cache $cache"
+    "$torch_python" "$here/torch_loader.py" --root "$data" --world "$world" --configs "$configs" \
+      --epochs "$epochs" "${flag[@]}" | keep "\"dataset\": \"$tag\""
+  done
+}
+
+# shardmix DATASET TAG PROVIDER NODES Q TOUCH CACHE: one launch, NODES daemons + NODES
+# trainers, EPOCHS epochs. CACHE=dropped: every trainer drops the page cache after each
+# epoch (shardmix-consume --between-epochs), while the daemons keep running.
+shardmix() {
+  local data=$1 tag=$2 provider=$3 nodes=$4 q=$5 touch=$6 cache=$7 hook=()
+  [[ $cache == dropped ]] && hook=(--between-epochs "$drop_cmd")
+  log "$tag: ShardMix, $provider, $nodes daemon(s) + $nodes trainer(s), Q=$q, touch $touch, page cache $cache"
+  cat >"$work/c.toml" <<TOML
+[dataset]
+path = "$data"
+[batch]
+size = 32
+[shuffle]
+seed = $((rep + 1))
+exchange_fraction = $q
+[fabric]
+provider = "$provider"
+[service]
+prefetch = 8
+[log]
+level = "warn"
+TOML
+  SHARDMIX_BUILD_DIR=$build FI_TCP_IFACE=lo bash "$repo/deploy/launch.sh" --nodes "$nodes" --config "$work/c.toml" \
+    --daemon-log "$work/d.log" -- "$build/tools/shardmix-consume" --epochs "$epochs" --touch "$touch" --json \
+    "${hook[@]}" >"$work/s.txt" 2>&1 || { cat "$work/s.txt" "$work/d.log"; exit 1; }
+  keep "\"bench\": \"shardmix\", \"dataset\": \"$tag\", \"provider\": \"$provider\", \"nodes\": $nodes, \"q\": $q, \"touch\": \"$touch\", \"cache\": \"$cache\"" <"$work/s.txt"
+}
+
+# ---- comparison 1: delivered throughput, mixed sizes
+posix "$mixed" mixed
+for n in $nodes_list; do
+  torch_runs "$mixed" mixed "$n" "$torch_configs" dropped warm
+done
+for ((rep = 0; rep < repeat; rep++)); do
+  log "repetition $((rep + 1))/$repeat of the limits and ShardMix"
+  limits "$mixed" mixed 2048 --median-kib 112 --lognormal-sigma 0.5
+  for provider in $providers; do
+    for n in $nodes_list; do
+      # Q=0: local delivery (trainers copy each sample out, as memcpy and in-place do). Q=1:
+      # global shuffle, copying trainers, and views only (delivery alone, as raw fi_read).
+      # With one node Q has nothing to exchange: Q=0 only.
+      shardmix "$mixed" mixed "$provider" "$n" 0 copy warm
+      shardmix "$mixed" mixed "$provider" "$n" 0 copy dropped
+      if ((n > 1)); then
+        shardmix "$mixed" mixed "$provider" "$n" 1 copy warm
+        shardmix "$mixed" mixed "$provider" "$n" 1 copy dropped
+        shardmix "$mixed" mixed "$provider" "$n" 1 none warm
+      fi
+    done
+  done
+done
+rep=0
+
+# ---- comparison 3: small and large samples, 4 daemons (the largest node count), warm
+big_n=${nodes_list##* }
+for spec in "small 4" "large 1024"; do
+  read -r tag kib <<<"$spec"
+  data=$small; [[ $tag == large ]] && data=$large
+  # The limits at the largest node count only (limits reads nodes_list).
+  limits_nodes=$nodes_list; nodes_list=$big_n
+  count=2048; [[ $tag == large ]] && count=256
+  limits "$data" "$tag" "$count" --sizes-kib "$kib"
+  # The POSIX reader's larger thread count only: the per-file cost is what this shows.
+  log "$tag: POSIX reader, ${posix_threads##* } threads, page cache warm"
+  "$build/bench/shardmix-bench-posix-reader" --dataset "$data" --threads "${posix_threads##* }" --epochs "$epochs" \
+    | keep "\"dataset\": \"$tag\""
+  torch_runs "$data" "$tag" "$big_n" "$torch_configs_small" warm
+  for provider in $providers; do
+    shardmix "$data" "$tag" "$provider" "$big_n" 0 copy warm
+    shardmix "$data" "$tag" "$provider" "$big_n" 1 copy warm
+  done
+  nodes_list=$limits_nodes
+done
+
+# ---- the colleagues' parts (issue 8 items 2, 4, 5), when present on this branch
+parts=()
+for part in stall cost startup; do
+  if [[ -f $here/$part.sh ]]; then
+    log "bench/$part.sh"
+    q=(); ((quick)) && q=(--quick)
+    if bash "$here/$part.sh" "${q[@]}" --out "$work/$part.json"; then
+      parts+=(--part "$part=$work/$part.json")
+    else
+      echo "run.sh: bench/$part.sh failed; its section is left out" >&2
+      parts+=(--part-failed "$part")
+    fi
+  else
+    log "bench/$part.sh absent: skipped"
+    parts+=(--part-absent "$part")
+  fi
+done
+
+echo "{\"phase_loadavg\": \"$(loadavg)\", \"phase\": \"end\"}" >>"$raw"
+mkdir -p "$out_dir"
+cp "$raw" "$out_dir/latest-raw.jsonl"
+/usr/bin/python3 "$here/suite_report.py" --raw "$raw" --out-dir "$out_dir" --command "$command_line" \
+  --quick "$quick" --samples "$samples" --small-samples "$small_samples" --large-samples "$large_samples" \
+  --epochs "$epochs" --repeat "$repeat" --repo "$repo" "${parts[@]}"

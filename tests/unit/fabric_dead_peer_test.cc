@@ -1,0 +1,154 @@
+// A dead peer must not stall reads of the live ones (decision 0032). Three fabrics in one
+// process (ranks 0..2 over tcp;ofi_rxm on loopback); rank 2's is destroyed, which closes
+// its endpoint and listener as a SIGKILL would. libfabric 1.17's rxm then answers every
+// fi_read to rank 2 with -FI_EAGAIN (each call starts a new connect that is refused), so a
+// read queue served strictly in order stalls behind the first read to rank 2: these tests
+// hang-and-fail on that, under a timeout.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "common/fabric/fabric.h"
+
+namespace shardmix::fabric {
+namespace {
+
+constexpr std::size_t kExposed = 64 * 1024;
+constexpr auto kTimeout = std::chrono::seconds(20);
+
+// One read's outcome, waited for from the test thread. The callback shares the state, so
+// a read that completes after a failed assertion ended the test writes to live memory.
+class Outcome {
+ public:
+  ReadCallback callback() {
+    return [state = state_](const Status& status) {
+      std::lock_guard lock(state->mutex);
+      state->status = status;
+      state->cv.notify_all();
+    };
+  }
+  // nullopt when the read did not complete within kTimeout.
+  std::optional<Status> wait() {
+    std::unique_lock lock(state_->mutex);
+    if (!state_->cv.wait_for(lock, kTimeout, [&] { return state_->status.has_value(); })) return std::nullopt;
+    return state_->status;
+  }
+
+ private:
+  struct State {
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::optional<Status> status;
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+struct Node {
+  std::unique_ptr<Fabric> fabric;
+  std::vector<std::uint8_t> exposed;
+  std::vector<std::uint8_t> target;
+  LocalRegion local;
+};
+
+class FabricDeadPeerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const FabricOptions options{.provider = "tcp", .interface = "lo", .max_outstanding_reads = 4};
+    nodes_.resize(3);
+    std::vector<std::vector<std::uint8_t>> blobs;
+    for (int rank = 0; rank < 3; ++rank) {
+      Node& node = nodes_[static_cast<std::size_t>(rank)];
+      auto created = Fabric::create(options, rank, 3);
+      ASSERT_TRUE(created.ok()) << created.status().to_string();
+      node.fabric = std::move(*created);
+      node.exposed.assign(kExposed, static_cast<std::uint8_t>(0x10 + rank));
+      ASSERT_TRUE(node.fabric->expose(node.exposed.data(), node.exposed.size()).ok());
+      node.target.assign(kExposed * 8, 0);
+      auto local = node.fabric->register_local(node.target.data(), node.target.size());
+      ASSERT_TRUE(local.ok()) << local.status().to_string();
+      node.local = *local;
+      blobs.push_back(node.fabric->endpoint_blob());
+    }
+    for (Node& node : nodes_) {
+      ASSERT_TRUE(node.fabric->connect_peers(blobs).ok());
+      node.fabric->start_progress();
+    }
+    // Connect rank 0 to both peers while they are alive.
+    for (int peer : {1, 2}) {
+      Outcome outcome;
+      read_from(peer, 0, outcome);
+      auto status = outcome.wait();
+      ASSERT_TRUE(status.has_value()) << "read from live peer " << peer << " did not complete";
+      ASSERT_TRUE(status->ok()) << status->to_string();
+    }
+  }
+
+  // Every fabric stops (its progress thread may still be serving a peer's read of
+  // `exposed`, or landing one in `target`) before any buffer is freed.
+  void TearDown() override {
+    for (Node& node : nodes_) node.fabric.reset();
+  }
+
+  void read_from(int peer, std::size_t target_slot, Outcome& outcome) {
+    Node& reader = nodes_[0];
+    reader.fabric->read(peer, 0, 4096, reader.local, target_slot * kExposed, outcome.callback());
+  }
+
+  void kill_rank_2() { nodes_[2].fabric.reset(); }
+
+  std::vector<Node> nodes_;
+};
+
+TEST_F(FabricDeadPeerTest, ReadsOfALivePeerAreNotHeldUpByReadsOfADeadOne) {
+  kill_rank_2();
+  // More reads to the dead peer than max_outstanding_reads, queued ahead of a live one.
+  std::vector<Outcome> to_dead(6);
+  for (std::size_t i = 0; i < to_dead.size(); ++i) read_from(2, 1 + i % 6, to_dead[i]);
+  Outcome to_live;
+  read_from(1, 7, to_live);
+  auto live = to_live.wait();
+  ASSERT_TRUE(live.has_value()) << "a read of live rank 1 queued behind reads of dead rank 2 never completed";
+  EXPECT_TRUE(live->ok()) << live->to_string();
+  EXPECT_EQ(nodes_[0].target[7 * kExposed], 0x11);
+
+  // Failing the peer ends every read still waiting for it, naming the peer and the reason.
+  nodes_[0].fabric->fail_peer(2, make_error(StatusCode::kUnavailable, "declared dead by the test"));
+  for (Outcome& outcome : to_dead) {
+    auto status = outcome.wait();
+    ASSERT_TRUE(status.has_value()) << "a read of dead rank 2 never completed after fail_peer";
+    EXPECT_FALSE(status->ok());
+  }
+}
+
+TEST_F(FabricDeadPeerTest, AFailedPeerIsNotReadAgainAndTheOthersStillAre) {
+  kill_rank_2();
+  nodes_[0].fabric->fail_peer(2, make_error(StatusCode::kUnavailable, "declared dead by the test"));
+  const std::uint64_t posted_before = nodes_[0].fabric->stats().reads_posted;
+  Outcome to_dead;
+  read_from(2, 1, to_dead);
+  auto dead = to_dead.wait();
+  ASSERT_TRUE(dead.has_value());
+  EXPECT_EQ(dead->code(), StatusCode::kUnavailable);
+  EXPECT_NE(dead->message().find("peer 2"), std::string::npos) << dead->message();
+  EXPECT_NE(dead->message().find("declared dead by the test"), std::string::npos) << dead->message();
+  EXPECT_EQ(nodes_[0].fabric->stats().reads_posted, posted_before) << "the read reached the provider";
+  // Many rounds of live reads: the live capacity is not eaten by the failed peer.
+  for (int round = 0; round < 20; ++round) {
+    std::vector<Outcome> live(4);
+    for (std::size_t i = 0; i < live.size(); ++i) read_from(1, i, live[i]);
+    for (Outcome& outcome : live) {
+      auto status = outcome.wait();
+      ASSERT_TRUE(status.has_value()) << "round " << round << ": a read of live rank 1 never completed";
+      ASSERT_TRUE(status->ok()) << status->to_string();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace shardmix::fabric
