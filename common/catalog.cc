@@ -9,14 +9,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -223,7 +227,7 @@ Status check_rank(int rank, int nranks) {
   return Status::ok_status();
 }
 
-Result<ScanResult> scan_folder(const DatasetConfig& dataset, int rank, int nranks) {
+Result<ScanResult> scan_folder(const DatasetConfig& dataset, int rank, int nranks, unsigned threads) {
   const std::string& root = dataset.path;
   struct stat st;
   if (::stat(root.c_str(), &st) != 0) {
@@ -268,8 +272,44 @@ Result<ScanResult> scan_folder(const DatasetConfig& dataset, int rank, int nrank
     return make_error(StatusCode::kInvalidArgument, "dataset.path '{}' has too many class folders ({})", root,
                       out.class_names.size());
   }
+  // This rank's classes, scanned by `threads` threads: on a cold cache each stat waits for
+  // its inode, and only more requests in flight use a disk's (or a parallel file
+  // system's) concurrency (docs/decisions/0029). Each class lands in its own slot, joined
+  // in class order, so the result does not depend on the thread count or timing.
+  std::vector<std::size_t> mine;
   for (std::size_t i = static_cast<std::size_t>(rank); i < out.class_names.size(); i += static_cast<std::size_t>(nranks)) {
-    SHARDMIX_RETURN_IF_ERROR(scan_class_dir(root, out.class_names[i], static_cast<std::int32_t>(i), out));
+    mine.push_back(i);
+  }
+  std::vector<ScanResult> per_class(mine.size());
+  std::vector<Status> statuses(mine.size());
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  auto worker = [&] {
+    for (std::size_t k = next.fetch_add(1); k < mine.size() && !failed.load(); k = next.fetch_add(1)) {
+      statuses[k] = scan_class_dir(root, out.class_names[mine[k]], static_cast<std::int32_t>(mine[k]), per_class[k]);
+      // Sorted here, in parallel and on the scanning rank, so that the merged catalog only
+      // needs interleaving by label (Catalog::from_entries' order: label, then path).
+      std::sort(per_class[k].entries.begin(), per_class[k].entries.end(),
+                [](const CatalogEntry& a, const CatalogEntry& b) { return a.path < b.path; });
+      if (!statuses[k].ok()) failed = true;
+    }
+  };
+  const std::size_t n_threads = std::clamp<std::size_t>(threads, 1, std::max<std::size_t>(mine.size(), 1));
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < n_threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  // The first failing class in class order: the same error whatever the thread count
+  // (classes after it may not have been scanned).
+  for (const Status& st : statuses) SHARDMIX_RETURN_IF_ERROR(st);
+  std::size_t total = 0;
+  for (const ScanResult& part : per_class) total += part.entries.size();
+  out.entries.reserve(total);
+  for (ScanResult& part : per_class) {
+    std::move(part.entries.begin(), part.entries.end(), std::back_inserter(out.entries));
+    out.skipped_hidden += part.skipped_hidden;
+    out.skipped_symlinked_dirs += part.skipped_symlinked_dirs;
+    out.skipped_special += part.skipped_special;
   }
   return out;
 }
@@ -475,17 +515,20 @@ Result<Catalog> Catalog::from_entries(std::vector<CatalogEntry> entries, std::ve
   for (const CatalogEntry& e : entries) {
     if (e.label < 0) return make_error(StatusCode::kInvalidArgument, "sample '{}' has negative label {}", e.path, e.label);
   }
-  std::sort(entries.begin(), entries.end(), entry_less);
+  // Folder scans arrive sorted (each rank sorts its classes, merge_scans interleaves them
+  // by label): checking is linear, sorting 1M paths again was most of the catalog
+  // exchange's time (docs/decisions/0029).
+  if (!std::is_sorted(entries.begin(), entries.end(), entry_less)) std::sort(entries.begin(), entries.end(), entry_less);
   {
-    // Duplicates by path, whatever their labels; report the bytewise-first one.
-    std::vector<std::string_view> paths;
-    paths.reserve(entries.size());
-    for (const CatalogEntry& e : entries) paths.push_back(e.path);
-    std::sort(paths.begin(), paths.end());
-    const auto dup = std::adjacent_find(paths.begin(), paths.end());
-    if (dup != paths.end()) {
-      return make_error(StatusCode::kInvalidArgument, "duplicate sample path '{}' in the dataset", *dup);
+    // Duplicates by path, whatever their labels (a file list may give one path two labels);
+    // report the bytewise-first one. A hash set instead of a second sort of every path.
+    std::unordered_set<std::string_view> seen;
+    seen.reserve(entries.size());
+    std::optional<std::string_view> first_dup;
+    for (const CatalogEntry& e : entries) {
+      if (!seen.insert(e.path).second && (!first_dup || e.path < *first_dup)) first_dup = e.path;
     }
+    if (first_dup) return make_error(StatusCode::kInvalidArgument, "duplicate sample path '{}' in the dataset", *first_dup);
   }
   Catalog c;
   std::size_t path_bytes = 0;
@@ -759,11 +802,11 @@ Result<Catalog> Catalog::deserialize(std::span<const std::uint8_t> bytes) {
 
 // ---------------------------------------------------------------- scans
 
-Result<ScanResult> scan_partition(const DatasetConfig& dataset, int rank, int nranks) {
+Result<ScanResult> scan_partition(const DatasetConfig& dataset, int rank, int nranks, unsigned threads) {
   SHARDMIX_RETURN_IF_ERROR(check_rank(rank, nranks));
   if (dataset.path.empty()) return make_error(StatusCode::kInvalidArgument, "dataset.path is empty");
   switch (dataset.format) {
-    case DatasetFormat::kFolder: return scan_folder(dataset, rank, nranks);
+    case DatasetFormat::kFolder: return scan_folder(dataset, rank, nranks, threads);
     case DatasetFormat::kFileList: return scan_filelist(dataset, rank, nranks);
     case DatasetFormat::kWebDataset:
     case DatasetFormat::kTfRecord: return scan_shards(dataset, rank, nranks);
@@ -807,6 +850,10 @@ Result<Catalog> merge_scans(const DatasetConfig& dataset, std::vector<ScanResult
       std::move(part.entries.begin(), part.entries.end(), std::back_inserter(entries));
       part.entries = {};
     }
+    // Each rank's part is sorted by (label, path) and a class is scanned by one rank, so a
+    // stable sort by label alone gives the catalog's order (from_entries checks it).
+    std::stable_sort(entries.begin(), entries.end(),
+                     [](const CatalogEntry& a, const CatalogEntry& b) { return a.label < b.label; });
     built = Catalog::from_entries(std::move(entries), std::move(class_names));
   } else {
     std::vector<std::string> shards;

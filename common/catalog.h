@@ -122,7 +122,9 @@ struct ScanResult {
   // (not serialised: each rank logs its own).
   std::vector<std::string> problems;
 };
-Result<ScanResult> scan_partition(const DatasetConfig& dataset, int rank, int nranks);
+// `threads`: how many class folders of the folder format are scanned at once (the other
+// formats scan with one thread); the result is the same for any value.
+Result<ScanResult> scan_partition(const DatasetConfig& dataset, int rank, int nranks, unsigned threads = 1);
 // Shard formats, after listing: scans shards i % nranks == rank of `names` (sorted, relative
 // to the shard directory). A listed shard that cannot be opened any more is a problem
 // (skipped and counted) or, with dataset.strict, the error.

@@ -215,7 +215,7 @@ const KeySpec kKeys[] = {
    "Staging for (prefetch + cold_readahead_batches, the latter only with cold samples) x batch.size non-local samples + shuffle.window lets the scheduler walk that far ahead; less is not an error, it only shortens the read-ahead; more RAM here is RAM taken from the cache.",
    "", 1, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_U64_KEY(service.staging_bytes_per_trainer)},
   {"service.loader_threads", KeyType::kUint, "4",
-   "Threads reading samples from storage (initial load and cold reads).",
+   "Threads reading samples from storage (initial load and cold reads); also the threads per daemon scanning its class folders (folder format) at start-up.",
    "More threads hide parallel-file-system latency; too many compete with the trainers for CPU and the metadata server.",
    "", 1, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(service.loader_threads)},
   {"service.cold_readahead_batches", KeyType::kUint, "8",

@@ -39,6 +39,7 @@
 #include "server/peer_monitor.h"
 #include "server/rotation.h"
 #include "server/shared_region.h"
+#include "server/startup_report.h"
 #include "server/storage_reader.h"
 #include "server/telemetry.h"
 
@@ -463,6 +464,45 @@ void remove_stale_run_files(const std::string& run_dir, const std::string& my_ho
   ::unlink((run_dir + "/" + kJobTokenFile).c_str());
 }
 
+// Bytes the placement tables hold (every daemon keeps every node's: it serves peers' samples).
+std::uint64_t placement_memory_bytes(const Placement& p) {
+  auto vec = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
+  std::uint64_t bytes = vec(p.owner) + vec(p.arena_offset) + vec(p.arena_bytes) + vec(p.sample_bytes) +
+                        vec(p.resident) + vec(p.cached_bytes) + vec(p.cold_samples) + vec(p.cold_bytes);
+  for (const auto& ids : p.owned) bytes += vec(ids);
+  for (const auto& ids : p.cached) bytes += vec(ids);
+  return bytes;
+}
+
+// The "startup:" and "memory:" lines (server/startup_report.h) bench/startup.sh and
+// bench/cost.sh parse. Memory: the regions' sizes as allocated (the arena is filled by the
+// load; staging pages become resident as batches are staged), the catalog as held in
+// memory, the serialized copy kept for trainers' handshakes, the placement tables, and
+// the process's resident set at this point, with its anonymous and shared parts.
+void log_startup_report(spdlog::logger& log, int rank, const PhaseClock& phases, const Catalog& catalog,
+                        const Placement& placement, std::uint64_t arena_bytes, std::uint64_t staging_bytes,
+                        std::uint64_t catalog_copy_bytes) {
+  auto startup = format_report_line("startup", startup_fields(rank, phases));
+  if (startup.ok()) log.info("{}", *startup);
+  auto field = [](std::optional<std::uint64_t> v) { return v ? std::to_string(*v) : std::string("na"); };
+  const auto rank_index = static_cast<std::size_t>(rank);
+  auto memory = format_report_line(
+      "memory", {{"rank", std::to_string(rank)},
+                 {"samples", std::to_string(catalog.size())},
+                 {"resident_samples", std::to_string(placement.cached[rank_index].size())},
+                 {"cached_bytes", std::to_string(placement.cached_bytes[rank_index])},
+                 {"arena_bytes", std::to_string(arena_bytes)},
+                 {"staging_bytes", std::to_string(staging_bytes)},
+                 {"catalog_bytes", std::to_string(catalog.memory_bytes())},
+                 {"catalog_copy_bytes", std::to_string(catalog_copy_bytes)},
+                 {"placement_bytes", std::to_string(placement_memory_bytes(placement))},
+                 {"rss_bytes", field(self_status_bytes("VmRSS"))},
+                 {"rss_anon_bytes", field(self_status_bytes("RssAnon"))},
+                 {"rss_shmem_bytes", field(self_status_bytes("RssShmem"))},
+                 {"rss_file_bytes", field(self_status_bytes("RssFile"))}});
+  if (memory.ok()) log.info("{}", *memory);
+}
+
 }  // namespace
 
 std::string resolve_run_dir(const Config& config) {
@@ -474,6 +514,8 @@ std::string resolve_run_dir(const Config& config) {
 int run_daemon(const Config& config, MpiSession& mpi) {
   const int rank = mpi.rank();
   const int nodes = mpi.size();
+  // Start-up phases, logged as one "startup:" line per rank once serving (bench/startup.sh).
+  PhaseClock phases;
   log::init(rank, config.log.level, config.log.components);
   NodeTelemetry telemetry;
   auto log = log::get("daemon");
@@ -525,9 +567,11 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     if (!tokens.ok()) return fail(tokens.status());
     std::memcpy(&job_token, (*tokens)[0].data(), sizeof(job_token));
   }
+  phases.mark("setup");
 
   // 1. Catalog: each rank scans its share, everyone merges the same catalog.
-  auto scan = scan_partition(config.dataset, rank, nodes);
+  // As many scanning threads as loading ones: both wait on storage, one request each.
+  auto scan = scan_partition(config.dataset, rank, nodes, config.service.loader_threads);
   s = agree(mpi, scan.status(), "scanning the dataset");
   if (!s.ok()) return fail(s);
   {
@@ -540,6 +584,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
       log->warn("dataset: {} more problems in this rank's shards not shown", problems.size() - kMaxLogged);
     }
   }
+  phases.mark("scan");
   auto gathered = mpi.allgather(serialize_scan(*scan));
   if (!gathered.ok()) return fail(gathered.status());
   std::vector<ScanResult> parts;
@@ -551,6 +596,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   auto merged = merge_scans(config.dataset, std::move(parts));
   if (!merged.ok()) return fail(merged.status());
   const Catalog catalog = std::move(*merged);
+  phases.mark("catalog_exchange");
   if (rank == 0) {
     log->info("catalog: {} samples, {} classes, {:.1f} MB{}", catalog.size(), catalog.class_names().size(),
               catalog.total_bytes() / 1e6,
@@ -638,6 +684,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   }
   s = agree(mpi, limits, "checking memory limits");
   if (!s.ok()) return fail(s);
+  phases.mark("placement");
 
   // 3. Shared regions: the arena every local trainer maps, and per-trainer staging.
   auto arena = SharedRegion::create("shardmix-arena", arena_bytes);
@@ -646,6 +693,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
                             : Result<std::unique_ptr<SharedRegion>>(arena.status());
   s = agree(mpi, staging.status(), "allocating the cache arena");
   if (!s.ok()) return fail(s);
+  phases.mark("regions");
 
   // 4. Fabric: expose the arena once; exchange addresses and keys over MPI. An emulated
   //    node first joins its network namespace (server/netns.h: this thread and the threads
@@ -700,6 +748,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   if (!s.ok()) return fail(s);
   fabric.start_progress();
   if (rank == 0) log->info("fabric: provider {}, domain {}", fabric.provider_name(), fabric.domain_name());
+  phases.mark("fabric");
   telemetry.set_info(NodeInfo{static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(nodes),
                               config.service.trainers_per_node, fabric.provider_name(), my_host, catalog.size(),
                               catalog.invalid_samples()});
@@ -753,6 +802,8 @@ int run_daemon(const Config& config, MpiSession& mpi) {
                 t[static_cast<std::size_t>(slow)], fast, t[static_cast<std::size_t>(fast)]);
     }
   }
+
+  phases.mark("load");
 
   // 6. Serve trainers.
   SlowPeer slow_peer{config.inject.slow_peer_rank, config.inject.slow_peer_delay};
@@ -813,6 +864,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   served.staging = staging->get();
   served.staging_per_trainer = config.service.staging_bytes_per_trainer;
   served.catalog_bytes = catalog.serialize();
+  const std::uint64_t catalog_copy_bytes = served.catalog_bytes.capacity();
   served.fetcher = &fetcher;
   served.telemetry = &telemetry;
   served.job_token = job_token;
@@ -870,6 +922,10 @@ int run_daemon(const Config& config, MpiSession& mpi) {
               nodes, catalog.size(), catalog.total_bytes() / 1e6, shape.batches_per_trainer, config.batch.size,
               run_dir);
   }
+
+  phases.mark("serve_setup");
+  log_startup_report(*log, rank, phases, catalog, placement, (*arena)->length(), (*staging)->length(),
+                     catalog_copy_bytes);
 
   telemetry.set_serving(true);
   TelemetryPump pump(config, mpi, telemetry, static_cast<std::uint32_t>(nodes) * config.service.trainers_per_node,

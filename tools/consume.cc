@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <thread>
 #include <vector>
 #include <filesystem>
@@ -46,6 +47,42 @@ std::string csv_field(std::string_view s) {
 // trainer's end.
 double monotonic_seconds(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
+
+// DS-Analyzer's reference run (Mohan et al., VLDB 2021): the same per-batch work fed from
+// memory, so its epoch time is the trainer's own; a loader's epoch time minus this is stall.
+int run_synthetic(std::uint64_t epochs, std::uint64_t batches, std::uint64_t batch_bytes, const std::string& touch,
+                  double compute_ms, bool json) {
+  const char* rank_env = std::getenv("OMPI_COMM_WORLD_RANK");
+  const int rank = rank_env != nullptr ? std::atoi(rank_env) : 0;
+  std::vector<std::byte> source(batch_bytes, std::byte{1});
+  std::vector<std::byte> sink(batch_bytes);
+  std::uint64_t checksum = 0;
+  for (std::uint64_t e = 0; e < epochs; ++e) {
+    const auto start = std::chrono::steady_clock::now();
+    for (std::uint64_t b = 0; b < batches; ++b) {
+      if (touch == "copy") {
+        std::memcpy(sink.data(), source.data(), source.size());
+        checksum ^= sink.empty() ? 0 : static_cast<std::uint64_t>(sink[sink.size() / 2]);
+      } else if (touch == "hash") {
+        checksum ^= XXH64(source.data(), source.size(), b);
+      }
+      if (compute_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(compute_ms));
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("rank %d synthetic epoch %llu: %llu batches of %llu bytes, %.3f s (checksum %016llx)\n", rank,
+                static_cast<unsigned long long>(e), static_cast<unsigned long long>(batches),
+                static_cast<unsigned long long>(batch_bytes), secs, static_cast<unsigned long long>(checksum));
+    if (json) {
+      std::printf("JSON {\"rank\": %d, \"epoch\": %llu, \"synthetic\": true, \"batches\": %llu, \"bytes\": %llu, "
+                  "\"seconds\": %.6f, \"t_start\": %.6f, \"t_end\": %.6f}\n",
+                  rank, static_cast<unsigned long long>(e), static_cast<unsigned long long>(batches),
+                  static_cast<unsigned long long>(batches * batch_bytes), secs, monotonic_seconds(start),
+                  monotonic_seconds(start) + secs);
+    }
+    std::fflush(stdout);
+  }
+  return 0;
 }
 
 }  // namespace
@@ -84,7 +121,20 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-dir", checkpoint_dir, "Where --checkpoint-after writes rank-<R>.ckpt");
   app.add_option("--resume-dir", resume_dir,
                  "Resume: from DIR/rank-<R>.ckpt, or from the epoch the daemons re-dealt (resume.checkpoint_dir)");
+  std::uint64_t synthetic_batches = 0;
+  std::uint64_t synthetic_batch_bytes = 0;
+  app.add_option("--synthetic-batches", synthetic_batches,
+                 "Do not connect: run each epoch over this many batches of in-memory bytes (touched as --touch "
+                 "says, then --compute-ms): the stall-free reference of bench/stall.sh");
+  app.add_option("--synthetic-batch-bytes", synthetic_batch_bytes, "Bytes per --synthetic-batches batch");
+  bool first_batch_only = false;
+  app.add_flag("--first-batch-only", first_batch_only,
+               "Print when the first batch was in hand (a 'JSON {...}' line with t_first_batch) and exit at once, "
+               "without finishing the epoch: bench/startup.sh's mpirun-to-first-batch");
   CLI11_PARSE(app, argc, argv);
+  if (synthetic_batches > 0) {
+    return run_synthetic(epochs, synthetic_batches, synthetic_batch_bytes, touch, compute_ms, json);
+  }
   if (checkpoint_after > 0 && checkpoint_dir.empty()) {
     std::fprintf(stderr, "shardmix-consume: --checkpoint-after needs --checkpoint-dir\n");
     return 2;
@@ -143,9 +193,22 @@ int main(int argc, char** argv) {
       // is in hand. The wait that only ends the epoch (no batch) is not counted.
       std::chrono::steady_clock::duration stall{0};
       auto waiting_since = start;
+      // When the first batch was in hand: bench/startup.sh's "mpirun to first batch".
+      std::optional<std::chrono::steady_clock::time_point> first_batch_at;
       const bool resuming = e == first_epoch && !resume_blob.empty();
       for (const shardmix::Batch& batch : resuming ? client.epoch(e, resume_blob) : client.epoch(e)) {
         stall += std::chrono::steady_clock::now() - waiting_since;
+        if (!first_batch_at) {
+          first_batch_at = std::chrono::steady_clock::now();
+          if (first_batch_only) {
+            std::printf("JSON {\"rank\": %d, \"epoch\": %llu, \"first_batch_only\": true, \"samples\": %zu, "
+                        "\"t_start\": %.6f, \"t_first_batch\": %.6f}\n",
+                        rank, static_cast<unsigned long long>(e), batch.size(), monotonic_seconds(start),
+                        monotonic_seconds(*first_batch_at));
+            std::fflush(stdout);
+            std::_Exit(0);  // like a trainer that goes away mid-epoch: the daemon copes (trainer_killed e2e)
+          }
+        }
         ++batches;
         std::size_t position = 0;
         for (const shardmix::Sample& s : batch) {
@@ -211,7 +274,8 @@ int main(int argc, char** argv) {
         std::printf(
             "JSON {\"rank\": %d, \"epoch\": %llu, \"samples\": %llu, \"bytes\": %llu, \"batches\": %llu, "
             "\"seconds\": %.6f, \"local_samples\": %llu, \"peer_samples\": %llu, \"storage_samples\": %llu, \"peer_bytes\": %llu, "
-            "\"daemon_fetch_wait_us\": %llu, \"stall_seconds\": %.6f, \"t_start\": %.6f, \"t_end\": %.6f}\n",
+            "\"daemon_fetch_wait_us\": %llu, \"stall_seconds\": %.6f, \"t_start\": %.6f, \"t_end\": %.6f, "
+            "\"t_first_batch\": %.6f}\n",
             rank, static_cast<unsigned long long>(e), static_cast<unsigned long long>(samples),
             static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(batches), secs,
             static_cast<unsigned long long>(stats ? stats->local_samples : 0),
@@ -219,7 +283,7 @@ int main(int argc, char** argv) {
             static_cast<unsigned long long>(stats ? stats->storage_samples : 0),
             static_cast<unsigned long long>(stats ? stats->peer_bytes : 0),
             static_cast<unsigned long long>(stats ? stats->fetch_wait_us : 0), stall_seconds, monotonic_seconds(start),
-            monotonic_seconds(start) + secs);
+            monotonic_seconds(start) + secs, monotonic_seconds(first_batch_at.value_or(start)));
       }
       std::fflush(stdout);
       if (!between_epochs.empty() && e + 1 < first_epoch + epochs) {

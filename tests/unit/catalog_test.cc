@@ -109,6 +109,41 @@ TEST_F(CatalogTest, FolderScanHandlesOddNamesNestingHiddenAndEmptyFiles) {
   EXPECT_GE(catalog->memory_bytes(), 7u * 20u + 60u);
 }
 
+// The threaded folder scan (docs/decisions/0029) returns exactly the single-threaded
+// result, entries in the same order, skip counts summed, for any thread count and split.
+TEST_F(CatalogTest, ThreadedFolderScanEqualsTheSingleThreadedOne) {
+  for (int c = 0; c < 11; ++c) {
+    for (int i = 0; i < 2 + (c * 5) % 7; ++i) file(fmt::format("data/class_{:02}/{}/s{}.bin", c, i % 3, i), i * 3 + c);
+    file(fmt::format("data/class_{:02}/.hidden{}", c, c), 1);
+  }
+  fs::create_directories(dir_ / "data" / "class_99_empty");
+  for (int nranks = 1; nranks <= 3; ++nranks) {
+    for (int rank = 0; rank < nranks; ++rank) {
+      auto serial = scan_partition(folder(), rank, nranks, 1);
+      ASSERT_TRUE(serial.ok()) << serial.status().to_string();
+      for (unsigned threads : {2u, 3u, 8u, 64u}) {
+        auto threaded = scan_partition(folder(), rank, nranks, threads);
+        ASSERT_TRUE(threaded.ok()) << threaded.status().to_string();
+        EXPECT_EQ(serialize_scan(*threaded), serialize_scan(*serial))
+            << "rank " << rank << " of " << nranks << ", " << threads << " threads";
+        EXPECT_EQ(threaded->skipped_hidden, serial->skipped_hidden);
+      }
+    }
+  }
+}
+
+TEST_F(CatalogTest, ThreadedFolderScanReportsTheFirstFailingClassInClassOrder) {
+  for (int c = 0; c < 6; ++c) file(fmt::format("data/c{}/s.bin", c), 4);
+  // Two broken links: whatever finishes first, the error names the one in the earlier class.
+  fs::create_symlink(dir_ / "missing_one", dir_ / "data" / "c2" / "broken.bin");
+  fs::create_symlink(dir_ / "missing_two", dir_ / "data" / "c4" / "broken.bin");
+  for (unsigned threads : {1u, 2u, 6u}) {
+    auto scan = scan_partition(folder(), 0, 1, threads);
+    ASSERT_FALSE(scan.ok());
+    EXPECT_NE(scan.status().message().find("c2/broken.bin"), std::string::npos) << scan.status().message();
+  }
+}
+
 TEST_F(CatalogTest, SplitAcrossRanksGivesTheSameCatalog) {
   for (int c = 0; c < 7; ++c) {
     for (int i = 0; i < 3 + c; ++i) file(fmt::format("data/class_{}/{}/s{}.bin", c, i % 2, i), i * 7);

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Data stall benchmark (issue 8 item 2), DS-Analyzer's method (Mohan et al., VLDB 2021):
+# a trainer spends a fixed compute time per batch; it runs once fed by the loader and once
+# fed by synthetic in-memory batches of the same size; the difference in epoch time is
+# stall, reported as a fraction of the fed epoch's time. The compute is a sleep (a GPU's
+# compute does not use the host CPU; on this 2-core machine a busy loop would take the
+# daemons' and workers' CPU and measure something else). Both trainers copy every sample's
+# bytes out of the loader's memory (staging for a GPU), in the synthetic run too.
+#
+# In one run: ShardMix's peak (4 daemons + 4 trainers, tcp on lo, exchange_fraction 1,
+# no compute), then for compute rates that need 50%, 80% and 100% of that peak (compute
+# per batch = batch / (fraction x peak / 4 trainers)): ShardMix fed, the DataLoader fed
+# (bench/stall_torch.py: DistributedSampler + DataLoader over the same files, page cache
+# warm; the worker count among --workers with the best rate at no compute), and the
+# synthetic reference of each. An epoch's time is the span from the first rank's start to
+# the last one's end. Epoch 0 is left out (ShardMix: connection set-up, first touch of the
+# staging pages; DataLoader: its persistent workers start). Target: ShardMix stall < 1% when compute needs 80% of its peak.
+#
+#   bash bench/stall.sh [--quick] [--out FILE.json] [--epochs 4] [--workers "1 2"] [--prefetch 8]
+# --prefetch: ShardMix's service.prefetch (batches staged ahead per trainer).
+# Full: 16,384 samples (median 112 KiB), 4 epochs per run (3 measured);
+# --quick: 4,096 samples, 2 epochs.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+build=${SHARDMIX_BUILD_DIR:-$repo/build}
+data_root=${SHARDMIX_BENCH_DIR:-/tmp/shardmix-bench}
+torch_python=${SHARDMIX_TORCH_PYTHON:-/usr/bin/python3}
+samples=16384 median_kib=112 epochs=4 workers="1 2" fractions="0.5 0.8 1.0" out=$repo/bench/results/stall-latest.json
+prefetch=8
+while (($#)); do
+  case $1 in
+    --quick) samples=4096 epochs=2 ;;
+    --out) out=$2; shift ;;
+    --epochs) epochs=$2; shift ;;
+    --workers) workers=$2; shift ;;
+    --prefetch) prefetch=$2; shift ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "stall.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+for tool in server/shardmixd tools/shardmix-consume tools/shardmix-gen; do
+  [[ -x $build/$tool ]] || { echo "stall.sh: $build/$tool missing; build first (cmake --build $build)" >&2; exit 2; }
+done
+"$torch_python" -c 'import torch' 2>/dev/null || { echo "stall.sh: $torch_python has no torch (apt-get install python3-torch)" >&2; exit 2; }
+data=$data_root/data-$samples-${median_kib}k
+if [[ ! -d $data ]]; then
+  mkdir -p "$data_root"
+  "$build/tools/shardmix-gen" --out "$data" --samples "$samples" --classes 1000 --median-kib "$median_kib" --seed 1
+fi
+work=$(mktemp -d /tmp/shardmix-stall.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+raw=$work/raw.jsonl
+: >"$raw"
+(cd "$data" && find . -name '*.bin' -printf '%P\n' | sort) >"$work/list"
+total_bytes=$(cd "$data" && find . -name '*.bin' -printf '%s\n' | awk '{s += $1} END {printf "%.0f\n", s}')
+batch=32
+batches_per_trainer=$(((samples / 4 + batch - 1) / batch))
+batch_bytes=$((total_bytes * batch / samples))
+# shellcheck disable=SC2054  # "self,vader" is one argument
+mpirun_flags=(--allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader)
+cat >"$work/c.toml" <<TOML
+[dataset]
+path = "$data"
+[batch]
+size = $batch
+[shuffle]
+exchange_fraction = 1
+[fabric]
+provider = "tcp"
+[service]
+prefetch = $prefetch
+[log]
+level = "warn"
+TOML
+# tag_rows KIND EXTRA-JSON < program output: its JSON lines as raw rows.
+tag_rows() { grep '^JSON ' | sed "s/^JSON {/{\"kind\": \"$1\", $2, /" >>"$raw"; }
+shardmix_run() {  # compute_ms kind extra-json
+  echo "== ShardMix, compute $1 ms per batch ($2)"
+  SHARDMIX_BUILD_DIR=$build bash "$repo/deploy/launch.sh" --nodes 4 --config "$work/c.toml" --daemon-log "$work/d.log" \
+    -- "$build/tools/shardmix-consume" --epochs "$epochs" --touch copy --compute-ms "$1" --json >"$work/s.txt" 2>&1 \
+    || { cat "$work/s.txt" "$work/d.log"; exit 1; }
+  tag_rows "$2" "$3" <"$work/s.txt"
+}
+
+loadavg_start=$(cut -d' ' -f1-3 /proc/loadavg)
+shardmix_run 0 peak '"loader": "shardmix", "run": 0, "fraction": null'
+peak=$(PYTHONPATH=$here python3 -c '
+import json, sys, costs_report as cr
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(cr.summarize_stall(rows)["shardmix_peak_samples_per_s"]["median"])' "$raw")
+echo "ShardMix peak: $peak samples/s"
+
+# The DataLoader's best worker count (>= 1, page cache warm: one read of the files first).
+cat "$data"/*/* >/dev/null
+best_workers="" best_rate=0
+for w in $workers; do
+  echo "== DataLoader, $w workers, no compute"
+  "$torch_python" "$here/stall_torch.py" --root "$data" --list "$work/list" --workers "$w" --epochs 2 >"$work/t.txt"
+  rate=$(python3 -c '
+import json, sys
+rows = [json.loads(l[5:]) for l in open(sys.argv[1]) if l.startswith("JSON ")]
+last = [r for r in rows if r["epoch"] == 1]
+print(sum(r["samples"] for r in last) / (max(r["t_end"] for r in last) - min(r["t_start"] for r in last)))' "$work/t.txt")
+  echo "   $rate samples/s"
+  tag_rows torch_probe "\"loader\": \"dataloader\", \"run\": $w, \"fraction\": null, \"config\": \"$w workers\"" <"$work/t.txt"
+  if python3 -c "import sys; sys.exit(0 if $rate > $best_rate else 1)"; then best_workers=$w best_rate=$rate; fi
+done
+echo "DataLoader best: $best_workers workers ($best_rate samples/s)"
+
+for f in $fractions; do
+  compute_ms=$(python3 -c "print(f'{$batch / ($f * $peak / 4) * 1000:.4f}')")
+  echo "{\"kind\": \"compute\", \"fraction\": $f, \"compute_ms\": $compute_ms}" >>"$raw"
+  shardmix_run "$compute_ms" fed "\"loader\": \"shardmix\", \"run\": 0, \"fraction\": $f"
+  echo "== synthetic trainer (C++), compute $compute_ms ms, $batches_per_trainer batches of $batch_bytes bytes"
+  mpirun "${mpirun_flags[@]}" -np 4 "$build/tools/shardmix-consume" --synthetic-batches "$batches_per_trainer" \
+    --synthetic-batch-bytes "$batch_bytes" --touch copy --compute-ms "$compute_ms" --epochs "$epochs" --json \
+    >"$work/y.txt" 2>&1 || { cat "$work/y.txt"; exit 1; }
+  tag_rows synthetic "\"loader\": \"shardmix\", \"run\": 0, \"fraction\": $f, \"samples\": 0" <"$work/y.txt"
+  echo "== DataLoader ($best_workers workers), compute $compute_ms ms"
+  "$torch_python" "$here/stall_torch.py" --root "$data" --list "$work/list" --workers "$best_workers" \
+    --epochs "$epochs" --compute-ms "$compute_ms" >"$work/t.txt"
+  tag_rows fed "\"loader\": \"dataloader\", \"run\": 0, \"fraction\": $f, \"config\": \"$best_workers workers, warm cache\"" <"$work/t.txt"
+  echo "== synthetic trainer (Python), compute $compute_ms ms"
+  "$torch_python" "$here/stall_torch.py" --synthetic-batches "$batches_per_trainer" --synthetic-batch-bytes "$batch_bytes" \
+    --epochs "$epochs" --compute-ms "$compute_ms" >"$work/t.txt"
+  tag_rows synthetic "\"loader\": \"dataloader\", \"run\": 0, \"fraction\": $f" <"$work/t.txt"
+done
+echo "{\"kind\": \"conditions\", \"prefetch\": $prefetch, \"dataset\": \"$samples samples, median $median_kib KiB\", \"loadavg_start\": \"$loadavg_start\", \"loadavg_end\": \"$(cut -d' ' -f1-3 /proc/loadavg)\", \"epochs\": $epochs}" >>"$raw"
+PYTHONPATH=$here python3 "$here/costs_report.py" stall "$raw" "$out"
