@@ -11,7 +11,10 @@
 # Writes bench/results/latest.json, latest.md, latest-raw.jsonl and latest-*.png
 # (bench/suite_report.py); --quick writes them to bench/results/quick/ instead.
 #
-#   bash bench/run.sh [--quick] [--out-dir DIR]   # root (drop_caches); 17 min here (quick: 3)
+#   bash bench/run.sh [--quick] [--out-dir DIR] [--reuse-parts]   # root (drop_caches); 17 min here (quick: 3)
+# --reuse-parts: do not run stall.sh, cost.sh, startup.sh; merge their last full results
+# (bench/results/<part>-latest.json) instead, e.g. to re-measure the throughput comparison
+# alone. The report says which parts were reused.
 # Env: SHARDMIX_BUILD_DIR (default build/, Release), SHARDMIX_BENCH_DIR (datasets, default
 # /tmp/shardmix-bench), SHARDMIX_TORCH_PYTHON (default /usr/bin/python3).
 set -euo pipefail
@@ -22,12 +25,14 @@ data_root=${SHARDMIX_BENCH_DIR:-/tmp/shardmix-bench}
 torch_python=${SHARDMIX_TORCH_PYTHON:-/usr/bin/python3}
 out_dir=""
 quick=0
+reuse_parts=0
 command_line="bash bench/run.sh $*"
 while (($#)); do
   case $1 in
     --quick) quick=1 ;;
     --out-dir) out_dir=$2; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --reuse-parts) reuse_parts=1 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -213,7 +218,16 @@ done
 # ---- the colleagues' parts (issue 8 items 2, 4, 5), when present on this branch
 parts=()
 for part in stall cost startup; do
-  if [[ -f $here/$part.sh ]]; then
+  if ((reuse_parts)); then
+    saved=$repo/bench/results/$part-latest.json
+    if [[ -f $saved ]]; then
+      log "bench/$part.sh not run: merging its last results, $saved"
+      parts+=(--part "$part=$saved" --reused "$part")
+    else
+      echo "run.sh: --reuse-parts but $saved does not exist; its section is left out" >&2
+      parts+=(--part-absent "$part")
+    fi
+  elif [[ -f $here/$part.sh ]]; then
     log "bench/$part.sh"
     q=(); ((quick)) && q=(--quick)
     if bash "$here/$part.sh" "${q[@]}" --out "$work/$part.json"; then

@@ -337,7 +337,11 @@ def markdown(result):
             lines.append(f"| {name} | " + " | ".join(by_tag.get(t, "–") for t, _ in sizes) + " |")
         lines.append("")
     for name, part in result.get("parts", {}).items():
-        lines += [f"## {name} (bench/{name}.sh)", "", part.get("markdown", "(no table)"), ""]
+        lines += [f"## {name} (bench/{name}.sh)", ""]
+        if part.get("reused_from"):
+            lines += [f"Not re-run by this run: the last full result, {part['reused_from']} "
+                      f"(measured {part.get('date', 'at an unrecorded time')}).", ""]
+        lines += [part.get("markdown", "(no table)"), ""]
     for name, why in result.get("parts_missing", {}).items():
         lines += [f"## {name}: not run ({why})", ""]
     return "\n".join(lines)
@@ -423,6 +427,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=1, help="repetitions of ShardMix and the limits")
     ap.add_argument("--repo", default="")
     ap.add_argument("--part", action="append", default=[], help="NAME=FILE: a colleague's JSON to merge")
+    ap.add_argument("--reused", action="append", default=[],
+                    help="NAME: that --part is an earlier run's saved result, not measured now")
     ap.add_argument("--part-absent", action="append", default=[])
     ap.add_argument("--part-failed", action="append", default=[])
     ap.add_argument("--no-plots", action="store_true")
@@ -459,6 +465,8 @@ def main():
         if not isinstance(part.get("markdown"), str):
             result["parts_missing"][name] = f"{path} has no string field 'markdown'"
             continue
+        if name in args.reused:
+            part["reused_from"] = os.path.relpath(path, args.repo) if args.repo else path
         result["parts"][name] = part
         result[name] = part
     for name in args.part_absent:

@@ -216,6 +216,19 @@ class Report(unittest.TestCase):
         self.assertEqual(result["cost"]["cpu_seconds_per_gb"], 0.5)
         self.assertIn("| cost | 1 |", md)
 
+    def test_a_reused_part_says_so_with_its_date(self):
+        tmp = tempfile.mkdtemp(prefix="smx-suite-part-")
+        part = os.path.join(tmp, "stall-latest.json")
+        with open(part, "w") as f:
+            json.dump({"markdown": "| stall | 2% |", "date": "2026-01-02 03:04 UTC"}, f)
+        _, result, md = self.report("--part", f"stall={part}", "--reused", "stall")
+        self.assertIn("stall-latest.json", result["stall"]["reused_from"])
+        self.assertIn("Not re-run by this run", md)
+        self.assertIn("2026-01-02 03:04 UTC", md)
+        _, fresh, fresh_md = self.report("--part", f"stall={part}")
+        self.assertNotIn("reused_from", fresh["stall"])
+        self.assertNotIn("Not re-run by this run", fresh_md)
+
     def test_a_part_without_markdown_is_reported_missing(self):
         tmp = tempfile.mkdtemp(prefix="smx-suite-part-")
         part = os.path.join(tmp, "startup.json")
