@@ -615,10 +615,39 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   const PlanShape shape = make_plan_shape(catalog.size(), job);
   // cache.capacity = 0 means no limit beyond RAM; otherwise each node keeps what fits
   // resident and the rest of its share is cold (placement.h).
+  // The capacity is per node: the default "0.8" is a fraction of *this* node's RAM, so nodes
+  // with different RAM (or a slightly different MemTotal) get different byte counts. Every
+  // daemon computes every node's resident set and arena offsets, so each node's own figure
+  // is gathered here and node k's layout is always computed from node k's capacity; computing
+  // a peer's layout from one's own number would make fi_reads fetch another sample's bytes.
   const std::uint64_t capacity =
       config.cache.capacity_bytes == 0 ? kNoCapacityLimit : config.cache.capacity_bytes;
+  std::vector<std::uint64_t> node_capacities(static_cast<std::size_t>(nodes));
+  {
+    auto gathered_capacities =
+        mpi.allgather(std::span(reinterpret_cast<const std::uint8_t*>(&capacity), sizeof(capacity)));
+    if (!gathered_capacities.ok()) return fail(gathered_capacities.status());
+    for (int r = 0; r < nodes; ++r) {
+      const auto& bytes = (*gathered_capacities)[static_cast<std::size_t>(r)];
+      if (bytes.size() != sizeof(std::uint64_t)) {
+        return fail(make_error(StatusCode::kInternal, "cache.capacity from rank {}: {} bytes, expected {}", r,
+                               bytes.size(), sizeof(std::uint64_t)));
+      }
+      std::memcpy(&node_capacities[static_cast<std::size_t>(r)], bytes.data(), sizeof(std::uint64_t));
+    }
+  }
+  if (rank == 0 && std::adjacent_find(node_capacities.begin(), node_capacities.end(),
+                                      std::not_equal_to<>()) != node_capacities.end()) {
+    std::string listed;
+    for (int r = 0; r < nodes; ++r) {
+      const std::uint64_t c = node_capacities[static_cast<std::size_t>(r)];
+      listed += fmt::format("{}rank {}: {}", r == 0 ? "" : ", ", r,
+                            c == kNoCapacityLimit ? std::string("unlimited") : std::to_string(c));
+    }
+    log->info("cache.capacity differs between nodes (bytes): {}; each node's resident set uses its own", listed);
+  }
   const Placement placement =
-      make_placement(catalog.sizes(), shape, config.dataset.placement, config.shuffle.seed, capacity);
+      make_placement(catalog.sizes(), shape, config.dataset.placement, config.shuffle.seed, node_capacities);
   const EpochPlanner planner(shape, placement, config.shuffle, catalog.labels());
   // Checkpoint/resume (docs/decisions/0022): the plan's identity, and an epoch re-dealt
   // from another world size's checkpoints.
@@ -838,7 +867,8 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     std::vector<ArenaLayout> initial;
     for (int r = 0; r < nodes; ++r) {
       const auto k = static_cast<std::uint32_t>(r);
-      initial.push_back(initial_arena_layout(placement, k, rotating_arena_bytes(catalog.sizes(), placement, k, capacity)));
+      initial.push_back(
+          initial_arena_layout(placement, k, rotating_arena_bytes(catalog.sizes(), placement, k, node_capacities[k])));
     }
     residency = std::make_unique<ResidencyTable>(std::move(initial));
     if (rank == 0) {
@@ -1015,7 +1045,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
       return Status::ok_status();
     };
     hooks.wanted = [&](std::uint32_t node, std::uint64_t g) {
-      return choose_resident(catalog.sizes(), placement.owned[node], capacity, config.shuffle.seed, node, g);
+      return choose_resident(catalog.sizes(), placement.owned[node], node_capacities[node], config.shuffle.seed, node, g);
     };
     rotation = std::make_unique<RotationCoordinator>(static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(nodes),
                                                      config.cache.rotation_epochs, catalog.sizes(), *residency,
