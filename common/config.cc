@@ -186,7 +186,7 @@ const KeySpec kKeys[] = {
    "Pinning avoids a slow management NIC being picked first; leaving it empty is portable across node types.",
    "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(fabric.interface)},
   {"fabric.max_outstanding_reads", KeyType::kUint, "8",
-   "Remote reads (fi_read) in flight per daemon; with 3 or more daemons one peer may hold at most all but one of them (a peer that stops answering cannot starve the others, decision 0032).",
+   "Remote reads (fi_read) in flight per daemon; with 3 or more daemons one peer may hold at most all but one of them (a peer that stops answering cannot starve the others, decision 0032), so at least 2 are required there (also after the provider's tx size caps it). Failure detector heartbeats are not counted.",
    "More overlaps more network latency but uses more staging memory and completion-queue space; beyond ~8 gave nothing on the development machines.",
    "", 1, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(fabric.max_outstanding_reads)},
   {"fabric.max_read_segments", KeyType::kUint, "4",

@@ -843,7 +843,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   // Peer failure detection while serving and draining (docs/decisions/0025, 0026).
   PeerMonitor monitor(static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(nodes), config.fault.peer_timeout,
                       [&fabric, heartbeat_region](std::uint32_t peer, std::function<void(const Status&)> done) {
-                        fabric.read(static_cast<int>(peer), 0, 1, heartbeat_region, peer, std::move(done));
+                        fabric.heartbeat_read(static_cast<int>(peer), 0, 1, heartbeat_region, peer, std::move(done));
                       });
   FabricFetcher fetcher(io, fabric, staging_region, slow_peer);
   // The storage tier: cold samples are read by the daemon whose trainer needs them (the

@@ -33,9 +33,10 @@ struct FabricOptions {
   // "verbs" (as verbs;ofi_rxm), or any name fi_info lists.
   std::string provider = "auto";
   std::string interface;                 // domain name filter, e.g. "lo"; "" = first match
-  // Reads handed to the provider at once. With 3 or more ranks one peer may hold at most
-  // all but one of them, so a peer that stops answering cannot starve reads (and failure
-  // detector heartbeats) to the others.
+  // Reads handed to the provider at once (also capped by the provider's tx size). With 3
+  // or more ranks one peer may hold at most all but one of them, so a peer that stops
+  // answering cannot starve reads to the others; create() therefore refuses fewer than 2
+  // with 3 or more ranks. Heartbeats (heartbeat_read) are not counted against it.
   std::uint32_t max_outstanding_reads = 8;
   // Segments per read (fabric.max_read_segments): 1 posts every sample as its own fi_read.
   std::uint32_t max_read_segments = kMaxReadSegments;
@@ -104,6 +105,14 @@ class Fabric {
   // (bad peer, out of range, provider failure) are reported through `done`, naming the peer rank.
   void read(int peer, std::uint64_t remote_offset, std::size_t length, const LocalRegion& local,
             std::size_t local_offset, ReadCallback done);
+
+  // A failure detector heartbeat (server/peer_monitor.h): like read(), but it goes to the
+  // front of `peer`'s queue and is posted whatever max_outstanding_reads allows, so a live
+  // peer's heartbeat never waits behind data reads (its own, or those a hung peer holds)
+  // and the monitor's timeout measures the peer, not our queue. Keep it to one small read
+  // per peer at a time: each may exceed max_outstanding_reads by one.
+  void heartbeat_read(int peer, std::uint64_t remote_offset, std::size_t length, const LocalRegion& local,
+                      std::size_t local_offset, ReadCallback done);
 
   // Stops reading from `peer` for good (a daemon declared dead, fault.peer_death =
   // degrade): reads queued for it, and every later read(), complete with `why` on the
