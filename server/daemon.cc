@@ -1078,7 +1078,13 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     const std::uint64_t before = rotation->generation(static_cast<std::uint32_t>(rank));
     Status polled = rotation->poll();
     if (!polled.ok()) {
-      log->error("cache rotation: {}; this node's changing samples stay on storage", polled.to_string());
+      if (polled.code() == StatusCode::kCancelled && stop.requested()) {
+        // A normal shutdown stopped a reload (often the last rotation, triggered by the
+        // read-ahead into an epoch no trainer asks for): nothing is wrong.
+        log->info("cache rotation: {} (shutting down)", polled.to_string());
+      } else {
+        log->error("cache rotation: {}; this node's changing samples stay on storage", polled.to_string());
+      }
     }
     const std::uint64_t now = rotation->generation(static_cast<std::uint32_t>(rank));
     if (now != before && last_reload) {
