@@ -98,7 +98,12 @@ class Fabric {
   Status connect_peers(const std::vector<std::vector<std::uint8_t>>& blobs);
 
   void start_progress();
-  void stop_progress();  // idempotent; pending reads complete with kCancelled
+  // Idempotent; pending reads complete with kCancelled. Reads still posted to a peer that
+  // fail_peer() gave up on (e.g. a hung one) are reported cancelled too, but the provider
+  // may still write their target buffers until the endpoint is closed: callers must keep
+  // those buffers (staging, heartbeat bytes) alive until this Fabric is destroyed, not
+  // only until stop_progress() returns.
+  void stop_progress();
 
   // Reads `length` bytes at `remote_offset` of `peer`'s exposed region into
   // `local.base + local_offset`. `done` runs once on the progress thread. Errors
