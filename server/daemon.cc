@@ -672,7 +672,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   // Cache rotation (docs/decisions/0033) only when something is cold: with everything
   // resident every generation is the whole share, so the static path is kept bit-for-bit.
   // Not under fault.peer_death = degrade: a dead daemon never sends its Done (every node's
-  // reload would wait for it forever) and a blocking MPI_Send to it may never return.
+  // reload would wait for it forever) and a send to it may never complete.
   const bool rotation_refused = config.cache.rotation_epochs > 0 && config.fault.peer_death == "degrade";
   if (rotation_refused && rank == 0) {
     log->warn("cache.rotation_epochs = {} is ignored under fault.peer_death = degrade: the rotation fence needs "
@@ -1012,10 +1012,17 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   std::optional<LoadStats> last_reload;
   std::unique_ptr<RotationCoordinator> rotation;
   if (rotating) {
+    // Non-blocking (MPI_Isend, completed by pump_rotation each tick): this thread also runs
+    // the failure detector, which a blocking send to a slow rank would stall.
     auto send = [&mpi, &log](int to, int tag, std::uint32_t node, std::uint64_t generation) {
       const RotationMessage m{node, 0, generation};
-      Status sent = mpi.send(to, tag, std::span(reinterpret_cast<const std::uint8_t*>(&m), sizeof(m)));
-      if (!sent.ok()) log->error("cache rotation: message to daemon rank {}: {}", to, sent.to_string());
+      const auto* raw = reinterpret_cast<const std::uint8_t*>(&m);
+      Status sent = mpi.post_send(to, tag, std::vector<std::uint8_t>(raw, raw + sizeof(m)));
+      if (!sent.ok()) {
+        log->error("cache rotation: {} for generation {} of node {} could not be sent to daemon rank {}: {}; node "
+                   "{}'s reloads cannot complete, so its changing samples stay on storage",
+                   tag == kTagRotationDone ? "Done" : "Readable", generation, node, to, sent.to_string(), node);
+      }
     };
     RotationCoordinator::Hooks hooks;
     hooks.send_done = [send](std::uint32_t node, std::uint64_t g) {
@@ -1053,6 +1060,11 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   }
   auto pump_rotation = [&] {
     if (!rotation) return;
+    if (Status sends = mpi.test_sends(); !sends.ok()) {
+      log->error("cache rotation: {}; that daemon's fence waits for a message that never came, so the samples "
+                 "changing there stay on storage",
+                 sends.to_string());
+    }
     for (const int tag : {kTagRotationDone, kTagRotationReadable}) {
       for (;;) {
         auto m = mpi.try_receive(tag);
