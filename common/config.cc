@@ -163,7 +163,7 @@ const KeySpec kKeys[] = {
    [](const Config& c) -> Value { return c.shuffle.min_entropy; }},
 
   {"cache.capacity", KeyType::kCapacity, "0.8",
-   "RAM per node for the cache arena: integer bytes, a size such as \"8GiB\", or a fraction 0 < x <= 1 of physical RAM written with a decimal point (0.5). 0 = no limit beyond RAM. When a node's share of the dataset is larger, a seeded-random subset that fits stays resident and the rest is cold: read from storage (the shared file system) by the daemon whose trainer needs it, every epoch (docs/decisions/0015-storage-tier.md).",
+   "RAM per node for the cache arena: integer bytes, a size such as \"8GiB\", or a fraction 0 < x <= 1 of physical RAM written with a decimal point (0.5). 0 = no limit beyond RAM. When a node's share of the dataset is larger, a seeded-random subset that fits stays resident and the rest is cold: read from storage (the shared file system) by the daemon whose trainer needs it, every epoch (docs/decisions/0015-storage-tier.md). Per node: a fraction gives each node its own byte count, and nodes may differ (the daemons exchange them at start-up).",
    "More cache keeps more of the dataset in RAM (fewer storage reads per epoch: the cold fraction is about 1 - nodes x capacity / dataset bytes) but leaves less memory for the trainers on the same node.",
    "", 0, std::numeric_limits<std::uint64_t>::max(), 0, 0, false,
    [](Config& c, const Value& v) {
