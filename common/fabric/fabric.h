@@ -99,10 +99,11 @@ class Fabric {
 
   void start_progress();
   // Idempotent; pending reads complete with kCancelled. Reads still posted to a peer that
-  // fail_peer() gave up on (e.g. a hung one) are reported cancelled too, but the provider
-  // may still write their target buffers until the endpoint is closed: callers must keep
-  // those buffers (staging, heartbeat bytes) alive until this Fabric is destroyed, not
-  // only until stop_progress() returns.
+  // fail_peer() gave up on (e.g. a hung one), and any posted read that does not complete
+  // within the drain timeout, are reported cancelled too, but the provider may still write
+  // their target buffers until the endpoint is closed: callers must keep those buffers
+  // (staging, heartbeat bytes) alive until this Fabric is destroyed, not only until
+  // stop_progress() returns.
   void stop_progress();
 
   // Reads `length` bytes at `remote_offset` of `peer`'s exposed region into
