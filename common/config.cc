@@ -163,7 +163,7 @@ const KeySpec kKeys[] = {
    [](const Config& c) -> Value { return c.shuffle.min_entropy; }},
 
   {"cache.capacity", KeyType::kCapacity, "0.8",
-   "RAM per node for the cache arena: integer bytes, a size such as \"8GiB\", or a fraction 0 < x <= 1 of physical RAM written with a decimal point (0.5). 0 = no limit beyond RAM. When a node's share of the dataset is larger, a seeded-random subset that fits stays resident and the rest is cold: read from storage (the shared file system) by the daemon whose trainer needs it, every epoch (docs/decisions/0015-storage-tier.md).",
+   "RAM per node for the cache arena: integer bytes, a size such as \"8GiB\", or a fraction 0 < x <= 1 of physical RAM written with a decimal point (0.5). 0 = no limit beyond RAM. When a node's share of the dataset is larger, a seeded-random subset that fits stays resident and the rest is cold: read from storage (the shared file system) by the daemon whose trainer needs it, every epoch (docs/decisions/0015-storage-tier.md). Per node: a fraction gives each node its own byte count, and nodes may differ (the daemons exchange them at start-up).",
    "More cache keeps more of the dataset in RAM (fewer storage reads per epoch: the cold fraction is about 1 - nodes x capacity / dataset bytes) but leaves less memory for the trainers on the same node.",
    "", 0, std::numeric_limits<std::uint64_t>::max(), 0, 0, false,
    [](Config& c, const Value& v) {
@@ -186,7 +186,7 @@ const KeySpec kKeys[] = {
    "Pinning avoids a slow management NIC being picked first; leaving it empty is portable across node types.",
    "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(fabric.interface)},
   {"fabric.max_outstanding_reads", KeyType::kUint, "8",
-   "Remote reads (fi_read) in flight per daemon; with 3 or more daemons one peer may hold at most all but one of them (a peer that stops answering cannot starve the others, decision 0032).",
+   "Remote reads (fi_read) in flight per daemon; with 3 or more daemons one peer may hold at most all but one of them (a peer that stops answering cannot starve the others, decision 0032), so at least 2 are required there (also after the provider's tx size caps it). Failure detector heartbeats are not counted.",
    "More overlaps more network latency but uses more staging memory and completion-queue space; beyond ~8 gave nothing on the development machines.",
    "", 1, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(fabric.max_outstanding_reads)},
   {"fabric.max_read_segments", KeyType::kUint, "4",

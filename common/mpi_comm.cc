@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -15,6 +16,8 @@
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
+
+#include <fmt/format.h>
 
 namespace shardmix {
 namespace {
@@ -105,6 +108,13 @@ MpiSession::MpiSession(int* argc, char*** argv) {
 MpiSession::~MpiSession() {
   int finalized = 0;
   MPI_Finalized(&finalized);
+  // MPI_Finalize with sends still pending is erroneous; these are small (eager) messages.
+  for (PendingSend& p : pending_sends_) {
+    auto* request = static_cast<MPI_Request*>(p.request);
+    if (!finalized) MPI_Wait(request, MPI_STATUS_IGNORE);
+    delete request;
+  }
+  pending_sends_.clear();
   if (!finalized && g_comm != MPI_COMM_WORLD && g_comm != MPI_COMM_NULL) MPI_Comm_free(&g_comm);  // MPMD's own
   if (!finalized) MPI_Finalize();
 }
@@ -213,6 +223,40 @@ Status MpiSession::send(int dest, int tag, std::span<const std::uint8_t> bytes) 
   SHARDMIX_MPI_CHECK("MPI_Send", MPI_Send(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, dest, tag,
                                           g_comm));
   return Status::ok_status();
+}
+
+Status MpiSession::post_send(int dest, int tag, std::vector<std::uint8_t> bytes) const {
+  if (bytes.size() > kMaxBytesPerCall) {
+    return make_error(StatusCode::kInvalidArgument, "send to rank {}: {} bytes is more than one MPI message carries",
+                      dest, bytes.size());
+  }
+  auto request = std::make_unique<MPI_Request>(MPI_REQUEST_NULL);
+  const int rc = MPI_Isend(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, dest, tag, g_comm, request.get());
+  if (rc != MPI_SUCCESS) return mpi_error("MPI_Isend", rc).with_context(fmt::format("send to daemon rank {}", dest));
+  pending_sends_.push_back({request.release(), dest, tag, std::move(bytes)});
+  return Status::ok_status();
+}
+
+Status MpiSession::test_sends() const {
+  Status first;
+  for (std::size_t i = 0; i < pending_sends_.size();) {
+    PendingSend& p = pending_sends_[i];
+    auto* request = static_cast<MPI_Request*>(p.request);
+    int done = 0;
+    const int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS && first.ok()) {
+      first = mpi_error("MPI_Test", rc).with_context(fmt::format("send (tag {}) to daemon rank {}", p.tag, p.dest));
+    }
+    if (done || rc != MPI_SUCCESS) {
+      // A failed request is freed by MPI_Test only when it completed; free it either way.
+      if (!done && *request != MPI_REQUEST_NULL) MPI_Request_free(request);
+      delete request;
+      pending_sends_.erase(pending_sends_.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
+    }
+    ++i;
+  }
+  return first;
 }
 
 Result<std::optional<MpiSession::Message>> MpiSession::try_receive(std::optional<int> tag) const {

@@ -40,8 +40,8 @@ class MpiSession {
   // barrier is then left pending: do not call MPI_Finalize (which would wait for it).
   Status barrier_unless(const std::function<Status()>& check) const;
 
-  // Point-to-point, for per-epoch telemetry only (every daemon sends its finished trainer
-  // passes to rank 0; docs/decisions/0014). A blocking send of a small message (eager in
+  // Point-to-point, for per-epoch telemetry (every daemon sends its finished trainer
+  // passes to rank 0; docs/decisions/0014) and cache rotation (post_send). A blocking send of a small message (eager in
   // practice), and a non-blocking receive of any waiting message from any rank.
   struct Message {
     int source = 0;
@@ -49,6 +49,14 @@ class MpiSession {
     std::vector<std::uint8_t> bytes;
   };
   Status send(int dest, int tag, std::span<const std::uint8_t> bytes) const;
+  // Non-blocking send of a small message (cache rotation's Done/Readable, which go out from
+  // the thread that also runs the failure detector: a blocking MPI_Send to a slow rank
+  // would stall it). The bytes are kept until the send completes; test_sends() completes
+  // finished ones and returns the first failure, naming the destination rank. Sends still
+  // pending at destruction are waited for before MPI_Finalize.
+  Status post_send(int dest, int tag, std::vector<std::uint8_t> bytes) const;
+  Status test_sends() const;
+  std::size_t pending_sends() const { return pending_sends_.size(); }
   // nullopt if no message is waiting. With `tag`, only a message with that tag (so that
   // the telemetry and the cache-rotation fence each take only their own messages).
   Result<std::optional<Message>> try_receive(std::optional<int> tag = std::nullopt) const;
@@ -56,6 +64,13 @@ class MpiSession {
  private:
   int rank_ = 0;
   int size_ = 1;
+  struct PendingSend {
+    void* request = nullptr;  // MPI_Request, owned (kept opaque: no <mpi.h> in this header)
+    int dest = 0;
+    int tag = 0;
+    std::vector<std::uint8_t> bytes;  // the send buffer, alive until the send completes
+  };
+  mutable std::vector<PendingSend> pending_sends_;
 };
 
 }  // namespace shardmix

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <numeric>
 #include <queue>
+#include <stdexcept>
+
+#include <fmt/format.h>
 
 #include "common/rng.h"
 
@@ -89,6 +92,16 @@ std::vector<SampleId> choose_resident(const std::vector<std::uint64_t>& sizes, c
 
 Placement make_placement(const std::vector<std::uint64_t>& sizes, const PlanShape& shape,
                          PlacementPolicy policy, std::uint64_t seed, std::uint64_t capacity_bytes) {
+  return make_placement(sizes, shape, policy, seed, std::vector<std::uint64_t>(shape.job.nodes, capacity_bytes));
+}
+
+Placement make_placement(const std::vector<std::uint64_t>& sizes, const PlanShape& shape,
+                         PlacementPolicy policy, std::uint64_t seed,
+                         const std::vector<std::uint64_t>& node_capacity_bytes) {
+  if (node_capacity_bytes.size() != shape.job.nodes) {
+    throw std::invalid_argument(fmt::format("make_placement: {} node capacities for {} nodes",
+                                            node_capacity_bytes.size(), shape.job.nodes));
+  }
   Placement p;
   p.owner = policy == PlacementPolicy::kSorted ? place_sorted(sizes.size(), shape)
                                                : place_balanced(sizes, shape, seed);
@@ -109,7 +122,7 @@ Placement make_placement(const std::vector<std::uint64_t>& sizes, const PlanShap
   p.cold_samples.assign(nodes, 0);
   p.cold_bytes.assign(nodes, 0);
   for (std::uint32_t k = 0; k < nodes; ++k) {
-    p.cached[k] = choose_resident(sizes, p.owned[k], capacity_bytes, seed, k);
+    p.cached[k] = choose_resident(sizes, p.owned[k], node_capacity_bytes[k], seed, k);
     for (SampleId id : p.cached[k]) {
       p.resident[id] = 1;
       p.arena_offset[id] = p.arena_bytes[k];

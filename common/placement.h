@@ -79,8 +79,16 @@ constexpr std::uint64_t residency_generation(std::uint64_t epoch, std::uint32_t 
   return rotation_epochs == 0 ? 0 : epoch / rotation_epochs;
 }
 
-// `capacity_bytes`: each node's arena limit (the same on every node; kNoCapacityLimit = all
-// owned samples resident, the layout of a dataset that fits in RAM).
+// `node_capacity_bytes[k]`: node k's own arena limit (kNoCapacityLimit = all its owned
+// samples resident, the layout of a dataset that fits in RAM). One entry per node, and it is
+// per node on purpose: cache.capacity may be a fraction of each node's RAM, so nodes with
+// different RAM have different limits. Every daemon must pass the same vector (the daemon
+// allgathers it at start-up), or peers would read offsets the owner laid out differently.
+Placement make_placement(const std::vector<std::uint64_t>& sizes, const PlanShape& shape,
+                         PlacementPolicy policy, std::uint64_t seed,
+                         const std::vector<std::uint64_t>& node_capacity_bytes);
+
+// The same limit on every node (tests, resume's old-shape placement).
 Placement make_placement(const std::vector<std::uint64_t>& sizes, const PlanShape& shape,
                          PlacementPolicy policy, std::uint64_t seed,
                          std::uint64_t capacity_bytes = kNoCapacityLimit);

@@ -615,10 +615,39 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   const PlanShape shape = make_plan_shape(catalog.size(), job);
   // cache.capacity = 0 means no limit beyond RAM; otherwise each node keeps what fits
   // resident and the rest of its share is cold (placement.h).
+  // The capacity is per node: the default "0.8" is a fraction of *this* node's RAM, so nodes
+  // with different RAM (or a slightly different MemTotal) get different byte counts. Every
+  // daemon computes every node's resident set and arena offsets, so each node's own figure
+  // is gathered here and node k's layout is always computed from node k's capacity; computing
+  // a peer's layout from one's own number would make fi_reads fetch another sample's bytes.
   const std::uint64_t capacity =
       config.cache.capacity_bytes == 0 ? kNoCapacityLimit : config.cache.capacity_bytes;
+  std::vector<std::uint64_t> node_capacities(static_cast<std::size_t>(nodes));
+  {
+    auto gathered_capacities =
+        mpi.allgather(std::span(reinterpret_cast<const std::uint8_t*>(&capacity), sizeof(capacity)));
+    if (!gathered_capacities.ok()) return fail(gathered_capacities.status());
+    for (int r = 0; r < nodes; ++r) {
+      const auto& bytes = (*gathered_capacities)[static_cast<std::size_t>(r)];
+      if (bytes.size() != sizeof(std::uint64_t)) {
+        return fail(make_error(StatusCode::kInternal, "cache.capacity from rank {}: {} bytes, expected {}", r,
+                               bytes.size(), sizeof(std::uint64_t)));
+      }
+      std::memcpy(&node_capacities[static_cast<std::size_t>(r)], bytes.data(), sizeof(std::uint64_t));
+    }
+  }
+  if (rank == 0 && std::adjacent_find(node_capacities.begin(), node_capacities.end(),
+                                      std::not_equal_to<>()) != node_capacities.end()) {
+    std::string listed;
+    for (int r = 0; r < nodes; ++r) {
+      const std::uint64_t c = node_capacities[static_cast<std::size_t>(r)];
+      listed += fmt::format("{}rank {}: {}", r == 0 ? "" : ", ", r,
+                            c == kNoCapacityLimit ? std::string("unlimited") : std::to_string(c));
+    }
+    log->info("cache.capacity differs between nodes (bytes): {}; each node's resident set uses its own", listed);
+  }
   const Placement placement =
-      make_placement(catalog.sizes(), shape, config.dataset.placement, config.shuffle.seed, capacity);
+      make_placement(catalog.sizes(), shape, config.dataset.placement, config.shuffle.seed, node_capacities);
   const EpochPlanner planner(shape, placement, config.shuffle, catalog.labels());
   // Checkpoint/resume (docs/decisions/0022): the plan's identity, and an epoch re-dealt
   // from another world size's checkpoints.
@@ -643,7 +672,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   // Cache rotation (docs/decisions/0033) only when something is cold: with everything
   // resident every generation is the whole share, so the static path is kept bit-for-bit.
   // Not under fault.peer_death = degrade: a dead daemon never sends its Done (every node's
-  // reload would wait for it forever) and a blocking MPI_Send to it may never return.
+  // reload would wait for it forever) and a send to it may never complete.
   const bool rotation_refused = config.cache.rotation_epochs > 0 && config.fault.peer_death == "degrade";
   if (rotation_refused && rank == 0) {
     log->warn("cache.rotation_epochs = {} is ignored under fault.peer_death = degrade: the rotation fence needs "
@@ -814,7 +843,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   // Peer failure detection while serving and draining (docs/decisions/0025, 0026).
   PeerMonitor monitor(static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(nodes), config.fault.peer_timeout,
                       [&fabric, heartbeat_region](std::uint32_t peer, std::function<void(const Status&)> done) {
-                        fabric.read(static_cast<int>(peer), 0, 1, heartbeat_region, peer, std::move(done));
+                        fabric.heartbeat_read(static_cast<int>(peer), 0, 1, heartbeat_region, peer, std::move(done));
                       });
   FabricFetcher fetcher(io, fabric, staging_region, slow_peer);
   // The storage tier: cold samples are read by the daemon whose trainer needs them (the
@@ -838,7 +867,8 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     std::vector<ArenaLayout> initial;
     for (int r = 0; r < nodes; ++r) {
       const auto k = static_cast<std::uint32_t>(r);
-      initial.push_back(initial_arena_layout(placement, k, rotating_arena_bytes(catalog.sizes(), placement, k, capacity)));
+      initial.push_back(
+          initial_arena_layout(placement, k, rotating_arena_bytes(catalog.sizes(), placement, k, node_capacities[k])));
     }
     residency = std::make_unique<ResidencyTable>(std::move(initial));
     if (rank == 0) {
@@ -982,10 +1012,17 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   std::optional<LoadStats> last_reload;
   std::unique_ptr<RotationCoordinator> rotation;
   if (rotating) {
+    // Non-blocking (MPI_Isend, completed by pump_rotation each tick): this thread also runs
+    // the failure detector, which a blocking send to a slow rank would stall.
     auto send = [&mpi, &log](int to, int tag, std::uint32_t node, std::uint64_t generation) {
       const RotationMessage m{node, 0, generation};
-      Status sent = mpi.send(to, tag, std::span(reinterpret_cast<const std::uint8_t*>(&m), sizeof(m)));
-      if (!sent.ok()) log->error("cache rotation: message to daemon rank {}: {}", to, sent.to_string());
+      const auto* raw = reinterpret_cast<const std::uint8_t*>(&m);
+      Status sent = mpi.post_send(to, tag, std::vector<std::uint8_t>(raw, raw + sizeof(m)));
+      if (!sent.ok()) {
+        log->error("cache rotation: {} for generation {} of node {} could not be sent to daemon rank {}: {}; node "
+                   "{}'s reloads cannot complete, so its changing samples stay on storage",
+                   tag == kTagRotationDone ? "Done" : "Readable", generation, node, to, sent.to_string(), node);
+      }
     };
     RotationCoordinator::Hooks hooks;
     hooks.send_done = [send](std::uint32_t node, std::uint64_t g) {
@@ -1015,7 +1052,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
       return Status::ok_status();
     };
     hooks.wanted = [&](std::uint32_t node, std::uint64_t g) {
-      return choose_resident(catalog.sizes(), placement.owned[node], capacity, config.shuffle.seed, node, g);
+      return choose_resident(catalog.sizes(), placement.owned[node], node_capacities[node], config.shuffle.seed, node, g);
     };
     rotation = std::make_unique<RotationCoordinator>(static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(nodes),
                                                      config.cache.rotation_epochs, catalog.sizes(), *residency,
@@ -1023,6 +1060,11 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   }
   auto pump_rotation = [&] {
     if (!rotation) return;
+    if (Status sends = mpi.test_sends(); !sends.ok()) {
+      log->error("cache rotation: {}; that daemon's fence waits for a message that never came, so the samples "
+                 "changing there stay on storage",
+                 sends.to_string());
+    }
     for (const int tag : {kTagRotationDone, kTagRotationReadable}) {
       for (;;) {
         auto m = mpi.try_receive(tag);
@@ -1048,7 +1090,13 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     const std::uint64_t before = rotation->generation(static_cast<std::uint32_t>(rank));
     Status polled = rotation->poll();
     if (!polled.ok()) {
-      log->error("cache rotation: {}; this node's changing samples stay on storage", polled.to_string());
+      if (polled.code() == StatusCode::kCancelled && stop.requested()) {
+        // A normal shutdown stopped a reload (often the last rotation, triggered by the
+        // read-ahead into an epoch no trainer asks for): nothing is wrong.
+        log->info("cache rotation: {} (shutting down)", polled.to_string());
+      } else {
+        log->error("cache rotation: {}; this node's changing samples stay on storage", polled.to_string());
+      }
     }
     const std::uint64_t now = rotation->generation(static_cast<std::uint32_t>(rank));
     if (now != before && last_reload) {

@@ -126,6 +126,17 @@ void TrainerScheduler::close() {
 
 void TrainerScheduler::fail(const Status& status) {
   failed_ = true;
+  // A failed scheduler delivers nothing more until the trainer starts an epoch or
+  // disconnects, which a trainer that catches the error and idles may never do. Its staged
+  // but undelivered local slots would keep their arena pins all that time and hold up this
+  // node's cache rotation (the fence waits for every pin of the retiring view). Delivered
+  // slots' pins stay with their sent batches: the trainer still holds those views.
+  for (const std::shared_ptr<Pass>& pass : {current_, ahead_}) {
+    if (!pass) continue;
+    for (Slot& slot : pass->slots) {
+      if (slot.state != SlotState::kDelivered) slot.arena_pin.reset();
+    }
+  }
   sink_.send_error(status);
 }
 

@@ -130,6 +130,9 @@ struct ReadRequest {
   std::uint8_t* local_base = nullptr;
   void* local_desc = nullptr;
   ReadCallback done;
+  // A failure detector heartbeat (Fabric::heartbeat_read): goes to the front of its peer's
+  // queue and is not held by max_outstanding_reads, so it never waits behind data reads.
+  bool priority = false;
   // Set when read() already knows the read cannot run; delivered on the progress thread
   // so callbacks never run on the caller's stack (a caller may hold its own locks).
   Status rejection;
@@ -335,6 +338,16 @@ Status Fabric::Impl::open(const FabricOptions& options) {
   max_inflight = options.max_outstanding_reads;
   if (info->tx_attr->size > 0) max_inflight = std::min<std::size_t>(max_inflight, info->tx_attr->size);
   // With two ranks there is only one peer to read; with more, keep one slot for the others.
+  // That needs at least two slots: with one, a peer that stops answering holds the whole
+  // budget and every read of the live peers waits until it is declared dead.
+  if (nranks > 2 && max_inflight < 2) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "fabric.max_outstanding_reads = {} with {} ranks: at least 2 reads must be allowed in flight "
+                      "with 3 or more ranks, so that one unresponsive peer cannot hold them all (provider {} allows "
+                      "{} outstanding operations)",
+                      options.max_outstanding_reads, nranks,
+                      info->fabric_attr->prov_name ? info->fabric_attr->prov_name : "?", info->tx_attr->size);
+  }
   max_inflight_per_peer = nranks > 2 ? std::max<std::size_t>(1, max_inflight - 1) : max_inflight;
   max_segments = read_segments_for(info->fabric_attr->prov_name ? info->fabric_attr->prov_name : "",
                                    options.max_read_segments, kMaxReadSegments, info->tx_attr->iov_limit,
@@ -553,7 +566,12 @@ std::size_t Fabric::Impl::take_queued() {
     } else if (!peer_failure[static_cast<std::size_t>(request.peer)].ok()) {
       fail_request(request);
     } else {
-      pending_by_peer[static_cast<std::size_t>(request.peer)].push_back(std::move(request));
+      auto& waiting = pending_by_peer[static_cast<std::size_t>(request.peer)];
+      if (request.priority) {
+        waiting.push_front(std::move(request));
+      } else {
+        waiting.push_back(std::move(request));
+      }
       ++pending_count;
       continue;
     }
@@ -633,6 +651,22 @@ std::size_t Fabric::Impl::post_pending() {
   std::size_t handled = 0;
   // Peers whose fi_read answered -FI_EAGAIN in this pass: tried again on the next one.
   std::vector<bool> deferred(pending_by_peer.size(), false);
+  // Heartbeats first, whatever is in flight: a peer that stops answering may hold all but
+  // one slot and another hung one the last, and a live peer's heartbeat queued behind them
+  // would time out and get a live rank declared dead (decision 0032). A heartbeat is one
+  // byte and the monitor has at most one outstanding per peer, so this exceeds
+  // max_outstanding_reads by at most one read per peer.
+  for (std::size_t peer = 0; peer < pending_by_peer.size(); ++peer) {
+    while (!pending_by_peer[peer].empty() && pending_by_peer[peer].front().priority) {
+      const std::size_t posted = post_one(static_cast<int>(peer));
+      if (posted == 0) {
+        deferred[peer] = true;
+        handled += poll_completions();
+        break;
+      }
+      handled += posted;
+    }
+  }
   while (pending_count > 0 && live_inflight < max_inflight) {
     // The next peer after the cursor with a read that may go now.
     int chosen = -1;
@@ -989,6 +1023,15 @@ void Fabric::read(int peer, std::uint64_t remote_offset, std::size_t length, con
   const ReadSegment segment{remote_offset, length, local_offset};
   std::vector<ReadRequest> one;
   one.push_back(impl_->make_request(peer, std::span(&segment, 1), local, std::move(done)));
+  impl_->enqueue(std::move(one));
+}
+
+void Fabric::heartbeat_read(int peer, std::uint64_t remote_offset, std::size_t length, const LocalRegion& local,
+                            std::size_t local_offset, ReadCallback done) {
+  const ReadSegment segment{remote_offset, length, local_offset};
+  std::vector<ReadRequest> one;
+  one.push_back(impl_->make_request(peer, std::span(&segment, 1), local, std::move(done)));
+  one.back().priority = true;
   impl_->enqueue(std::move(one));
 }
 

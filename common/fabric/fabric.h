@@ -33,9 +33,10 @@ struct FabricOptions {
   // "verbs" (as verbs;ofi_rxm), or any name fi_info lists.
   std::string provider = "auto";
   std::string interface;                 // domain name filter, e.g. "lo"; "" = first match
-  // Reads handed to the provider at once. With 3 or more ranks one peer may hold at most
-  // all but one of them, so a peer that stops answering cannot starve reads (and failure
-  // detector heartbeats) to the others.
+  // Reads handed to the provider at once (also capped by the provider's tx size). With 3
+  // or more ranks one peer may hold at most all but one of them, so a peer that stops
+  // answering cannot starve reads to the others; create() therefore refuses fewer than 2
+  // with 3 or more ranks. Heartbeats (heartbeat_read) are not counted against it.
   std::uint32_t max_outstanding_reads = 8;
   // Segments per read (fabric.max_read_segments): 1 posts every sample as its own fi_read.
   std::uint32_t max_read_segments = kMaxReadSegments;
@@ -97,13 +98,27 @@ class Fabric {
   Status connect_peers(const std::vector<std::vector<std::uint8_t>>& blobs);
 
   void start_progress();
-  void stop_progress();  // idempotent; pending reads complete with kCancelled
+  // Idempotent; pending reads complete with kCancelled. Reads still posted to a peer that
+  // fail_peer() gave up on (e.g. a hung one), and any posted read that does not complete
+  // within the drain timeout, are reported cancelled too, but the provider may still write
+  // their target buffers until the endpoint is closed: callers must keep those buffers
+  // (staging, heartbeat bytes) alive until this Fabric is destroyed, not only until
+  // stop_progress() returns.
+  void stop_progress();
 
   // Reads `length` bytes at `remote_offset` of `peer`'s exposed region into
   // `local.base + local_offset`. `done` runs once on the progress thread. Errors
   // (bad peer, out of range, provider failure) are reported through `done`, naming the peer rank.
   void read(int peer, std::uint64_t remote_offset, std::size_t length, const LocalRegion& local,
             std::size_t local_offset, ReadCallback done);
+
+  // A failure detector heartbeat (server/peer_monitor.h): like read(), but it goes to the
+  // front of `peer`'s queue and is posted whatever max_outstanding_reads allows, so a live
+  // peer's heartbeat never waits behind data reads (its own, or those a hung peer holds)
+  // and the monitor's timeout measures the peer, not our queue. Keep it to one small read
+  // per peer at a time: each may exceed max_outstanding_reads by one.
+  void heartbeat_read(int peer, std::uint64_t remote_offset, std::size_t length, const LocalRegion& local,
+                      std::size_t local_offset, ReadCallback done);
 
   // Stops reading from `peer` for good (a daemon declared dead, fault.peer_death =
   // degrade): reads queued for it, and every later read(), complete with `why` on the

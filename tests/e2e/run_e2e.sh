@@ -24,6 +24,10 @@
 # set every K epochs; then the storage-tier set must change between epochs, its size stay
 # near the cold count, and every daemon must have reloaded; default 0 = static),
 # SHARDMIX_E2E_EPOCHS (default 2).
+# SHARDMIX_E2E_UNEVEN_CAPACITY=1 (with a capacity factor: daemon rank r gets cache.capacity
+# x (2 + r) / 2 through SHARDMIX_CACHE_CAPACITY, as nodes with different RAM would under
+# the default "0.8"; delivery must stay byte-identical to the files; check_storage.py,
+# which assumes one capacity, is skipped).
 # SHARDMIX_E2E_FORMAT (folder | webdataset | tfrecord, default folder): the shard formats
 # use shardmix-gen's tar / TFRecord shards of 64 samples with one damaged shard each (a tar
 # cut in the middle of a member; a TFRecord with a flipped data byte and a cut last record):
@@ -57,6 +61,7 @@ capacity_factor=${SHARDMIX_E2E_CAPACITY_FACTOR:-0}
 readahead=8 # service.cold_readahead_batches
 storage_delay=${SHARDMIX_E2E_STORAGE_DELAY:-0ms}
 format=${SHARDMIX_E2E_FORMAT:-folder}
+uneven_capacity=${SHARDMIX_E2E_UNEVEN_CAPACITY:-0}
 case $format in
   folder | webdataset | tfrecord) ;;
   *) sm_die "SHARDMIX_E2E_FORMAT must be folder, webdataset or tfrecord, not '$format'" 2 ;;
@@ -139,6 +144,21 @@ if ((capacity_factor > 0)); then
   dataset_bytes=$(find "$data" -type f ! -name '.*' -printf '%s\n' | awk '{ s += $1 } END { print s }')
   capacity=$((dataset_bytes / (capacity_factor * nodes)))
   echo "storage tier: dataset $dataset_bytes bytes = ${capacity_factor}x the total cache.capacity ($nodes x $capacity bytes)"
+fi
+if ((uneven_capacity == 1)); then
+  ((capacity > 0)) || sm_die "SHARDMIX_E2E_UNEVEN_CAPACITY=1 needs SHARDMIX_E2E_CAPACITY_FACTOR" 2
+  # Each daemon rank its own capacity (the environment overrides the TOML), so every daemon
+  # must lay out each peer's arena from that peer's capacity, not its own.
+  wrapper=$tmp/uneven-capacity-daemon.sh
+  cat >"$wrapper" <<EOF
+#!/usr/bin/env bash
+rank=\${OMPI_COMM_WORLD_RANK:?not started by Open MPI}
+export SHARDMIX_CACHE_CAPACITY=\$(( $capacity * (2 + rank) / 2 ))
+exec $(sm_find_exe shardmixd) "\$@"
+EOF
+  chmod +x "$wrapper"
+  export SHARDMIX_DAEMON_CMD=$wrapper
+  echo "uneven capacity: daemon rank r has $capacity x (2 + r) / 2 bytes"
 fi
 
 # ---------------------------------------------------------------- config
@@ -228,7 +248,7 @@ if [[ $format != folder ]]; then
   echo "damage reported: ${#expect_problems[@]} warning(s) naming file and offset; $invalid invalid samples counted"
 fi
 
-if ((capacity > 0)); then
+if ((capacity > 0 && uneven_capacity == 0)); then
   sm_section "storage tier"
   "$python" "$here/check_storage.py" --log "$tmp/daemons.log" --trace "$trace" --dataset "$data" \
     --nodes "$nodes" --epochs "$epochs" --capacity "$capacity" --trainers "$trainers" --batch-size "$batch" \

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "common/fabric/fabric.h"
@@ -148,6 +149,94 @@ TEST_F(FabricDeadPeerTest, AFailedPeerIsNotReadAgainAndTheOthersStillAre) {
       ASSERT_TRUE(status->ok()) << status->to_string();
     }
   }
+}
+
+
+// With 3+ ranks one peer may hold all but one read slot; with a single slot a hung peer
+// would hold everything (live peers' heartbeats then time out), so create() refuses it and
+// names the key.
+TEST(FabricHeartbeat, OneOutstandingReadIsRefusedWithThreeRanks) {
+  const FabricOptions options{.provider = "tcp", .interface = "lo", .max_outstanding_reads = 1};
+  auto three = Fabric::create(options, 0, 3);
+  ASSERT_FALSE(three.ok());
+  EXPECT_EQ(three.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(three.status().message().find("fabric.max_outstanding_reads"), std::string::npos)
+      << three.status().message();
+  auto two = Fabric::create(options, 0, 2);  // one peer: nothing to keep a slot for
+  EXPECT_TRUE(two.ok()) << two.status().to_string();
+}
+
+// A heartbeat does not wait behind its peer's queued data reads: queued after 40 of them
+// (before the progress thread starts, so the queue order is fixed), it completes first.
+// With max_outstanding_reads = 2 and 3 ranks a peer gets one slot, so rank 1's reads go one
+// at a time in posting order; a heartbeat posted as a plain read would complete last, and
+// under a hung peer holding the other slot it would time out behind live data reads.
+TEST(FabricHeartbeat, HeartbeatGoesAheadOfQueuedDataReads) {
+  const FabricOptions options{.provider = "tcp", .interface = "lo", .max_outstanding_reads = 2};
+  std::vector<Node> nodes(3);
+  std::vector<std::vector<std::uint8_t>> blobs;
+  for (int rank = 0; rank < 3; ++rank) {
+    Node& node = nodes[static_cast<std::size_t>(rank)];
+    auto created = Fabric::create(options, rank, 3);
+    ASSERT_TRUE(created.ok()) << created.status().to_string();
+    node.fabric = std::move(*created);
+    node.exposed.assign(kExposed, static_cast<std::uint8_t>(0x10 + rank));
+    ASSERT_TRUE(node.fabric->expose(node.exposed.data(), node.exposed.size()).ok());
+    node.target.assign(kExposed, 0);
+    auto local = node.fabric->register_local(node.target.data(), node.target.size());
+    ASSERT_TRUE(local.ok()) << local.status().to_string();
+    node.local = *local;
+    blobs.push_back(node.fabric->endpoint_blob());
+  }
+  for (Node& node : nodes) ASSERT_TRUE(node.fabric->connect_peers(blobs).ok());
+  nodes[1].fabric->start_progress();
+  nodes[2].fabric->start_progress();
+
+  struct Order {
+    std::mutex mutex;
+    std::vector<int> completed;  // -1 = the heartbeat, i = data read i
+    std::vector<Status> statuses;
+  };
+  auto order = std::make_shared<Order>();
+  auto record = [order](int which) {
+    return [order, which](const Status& status) {
+      std::lock_guard lock(order->mutex);
+      order->completed.push_back(which);
+      order->statuses.push_back(status);
+    };
+  };
+  constexpr int kDataReads = 40;
+  Node& reader = nodes[0];
+  for (int i = 0; i < kDataReads; ++i) {
+    reader.fabric->read(1, 0, 1024, reader.local, static_cast<std::size_t>(i) * 1024, record(i));
+  }
+  Outcome heartbeat;
+  reader.fabric->heartbeat_read(1, 0, 1, reader.local, kExposed - 1, [order, done = heartbeat.callback()](const Status& s) {
+    {
+      std::lock_guard lock(order->mutex);
+      order->completed.push_back(-1);
+      order->statuses.push_back(s);
+    }
+    done(s);
+  });
+  reader.fabric->start_progress();
+  auto status = heartbeat.wait();
+  ASSERT_TRUE(status.has_value()) << "the heartbeat never completed";
+  EXPECT_TRUE(status->ok()) << status->to_string();
+  EXPECT_EQ(reader.target[kExposed - 1], 0x11);
+  // Every read completes; the heartbeat first.
+  for (int spin = 0; spin < 2000; ++spin) {
+    {
+      std::lock_guard lock(order->mutex);
+      if (order->completed.size() == kDataReads + 1) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::lock_guard lock(order->mutex);
+  ASSERT_EQ(order->completed.size(), static_cast<std::size_t>(kDataReads + 1));
+  EXPECT_EQ(order->completed.front(), -1) << "the heartbeat waited behind data reads";
+  for (const Status& s : order->statuses) EXPECT_TRUE(s.ok()) << s.to_string();
+  for (Node& node : nodes) node.fabric.reset();
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <numeric>
 #include <set>
+#include <stdexcept>
 
 #include "common/epoch_plan.h"
 #include "common/placement.h"
@@ -105,6 +106,50 @@ RC_GTEST_PROP(Residency, FitsTheCapacityAndLaysOutOnlyResidentSamples, ()) {
   if (c.capacity == 0) {
     for (std::uint32_t k = 0; k < c.job.nodes; ++k) RC_ASSERT(p.cached_bytes[k] == 0u);
   }
+}
+
+// cache.capacity is per node (a fraction of each node's own RAM by default), and the daemons
+// allgather the byte counts: node k's resident set and offsets must follow node k's own
+// capacity only, so that every daemon, given the same vector, lays out every node's arena the
+// way that node itself does. The bug this guards against: each daemon used its own capacity
+// for every node, so a peer read offset X believing it held sample S while the owner, with a
+// different capacity, stored T there.
+RC_GTEST_PROP(Residency, EachNodeFollowsItsOwnCapacity, ()) {
+  ResidencyCase c = *gen_residency_case();
+  const PlanShape shape = make_plan_shape(c.sizes.size(), c.job);
+  const std::uint64_t total = std::accumulate(c.sizes.begin(), c.sizes.end(), std::uint64_t{0});
+  const std::uint64_t per_node = total / c.job.nodes + 1;
+  std::vector<std::uint64_t> capacities(c.job.nodes);
+  for (auto& cap : capacities) {
+    cap = *rc::gen::oneOf(rc::gen::just<std::uint64_t>(0), rc::gen::inRange<std::uint64_t>(0, 2 * per_node + 1),
+                          rc::gen::just<std::uint64_t>(std::uint64_t{kNoCapacityLimit}));
+  }
+  const Placement p = make_placement(c.sizes, shape, c.policy, c.seed, capacities);
+  const Placement unlimited = make_placement(c.sizes, shape, c.policy, c.seed);
+  RC_ASSERT(p.owner == unlimited.owner);
+  for (std::uint32_t k = 0; k < c.job.nodes; ++k) {
+    RC_ASSERT(p.arena_bytes[k] <= capacities[k]);  // each node within its own capacity
+    // Node k's layout is exactly what a uniform placement with node k's capacity gives it:
+    // it does not depend on any other node's capacity.
+    const Placement as_if_uniform = make_placement(c.sizes, shape, c.policy, c.seed, capacities[k]);
+    RC_ASSERT(p.cached[k] == as_if_uniform.cached[k]);
+    RC_ASSERT(p.arena_bytes[k] == as_if_uniform.arena_bytes[k]);
+    for (SampleId id : p.owned[k]) RC_ASSERT(p.arena_offset[id] == as_if_uniform.arena_offset[id]);
+    RC_ASSERT(p.cached[k] == choose_resident(c.sizes, p.owned[k], capacities[k], c.seed, k));
+  }
+  // Every daemon given the same vector computes the same layouts.
+  const Placement again = make_placement(c.sizes, shape, c.policy, c.seed, capacities);
+  RC_ASSERT(again.cached == p.cached);
+  RC_ASSERT(again.arena_offset == p.arena_offset);
+  RC_ASSERT(again.arena_bytes == p.arena_bytes);
+}
+
+TEST(Residency, NodeCapacitiesMustNameEveryNode) {
+  const JobShape job{3, 1, 2, false};
+  const PlanShape shape = make_plan_shape(6, job);
+  const std::vector<std::uint64_t> sizes(6, 100);
+  EXPECT_THROW(make_placement(sizes, shape, PlacementPolicy::kBalanced, 1, std::vector<std::uint64_t>{1000, 1000}),
+               std::invalid_argument);
 }
 
 // The epoch plan over a capacity-limited placement: every sample exactly once, equal batch

@@ -453,6 +453,26 @@ RC_GTEST_PROP(RotationFenceTest, BytesCorrectExactlyOnceAndNoSlotRewrittenUnderA
   if (cluster.placement.total_cold_samples() == 0) RC_ASSERT(loaded == 0u);
 }
 
+// A scheduler that failed (here: a peer read error) must not keep the arena pins of slots it
+// staged but never delivered: a trainer that catches the error and idles would otherwise
+// hold up its node's reloads for good. Once the trainer has released what it was given,
+// only the view itself (and this test) hold node 0's pin.
+TEST(RotationFenceTest, AFailedSchedulerDropsThePinsOfUndeliveredSlots) {
+  Cluster cluster(2, 2, 80, 4, 4, 0, 0, 1.2, 1, 11);  // everything resident: local slots pin
+  Node& nd = *cluster.node[0];
+  const std::shared_ptr<const int> pin = cluster.node[0]->table->view(0)->pin;
+  cluster.start(0, 0);
+  ASSERT_GT(pin.use_count(), 2) << "no local slot was staged: the test proves nothing";
+  ASSERT_FALSE(nd.peers.pending.empty()) << "no peer read to fail";
+  auto call = std::move(nd.peers.pending.front());
+  nd.peers.pending.pop_front();
+  call.done(make_error(StatusCode::kUnavailable, "read from peer 1: failed by the test"));
+  ASSERT_FALSE(nd.sink.errors.empty()) << "the scheduler did not fail";
+  for (const proto::BatchFrame& b : nd.sink.batches) ASSERT_TRUE(nd.scheduler->release(b.stream, b.batch).ok());
+  EXPECT_EQ(pin.use_count(), 2) << "undelivered slots of the failed scheduler still pin node 0's arena view";
+  nd.scheduler->close();
+}
+
 // A deterministic run: rotation really changes what is resident, and what trainers read
 // from storage while a node reloads is bounded.
 TEST(RotationFenceTest, ResidentSetChangesEveryGenerationAndEveryNodeReloads) {
