@@ -90,7 +90,11 @@ loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 rep=0  # the repetition the kept lines belong to
 keep() { local la; la=$(loadavg); grep '^JSON ' | sed "s/^JSON {/{\"loadavg\": \"$la\", \"rep\": $rep, $1, /" >>"$raw"; }
 log() { echo "== [$(date -u +%H:%M:%S), load $(loadavg)] $*"; }
-echo "{\"phase_loadavg\": \"$(loadavg)\", \"phase\": \"start\"}" >>"$raw"
+# What was measured and when, taken now: the report is written after the run's own output
+# files have changed the tree.
+run_commit=$(git -C "$repo" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+[[ -z $(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null) ]] || run_commit+=" (uncommitted changes)"
+echo "{\"phase_loadavg\": \"$(loadavg)\", \"phase\": \"start\", \"utc\": \"$(date -u '+%Y-%m-%d %H:%M UTC')\", \"commit\": \"$run_commit\"}" >>"$raw"
 
 # limits DATASET TAG COUNT SIZES_ARGS: memcpy (1 thread), in-place reading with P processes,
 # raw fi_read with P ranks on each provider, each rank exposing COUNT chunks of SIZES_ARGS

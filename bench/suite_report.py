@@ -202,7 +202,7 @@ def evaluate_targets(res):
     return out
 
 
-def machine_info(repo):
+def machine_info(repo, recorded_commit=None):
     def read(path):
         try:
             with open(path) as f:
@@ -213,12 +213,14 @@ def machine_info(repo):
                 if line.startswith("model name")), platform.processor())
     mem_kib = next((int(line.split()[1]) for line in read("/proc/meminfo").splitlines()
                     if line.startswith("MemTotal:")), 0)
-    commit = ""
-    if repo:
+    commit = recorded_commit or ""
+    if repo and not commit:
         try:
             commit = subprocess.run(["git", "-C", repo, "rev-parse", "--short=12", "HEAD"], capture_output=True,
                                     text=True, check=True).stdout.strip()
-            dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"],
+            # The run's own output (bench/results) is written before this report: not a change.
+            dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no", "--",
+                                    ".", ":(exclude)bench/results"],
                                    capture_output=True, text=True, check=True).stdout.strip()
             commit += " (uncommitted changes)" if dirty else ""
         except (OSError, subprocess.CalledProcessError):
@@ -443,10 +445,12 @@ def main():
                 except json.JSONDecodeError as e:
                     raise SystemExit(f"suite_report.py: {args.raw}:{number}: not JSON ({e})")
     phases = {r["phase"]: r["phase_loadavg"] for r in rows if "phase" in r}
+    start = next((r for r in rows if r.get("phase") == "start"), {})
     res = aggregate(rows)
     result = {
-        "meta": {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                 "machine": machine_info(args.repo), "command": args.command, "quick": bool(args.quick),
+        # The run's start time and commit when run.sh recorded them (a re-render later keeps them).
+        "meta": {"date": start.get("utc") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                 "machine": machine_info(args.repo, start.get("commit")), "command": args.command, "quick": bool(args.quick),
                  "samples": args.samples, "small_samples": args.small_samples, "large_samples": args.large_samples,
                  "epochs_per_run": args.epochs, "repetitions": args.repeat, "loadavg_start": phases.get("start", "?"),
                  "loadavg_end": phases.get("end", "?")},
