@@ -371,7 +371,8 @@ class DaemonConnection {
   Status read_exact(std::uint8_t* out, std::size_t n, int* fds) {
     if (fds != nullptr && inbox_begin_ == inbox_end_) return read_exact_unbuffered(out, n, fds);
     std::size_t done = std::min(n, inbox_end_ - inbox_begin_);
-    std::memcpy(out, inbox_.data() + inbox_begin_, done);
+    // Not memcpy of 0 bytes: before the first recv the inbox has no storage (data() is null).
+    if (done > 0) std::memcpy(out, inbox_.data() + inbox_begin_, done);
     inbox_begin_ += done;
     while (done < n) {
       if (n - done >= kInboxBytes) return read_exact_unbuffered(out + done, n - done, nullptr);
