@@ -351,7 +351,8 @@ for r in (0, 1):
         sys.exit("rank %d: %d samples delivered, %d planned" % (r, len(deg), len(ref)))
     for i, (a, b) in enumerate(zip(ref, deg)):
         if key(a) != key(b):
-            sys.exit("rank %d row %d: got %s, planned %s" % (r, i, key(b), key(a)))
+            # The whole rows: tier and owner say which path delivered the wrong sample.
+            sys.exit("rank %d row %d: got %s, planned %s" % (r, i, dict(b), dict(a)))
     storage_from_dead += sum(1 for x in deg if x["tier"] == "storage" and x["owner"] == "2")
 if storage_from_dead == 0:
     sys.exit("no sample of the dead rank 2 was read from storage: the fault did not hit a read")
@@ -375,24 +376,11 @@ PY
   wait_exit "$mpirun_pid" 60 "mpirun"
   echo "$SM_PROG: $CASE: mpirun --enable-recovery exited $rc"
 }
-# While degrade is refused (decision 0032): the daemons exit non-zero at start-up with an
-# error naming the key, and never become ready.
-case_degrade_refused() {
-  local run=$tmp/rdr
-  start_daemons "$run" -- --set fault.peer_death=degrade
-  wait_exit "$mpirun_pid" 60 "mpirun (daemons given fault.peer_death = degrade)"
-  ((rc != 0)) || fail "the daemons accepted fault.peer_death = degrade (exit 0)"
-  grep -q 'fault.peer_death = "degrade" is disabled' "$tmp/daemons.log" || fail "no error naming fault.peer_death"
-  has "$tmp/daemons.log" "ready:" && fail "the daemons became ready with fault.peer_death = degrade"
-  return 0
-}
 case_peer_dead_degrade() { degrade_case KILL; }
 case_peer_hung_degrade() { degrade_case STOP; }
 
 cases=("$@")
-# peer_dead_degrade / peer_hung_degrade are left out while fault.peer_death = degrade is
-# refused (decision 0032: one wrong-bytes delivery under ASan); run them by name to work on it.
-((${#cases[@]})) || cases=(load epoch killed peer_dead peer_hung degrade_refused)
+((${#cases[@]})) || cases=(load epoch killed peer_dead peer_hung peer_dead_degrade peer_hung_degrade)
 for CASE in "${cases[@]}"; do
   declare -F "case_$CASE" >/dev/null || sm_die "unknown case '$CASE'" 2
   reset

@@ -403,6 +403,108 @@ TEST(StorageTier, ADeadPeersSamplesComeFromStorageExactlyOnceInThePlannedOrder) 
   EXPECT_EQ(staging->bytes_in_use(), 0u);
 }
 
+// Degraded mode, the bug CI's ASan stage caught once (decision 0032): a read of the dead
+// peer that was re-posted to storage lands (fails) while the trainer still holds the batch
+// its positions were delivered in. Its staging bytes are free only once both have let go:
+// no later read, from a peer or from storage, may target bytes of a batch the trainer
+// holds. Seeded over which batch the trainer holds when the stuck reads land.
+TEST(StorageTier, AStaleReadLandingDoesNotFreeBytesTheTrainerHolds) {
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    SCOPED_TRACE(fmt::format("seed {}", seed));
+    FakeStorage storage;
+    ColdWorld w(400, 4, 8, 3, 0, 2.0, &storage);
+    w.context.degrade_dead_peers = true;
+    auto staging = std::make_shared<StagingAllocator>(4096, 128 << 10);
+    FakePeers peers;
+    Sink sink;
+    auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, sink);
+    scheduler->start_epoch(0, 1);
+    const TrainerPlan plan = w.planner->plan_node(0, 0)[0];
+    std::vector<SampleId> got;
+    std::size_t released = 0;
+    auto release_one = [&] {
+      for (const auto& d : sink.batches[released].samples) got.push_back(d.sample_id);
+      EXPECT_TRUE(scheduler->release(1, sink.batches[released].batch).ok());
+      ++released;
+    };
+    // Staging bytes of the batches the trainer holds (delivered, not released).
+    auto check_not_held = [&](std::uint64_t offset, std::uint64_t length, const char* what) {
+      if (length == 0) return;
+      for (std::size_t b = released; b < sink.batches.size(); ++b) {
+        for (const auto& d : sink.batches[b].samples) {
+          if (d.region != static_cast<std::uint8_t>(proto::Region::kStaging) || d.length == 0) continue;
+          const bool overlap = offset < d.offset + d.length && d.offset < offset + length;
+          ASSERT_FALSE(overlap) << what << " read into staging [" << offset << ", +" << length
+                                << ") while the trainer holds sample " << d.sample_id << " of batch "
+                                << sink.batches[b].batch << " there";
+        }
+      }
+    };
+    while (sink.batches.size() < 2) {
+      ASSERT_FALSE(peers.pending.empty());
+      complete_one(peers, 0);
+    }
+    while (released < sink.batches.size()) release_one();
+    auto reads_from = [](const Pending<PeerRead>& call, std::uint32_t peer) {
+      return std::any_of(call.reads.begin(), call.reads.end(), [&](const PeerRead& r) { return r.peer == peer; });
+    };
+    // Rank 1 hangs: every read group touching it is stuck, then it is declared dead.
+    std::vector<Pending<PeerRead>> stuck;
+    std::deque<Pending<PeerRead>> healthy;
+    for (auto& call : peers.pending) {
+      if (reads_from(call, 1)) {
+        stuck.push_back(std::move(call));
+      } else {
+        healthy.push_back(std::move(call));
+      }
+    }
+    peers.pending = std::move(healthy);
+    ASSERT_FALSE(stuck.empty());
+    scheduler->peer_dead(1);
+    Rng choices(seed);
+    std::size_t storage_seen = 0, batches_at_death = sink.batches.size();
+    bool stuck_landed = false;
+    for (int guard = 0; sink.ends.empty() && sink.errors.empty() && guard < 100000; ++guard) {
+      for (; storage_seen < storage.all.size(); ++storage_seen) {
+        check_not_held(storage.all[storage_seen].staging_offset, storage.all[storage_seen].length, "a storage");
+      }
+      for (const auto& call : peers.pending) {
+        for (const PeerRead& r : call.reads) check_not_held(r.staging_offset, r.length, "a peer");
+      }
+      if (::testing::Test::HasFatalFailure()) return;
+      // The stuck reads fail while the trainer holds a batch delivered after the death.
+      if (!stuck_landed && sink.batches.size() > batches_at_death + choices.below(3)) {
+        for (auto& call : stuck) call.done(make_error(StatusCode::kUnavailable, "read from daemon rank 1 failed"));
+        stuck_landed = true;
+        continue;
+      }
+      const std::uint64_t pick = choices.below(3);
+      if (pick == 0 && !storage.pending.empty()) {
+        complete_one(storage, choices.below(storage.pending.size()));
+      } else if (pick == 1 && !peers.pending.empty()) {
+        complete_one(peers, 0);
+      } else if (released < sink.batches.size() && (stuck_landed || sink.batches.size() - released > 1)) {
+        release_one();  // hold at least one batch until the stuck reads have landed
+      } else if (!storage.pending.empty()) {
+        complete_one(storage, 0);
+      } else if (!peers.pending.empty()) {
+        complete_one(peers, 0);
+      } else if (released < sink.batches.size()) {
+        release_one();
+      }
+    }
+    ASSERT_TRUE(stuck_landed);
+    while (released < sink.batches.size()) release_one();
+    ASSERT_TRUE(sink.errors.empty()) << sink.errors[0].message();
+    ASSERT_EQ(sink.ends.size(), 1u);
+    EXPECT_EQ(got, plan.order);
+    scheduler->close();
+    while (!peers.pending.empty()) complete_one(peers, 0);
+    while (!storage.pending.empty()) complete_one(storage, 0);
+    EXPECT_EQ(staging->bytes_in_use(), 0u);  // every byte back once, none twice (the allocator aborts)
+  }
+}
+
 // Without degraded mode a failed peer read still fails the trainer (fault.peer_death = stop).
 TEST(StorageTier, WithoutDegradeAFailedPeerReadIsAnError) {
   FakeStorage storage;
