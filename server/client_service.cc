@@ -87,8 +87,8 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
   TrainerConnection(ClientService& service, stream::socket socket)
       : service_(service),
         socket_(std::move(socket)),
-        keepalive_timer_(socket_.get_executor()),
-        log_(log::get("service")) {}
+        log_(log::get("service")),
+        keepalive_timer_(socket_.get_executor()) {}
 
   void start() {
     if (!check_credentials()) return;

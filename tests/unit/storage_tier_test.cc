@@ -144,7 +144,9 @@ TEST(StorageTier, ColdSamplesComeFromStorageInThePlannedOrder) {
       read_ids.insert(r.sample);
     }
     for (SampleId id : plan.order) {
-      if (!w.placement.is_resident(id)) EXPECT_GE(read_ids.count(id), 1u) << "sample " << id;
+      if (!w.placement.is_resident(id)) {
+        EXPECT_GE(read_ids.count(id), 1u) << "sample " << id;
+      }
     }
   }
   // Peers were asked only for resident samples.
@@ -272,63 +274,85 @@ TEST(StorageTier, LateColdReadsAreOvertakenOnlyWithAWindow) {
     std::vector<SampleId> want = plan.order;
     std::sort(want.begin(), want.end());
     EXPECT_EQ(all, want);
-    if (window > 0) EXPECT_GT(sink.ends[0].substituted_samples, 0u);
+    if (window > 0) {
+      EXPECT_GT(sink.ends[0].substituted_samples, 0u);
+    }
     EXPECT_GT(sink.ends[0].storage_samples, 0u);
   }
 }
+
+// Degraded mode (fault.peer_death = degrade): trainer 0 of node 0 in a 4-node job where
+// everything is resident, so storage serves only a dead peer's samples. Two batches are
+// delivered and released while all peers are healthy.
+struct DegradedTrainer {
+  FakeStorage storage;
+  ColdWorld w{400, 4, 8, 3, 0, 2.0, &storage};
+  std::atomic<std::uint64_t> rerouted{0};
+  std::shared_ptr<StagingAllocator> staging = std::make_shared<StagingAllocator>(4096, 128 << 10);
+  FakePeers peers;
+  Sink sink;
+  std::shared_ptr<TrainerScheduler> scheduler;
+  TrainerPlan plan;
+  std::vector<SampleId> got;  // released batches' samples, in delivery order
+  std::size_t released = 0;
+
+  DegradedTrainer() {
+    w.context.degrade_dead_peers = true;
+    w.context.rerouted_samples = &rerouted;
+    scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, sink);
+    scheduler->start_epoch(0, 1);
+    plan = w.planner->plan_node(0, 0)[0];
+    while (sink.batches.size() < 2 && !peers.pending.empty()) complete_one(peers, 0);
+    release_all();
+  }
+  void release_one() {
+    for (const auto& d : sink.batches[released].samples) got.push_back(d.sample_id);
+    EXPECT_TRUE(scheduler->release(1, sink.batches[released].batch).ok());
+    ++released;
+  }
+  void release_all() {
+    while (released < sink.batches.size()) release_one();
+  }
+  static bool reads_from(const Pending<PeerRead>& call, std::uint32_t peer) {
+    return std::any_of(call.reads.begin(), call.reads.end(), [&](const PeerRead& r) { return r.peer == peer; });
+  }
+  // Takes every pending read group that touches `peer` out of the fake: they never land
+  // unless the test completes them.
+  std::vector<Pending<PeerRead>> take_stuck(std::uint32_t peer) {
+    std::vector<Pending<PeerRead>> stuck;
+    std::deque<Pending<PeerRead>> healthy;
+    for (auto& call : peers.pending) {
+      if (reads_from(call, peer)) {
+        stuck.push_back(std::move(call));
+      } else {
+        healthy.push_back(std::move(call));
+      }
+    }
+    peers.pending = std::move(healthy);
+    return stuck;
+  }
+};
 
 // Degraded mode (fault.peer_death = degrade): rank 1 dies mid-epoch with reads from it in
 // flight, one failing and the others stuck. Those positions, and every later sample of
 // rank 1, come from storage; the trainer gets the whole plan once, in planned order
 // (W = 0), and staging bytes a stuck read could still write into are not reused.
 TEST(StorageTier, ADeadPeersSamplesComeFromStorageExactlyOnceInThePlannedOrder) {
-  FakeStorage storage;
-  ColdWorld w(400, 4, 8, 3, 0, 2.0, &storage);
+  DegradedTrainer t;
+  auto& [storage, w, rerouted, staging, peers, sink, scheduler, plan, got, released] = t;
   ASSERT_EQ(w.placement.total_cold_samples(), 0u);  // nothing cold: storage only for the dead peer
-  std::atomic<std::uint64_t> rerouted{0};
-  w.context.degrade_dead_peers = true;
-  w.context.rerouted_samples = &rerouted;
-  auto staging = std::make_shared<StagingAllocator>(4096, 128 << 10);
-  FakePeers peers;
-  Sink sink;
-  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, sink);
-  scheduler->start_epoch(0, 1);
-  const TrainerPlan plan = w.planner->plan_node(0, 0)[0];
   ASSERT_GE(plan.num_batches(), 10u);
-  std::vector<SampleId> got;
-  std::size_t released = 0;
-  auto release_all = [&] {
-    for (; released < sink.batches.size(); ++released) {
-      for (const auto& d : sink.batches[released].samples) got.push_back(d.sample_id);
-      EXPECT_TRUE(scheduler->release(1, sink.batches[released].batch).ok());
-    }
-  };
-  while (sink.batches.size() < 2) {
-    ASSERT_FALSE(peers.pending.empty());
-    complete_one(peers, 0);
-  }
-  release_all();
+  ASSERT_EQ(sink.batches.size(), 2u);
+  auto release_all = [&] { t.release_all(); };
   const std::size_t healthy_batches = sink.batches.size();
-  auto reads_from = [](const Pending<PeerRead>& call, std::uint32_t peer) {
-    return std::any_of(call.reads.begin(), call.reads.end(), [&](const PeerRead& r) { return r.peer == peer; });
-  };
   // Rank 1 dies: its oldest read group fails with a transport error...
   std::size_t failing = 0;
-  while (failing < peers.pending.size() && !reads_from(peers.pending[failing], 1)) ++failing;
+  while (failing < peers.pending.size() && !DegradedTrainer::reads_from(peers.pending[failing], 1)) ++failing;
   ASSERT_LT(failing, peers.pending.size());
   complete_one(peers, failing, make_error(StatusCode::kUnavailable, "read from daemon rank 1 failed"));
   EXPECT_TRUE(sink.errors.empty());
   // ... and the other groups reading from it are stuck (never answered until the end).
-  std::vector<Pending<PeerRead>> stuck;
-  std::deque<Pending<PeerRead>> healthy;
-  for (auto& call : peers.pending) {
-    if (reads_from(call, 1)) {
-      stuck.push_back(std::move(call));
-    } else {
-      healthy.push_back(std::move(call));
-    }
-  }
-  peers.pending = std::move(healthy);
+  std::vector<Pending<PeerRead>> stuck = t.take_stuck(1);
   ASSERT_FALSE(stuck.empty());
   struct StuckRange {
     std::uint64_t length = 0;
@@ -411,22 +435,9 @@ TEST(StorageTier, ADeadPeersSamplesComeFromStorageExactlyOnceInThePlannedOrder) 
 TEST(StorageTier, AStaleReadLandingDoesNotFreeBytesTheTrainerHolds) {
   for (std::uint64_t seed = 1; seed <= 20; ++seed) {
     SCOPED_TRACE(fmt::format("seed {}", seed));
-    FakeStorage storage;
-    ColdWorld w(400, 4, 8, 3, 0, 2.0, &storage);
-    w.context.degrade_dead_peers = true;
-    auto staging = std::make_shared<StagingAllocator>(4096, 128 << 10);
-    FakePeers peers;
-    Sink sink;
-    auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, sink);
-    scheduler->start_epoch(0, 1);
-    const TrainerPlan plan = w.planner->plan_node(0, 0)[0];
-    std::vector<SampleId> got;
-    std::size_t released = 0;
-    auto release_one = [&] {
-      for (const auto& d : sink.batches[released].samples) got.push_back(d.sample_id);
-      EXPECT_TRUE(scheduler->release(1, sink.batches[released].batch).ok());
-      ++released;
-    };
+    DegradedTrainer t;
+    auto& [storage, w, rerouted, staging, peers, sink, scheduler, plan, got, released] = t;
+    auto release_one = [&] { t.release_one(); };
     // Staging bytes of the batches the trainer holds (delivered, not released).
     auto check_not_held = [&](std::uint64_t offset, std::uint64_t length, const char* what) {
       if (length == 0) return;
@@ -440,25 +451,9 @@ TEST(StorageTier, AStaleReadLandingDoesNotFreeBytesTheTrainerHolds) {
         }
       }
     };
-    while (sink.batches.size() < 2) {
-      ASSERT_FALSE(peers.pending.empty());
-      complete_one(peers, 0);
-    }
-    while (released < sink.batches.size()) release_one();
-    auto reads_from = [](const Pending<PeerRead>& call, std::uint32_t peer) {
-      return std::any_of(call.reads.begin(), call.reads.end(), [&](const PeerRead& r) { return r.peer == peer; });
-    };
+    ASSERT_EQ(sink.batches.size(), 2u);
     // Rank 1 hangs: every read group touching it is stuck, then it is declared dead.
-    std::vector<Pending<PeerRead>> stuck;
-    std::deque<Pending<PeerRead>> healthy;
-    for (auto& call : peers.pending) {
-      if (reads_from(call, 1)) {
-        stuck.push_back(std::move(call));
-      } else {
-        healthy.push_back(std::move(call));
-      }
-    }
-    peers.pending = std::move(healthy);
+    std::vector<Pending<PeerRead>> stuck = t.take_stuck(1);
     ASSERT_FALSE(stuck.empty());
     scheduler->peer_dead(1);
     Rng choices(seed);
