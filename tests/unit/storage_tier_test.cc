@@ -339,7 +339,17 @@ struct DegradedTrainer {
 // (W = 0), and staging bytes a stuck read could still write into are not reused.
 TEST(StorageTier, ADeadPeersSamplesComeFromStorageExactlyOnceInThePlannedOrder) {
   DegradedTrainer t;
-  auto& [storage, w, rerouted, staging, peers, sink, scheduler, plan, got, released] = t;
+  // Plain references, not a structured binding: clang 14 cannot capture those in lambdas.
+  FakeStorage& storage = t.storage;
+  ColdWorld& w = t.w;
+  std::atomic<std::uint64_t>& rerouted = t.rerouted;
+  std::shared_ptr<StagingAllocator>& staging = t.staging;
+  FakePeers& peers = t.peers;
+  Sink& sink = t.sink;
+  std::shared_ptr<TrainerScheduler>& scheduler = t.scheduler;
+  const TrainerPlan& plan = t.plan;
+  std::vector<SampleId>& got = t.got;
+  std::size_t& released = t.released;
   ASSERT_EQ(w.placement.total_cold_samples(), 0u);  // nothing cold: storage only for the dead peer
   ASSERT_GE(plan.num_batches(), 10u);
   ASSERT_EQ(sink.batches.size(), 2u);
@@ -436,7 +446,15 @@ TEST(StorageTier, AStaleReadLandingDoesNotFreeBytesTheTrainerHolds) {
   for (std::uint64_t seed = 1; seed <= 20; ++seed) {
     SCOPED_TRACE(fmt::format("seed {}", seed));
     DegradedTrainer t;
-    auto& [storage, w, rerouted, staging, peers, sink, scheduler, plan, got, released] = t;
+    // Plain references, not a structured binding: clang 14 cannot capture those in lambdas.
+    FakeStorage& storage = t.storage;
+    std::shared_ptr<StagingAllocator>& staging = t.staging;
+    FakePeers& peers = t.peers;
+    Sink& sink = t.sink;
+    std::shared_ptr<TrainerScheduler>& scheduler = t.scheduler;
+    const TrainerPlan& plan = t.plan;
+    std::vector<SampleId>& got = t.got;
+    std::size_t& released = t.released;
     auto release_one = [&] { t.release_one(); };
     // Staging bytes of the batches the trainer holds (delivered, not released).
     auto check_not_held = [&](std::uint64_t offset, std::uint64_t length, const char* what) {
