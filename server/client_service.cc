@@ -460,8 +460,16 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
   // timeout measures whether this daemon is alive, not how long its next batch takes
   // (slow storage, a straggling peer). Nothing while replies are queued: the trainer has
   // bytes to read already. A stopped or hung daemon sends none (decision 0036).
+  // The timer is due kKeepaliveInterval after the last write, not one interval after it last
+  // fired: a period-driven check would let up to two intervals of silence pass (a write just
+  // after the timer was armed defers the keepalive to the next tick), which halves the
+  // margin against a trainer's receive timeout on a loaded machine. While a write is
+  // pending, one interval from now (its completion is not a write to the trainer's inbox
+  // we could time from, and a due time in the past would spin).
   void arm_keepalive() {
-    keepalive_timer_.expires_after(proto::kKeepaliveInterval);
+    const auto now = std::chrono::steady_clock::now();
+    keepalive_timer_.expires_at(writes_.empty() ? std::max(last_write_ + proto::kKeepaliveInterval, now)
+                                                : now + proto::kKeepaliveInterval);
     keepalive_timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
       auto self = weak.lock();
       if (ec || !self || self->closed_ || self->closing_after_write_) return;

@@ -34,7 +34,7 @@ constexpr std::size_t kHeaderBytes = sizeof(FrameHeader);
 constexpr FrameType kKnownTypes[] = {
     FrameType::kHello,   FrameType::kWelcome,  FrameType::kError,      FrameType::kStartEpoch,
     FrameType::kBatch,   FrameType::kRelease,  FrameType::kEpochEnd,   FrameType::kGetCatalog,
-    FrameType::kCatalog, FrameType::kGetStats, FrameType::kStats};
+    FrameType::kCatalog, FrameType::kGetStats, FrameType::kStats,      FrameType::kKeepalive};
 
 std::string frame_name(FrameType type) { return "frame type " + std::to_string(static_cast<int>(type)); }
 
@@ -159,9 +159,11 @@ void check_request_sizes() {
   FUZZ_CHECK(request_payload_bytes(FrameType::kGetStats) == payload_size([](Bytes& f) { encode_get_stats(f); }),
              "get-stats size");
   for (auto type : {FrameType::kWelcome, FrameType::kError, FrameType::kBatch, FrameType::kEpochEnd,
-                    FrameType::kCatalog, FrameType::kStats}) {
+                    FrameType::kCatalog, FrameType::kStats, FrameType::kKeepalive}) {
     FUZZ_CHECK(request_payload_bytes(type) < 0, frame_name(type) + " is a reply, not a request");
   }
+  // A keepalive is a bare header: the client rejects one with a payload.
+  FUZZ_CHECK(payload_size([](Bytes& f) { encode_keepalive(f); }) == 0, "keepalive with a payload");
 }
 
 }  // namespace
@@ -222,6 +224,7 @@ Seeds seeds() {
   add("release", [](Bytes& f) { encode(f, Release{2, 5, 7}); });
   add("get-catalog", [](Bytes& f) { encode_get_catalog(f); });
   add("get-stats", [](Bytes& f) { encode_get_stats(f); });
+  add("keepalive", [](Bytes& f) { encode_keepalive(f); });
   add("stats", [](Bytes& f) { encode_stats(f, "# TYPE shardmix_samples_total counter\nshardmix_samples_total 42\n"); });
   add("catalog", [](Bytes& f) {
     const std::uint8_t bytes[] = {'S', 'M', 'X', 'C', 'A', 'T', 0, 1, 0, 0, 0, 0};

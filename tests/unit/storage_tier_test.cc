@@ -518,6 +518,85 @@ TEST(StorageTier, AStaleReadLandingDoesNotFreeBytesTheTrainerHolds) {
   }
 }
 
+// Degraded mode: the trainer lets go of batches holding bytes a stuck read of the dead peer
+// may still write, not by releasing them but by starting another pass (the scheduler frees
+// what it still held) or by disconnecting. Those bytes are reused only once the stuck read
+// has landed, and every byte comes back once (the allocator aborts on a double free).
+TEST(StorageTier, StaleBytesOfBatchesLetGoByARestartOrADisconnectComeBackOnce) {
+  for (const bool restart : {true, false}) {
+    SCOPED_TRACE(restart ? "a new pass" : "a disconnect");
+    DegradedTrainer t;
+    auto& [storage, w, rerouted, staging, peers, sink, scheduler, plan, got, released] = t;
+    std::vector<Pending<PeerRead>> stuck = t.take_stuck(1);
+    ASSERT_FALSE(stuck.empty());
+    std::map<std::uint64_t, std::uint64_t> stuck_bytes;  // staging offset -> length
+    for (const auto& call : stuck) {
+      for (const PeerRead& r : call.reads) stuck_bytes[r.staging_offset] = r.length;
+    }
+    scheduler->peer_dead(1);
+    // Deliver, without releasing, batches with positions re-posted from the stuck reads.
+    auto holds_stuck_bytes = [&] {
+      for (std::size_t b = released; b < sink.batches.size(); ++b) {
+        for (const auto& d : sink.batches[b].samples) {
+          if (d.region == static_cast<std::uint8_t>(proto::Region::kStaging) && stuck_bytes.count(d.offset) > 0) {
+            return true;
+          }
+        }
+      }
+      return false;
+    };
+    for (int guard = 0; !holds_stuck_bytes() && guard < 10000; ++guard) {
+      if (!storage.pending.empty()) {
+        complete_one(storage, 0);
+      } else if (!peers.pending.empty()) {
+        complete_one(peers, 0);
+      } else {
+        break;
+      }
+    }
+    ASSERT_TRUE(holds_stuck_bytes()) << "no batch delivered the re-posted positions";
+    const std::size_t storage_seen = storage.all.size();
+    auto overlaps_stuck = [&](std::uint64_t offset, std::uint64_t length) {
+      for (const auto& [begin, bytes] : stuck_bytes) {
+        if (length > 0 && offset < begin + bytes && begin < offset + length) return true;
+      }
+      return false;
+    };
+    if (restart) {
+      scheduler->start_epoch(1, 2);
+      // The new pass stages into free bytes only: none a stuck read may still write.
+      for (int guard = 0; guard < 10000 && (!peers.pending.empty() || !storage.pending.empty()); ++guard) {
+        for (const auto& call : peers.pending) {
+          for (const PeerRead& r : call.reads) {
+            EXPECT_FALSE(overlaps_stuck(r.staging_offset, r.length)) << "a peer read into stuck bytes";
+          }
+        }
+        for (std::size_t i = storage_seen; i < storage.all.size(); ++i) {
+          EXPECT_FALSE(overlaps_stuck(storage.all[i].staging_offset, storage.all[i].length))
+              << "a storage read into stuck bytes";
+        }
+        if (!peers.pending.empty()) {
+          complete_one(peers, 0);
+        } else {
+          complete_one(storage, 0);
+        }
+        while (released < sink.batches.size()) {
+          if (sink.batches[released].stream == 2) {
+            EXPECT_TRUE(scheduler->release(2, sink.batches[released].batch).ok());
+          }
+          ++released;
+        }
+      }
+      EXPECT_TRUE(sink.errors.empty()) << sink.errors[0].message();
+    }
+    scheduler->close();
+    for (auto& call : stuck) call.done(make_error(StatusCode::kUnavailable, "read from daemon rank 1 timed out"));
+    while (!peers.pending.empty()) complete_one(peers, 0);
+    while (!storage.pending.empty()) complete_one(storage, 0);
+    EXPECT_EQ(staging->bytes_in_use(), 0u);
+  }
+}
+
 // Without degraded mode a failed peer read still fails the trainer (fault.peer_death = stop).
 TEST(StorageTier, WithoutDegradeAFailedPeerReadIsAnError) {
   FakeStorage storage;
