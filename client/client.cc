@@ -155,19 +155,40 @@ LauncherRank detect_launcher_rank() {
 }
 
 // `requested` if >= 0, else the environment variable `name` (seconds, or a duration such
-// as "90s"), else `fallback`.
-static double timeout_s(double requested, const char* name, double fallback) {
-  if (requested >= 0) return requested;
-  const char* env = std::getenv(name);
-  if (env == nullptr || *env == '\0') return fallback;
-  char* end = nullptr;
-  const double seconds = std::strtod(env, &end);
-  if (end != env && *end == '\0' && seconds >= 0) return seconds;
-  auto d = parse_duration(env, name);
-  return d.ok() ? std::chrono::duration<double>(*d).count() : fallback;
+// as "90s"), else `fallback`. A value that is neither is an error naming the variable,
+// not a silent fallback; so is one beyond a day (poll takes int milliseconds).
+static Result<double> timeout_s(double requested, const char* name, double fallback) {
+  constexpr double kMaxSeconds = 86400;
+  double seconds = requested;
+  if (seconds < 0) {
+    const char* env = std::getenv(name);
+    if (env == nullptr || *env == '\0') return fallback;
+    char* end = nullptr;
+    seconds = std::strtod(env, &end);
+    if (end == env || *end != '\0' || seconds < 0) {
+      auto d = parse_duration(env, name);
+      if (!d.ok()) {
+        return make_error(StatusCode::kInvalidArgument, "{}={}: not seconds or a duration such as \"90s\"", name,
+                          env);
+      }
+      seconds = std::chrono::duration<double>(*d).count();
+    }
+  }
+  if (seconds > kMaxSeconds) {
+    return make_error(StatusCode::kInvalidArgument, "{}: {} s is more than a day ({} s at most)", name, seconds,
+                      kMaxSeconds);
+  }
+  return seconds;
 }
-static double connect_timeout_s(double requested) { return timeout_s(requested, "SHARDMIX_CONNECT_TIMEOUT", 300); }
-static double receive_timeout_s(double requested) { return timeout_s(requested, "SHARDMIX_RECEIVE_TIMEOUT", 30); }
+static Result<double> connect_timeout_s(double requested) {
+  return timeout_s(requested, "SHARDMIX_CONNECT_TIMEOUT", 300);
+}
+static Result<double> receive_timeout_s(double requested) {
+  return timeout_s(requested, "SHARDMIX_RECEIVE_TIMEOUT", 30);
+}
+static Result<double> progress_timeout_s(double requested) {
+  return timeout_s(requested, "SHARDMIX_PROGRESS_TIMEOUT", 600);
+}
 
 // The socket protocol, blocking with timeouts. Owned by Client; iterators point into it.
 class DaemonConnection {
@@ -200,6 +221,7 @@ class DaemonConnection {
   // skipped here: they only restart the receive timeout.
   Status receive(proto::FrameHeader& header, std::vector<std::uint8_t>& payload, int* fds = nullptr) {
     std::array<std::uint8_t, sizeof(proto::FrameHeader)> raw{};
+    const auto started = std::chrono::steady_clock::now();
     for (;;) {
       SHARDMIX_RETURN_IF_ERROR(read_exact(raw.data(), raw.size(), fds));
       if (auto err = proto::decode_header(raw, header); !err.empty()) {
@@ -209,6 +231,15 @@ class DaemonConnection {
       if (header.payload_bytes != 0) {
         return make_error(StatusCode::kProtocol, "daemon of node {}: a keepalive frame with {} payload bytes", node_,
                           header.payload_bytes);
+      }
+      // The backstop for a live daemon that never delivers (a stalled scheduler): the
+      // keepalives prove it runs, not that it will ever answer (decision 0036).
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      if (waited >= progress_timeout_s_) {
+        return make_error(StatusCode::kUnavailable,
+                          "the daemon of node {} ({}) is alive (it sends keepalives) but sent nothing else for "
+                          "{:.0f} s (ClientOptions::progress_timeout_s, SHARDMIX_PROGRESS_TIMEOUT)",
+                          node_, socket_path_, progress_timeout_s_);
       }
     }
     payload.resize(header.payload_bytes);
@@ -374,7 +405,8 @@ class DaemonConnection {
   Status silent() const {
     return make_error(StatusCode::kUnavailable,
                       "the daemon of node {} ({}) sent nothing for {:.0f} s, not even its keepalive (one every {} ms): "
-                      "it is stopped, hung or starved of CPU (ClientOptions::receive_timeout_s)",
+                      "it is stopped, hung or starved of CPU (ClientOptions::receive_timeout_s, "
+                      "SHARDMIX_RECEIVE_TIMEOUT)",
                       node_, socket_path_, receive_timeout_s_, proto::kKeepaliveInterval.count());
   }
 
@@ -496,6 +528,7 @@ class DaemonConnection {
   int fd_ = -1;
   std::string socket_path_;
   double receive_timeout_s_ = 30;
+  double progress_timeout_s_ = 600;
   Mapping arena_;
   Mapping staging_;
   std::vector<std::uint8_t> payload_;
@@ -507,7 +540,9 @@ class DaemonConnection {
 
 Result<std::unique_ptr<DaemonConnection>> DaemonConnection::open(const ClientOptions& options) {
   auto c = std::make_unique<DaemonConnection>();
-  c->receive_timeout_s_ = receive_timeout_s(options.receive_timeout_s);
+  SHARDMIX_ASSIGN_OR_RETURN(c->receive_timeout_s_, receive_timeout_s(options.receive_timeout_s));
+  SHARDMIX_ASSIGN_OR_RETURN(c->progress_timeout_s_, progress_timeout_s(options.progress_timeout_s));
+  SHARDMIX_ASSIGN_OR_RETURN(const double ready_timeout, connect_timeout_s(options.ready_timeout_s));
   c->who_ = detect_launcher_rank();
   if (options.rank >= 0) c->who_.rank = options.rank;
   if (options.world_size >= 0) c->who_.world_size = options.world_size;
@@ -520,7 +555,7 @@ Result<std::unique_ptr<DaemonConnection>> DaemonConnection::open(const ClientOpt
   int daemon = options.daemon >= 0 ? options.daemon : env_int("SHARDMIX_DAEMON").value_or(-1);
   if (daemon < 0) {
     // Our node is rank / trainers_per_node, as the daemons published it.
-    auto ready = read_ready_file(run_dir + "/ready", connect_timeout_s(options.ready_timeout_s));
+    auto ready = read_ready_file(run_dir + "/ready", ready_timeout);
     if (!ready.ok()) return ready.status();
     const int daemons = std::atoi((*ready)["daemons"].c_str());
     const int per_node = std::atoi((*ready)["trainers_per_node"].c_str());
@@ -588,7 +623,7 @@ Result<std::unique_ptr<DaemonConnection>> DaemonConnection::open(const ClientOpt
   proto::encode(hello, proto::Hello{static_cast<std::uint32_t>(c->who_.rank),
                                     static_cast<std::uint32_t>(c->who_.world_size),
                                     static_cast<std::uint32_t>(::getpid())});
-  auto token = find_job_token(run_dir, connect_timeout_s(options.ready_timeout_s));
+  auto token = find_job_token(run_dir, ready_timeout);
   if (!token.ok()) return token.status();
   proto::set_hello_job_token(hello, *token);
   SHARDMIX_RETURN_IF_ERROR(c->send(hello));
@@ -632,8 +667,10 @@ Result<std::string> query_daemon_stats(const ClientOptions& options, int daemon)
     const char* env = std::getenv("SHARDMIX_RUN_DIR");
     run_dir = env != nullptr && *env != '\0' ? env : "/tmp/shardmix-" + std::to_string(::geteuid());
   }
+  SHARDMIX_ASSIGN_OR_RETURN(const double ready_timeout, connect_timeout_s(options.ready_timeout_s));
+  SHARDMIX_ASSIGN_OR_RETURN(const double timeout, receive_timeout_s(options.receive_timeout_s));
   if (daemon < 0) {
-    auto ready = read_ready_file(run_dir + "/ready", connect_timeout_s(options.ready_timeout_s));
+    auto ready = read_ready_file(run_dir + "/ready", ready_timeout);
     if (!ready.ok()) return ready.status();
     const int daemons = std::atoi((*ready)["daemons"].c_str());
     const std::string host = this_host();
@@ -665,7 +702,6 @@ Result<std::string> query_daemon_stats(const ClientOptions& options, int daemon)
   if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) {
     return make_error(StatusCode::kUnavailable, "sending to the daemon of node {}: {}", daemon, std::strerror(errno));
   }
-  const double timeout = receive_timeout_s(options.receive_timeout_s);
   auto read_exact = [&](std::uint8_t* out, std::size_t n) -> Status {
     std::size_t done = 0;
     while (done < n) {

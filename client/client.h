@@ -68,6 +68,10 @@ struct ClientOptions {
   // while it has nothing else to say, is treated as stopped or hung; < 0 =
   // $SHARDMIX_RECEIVE_TIMEOUT (seconds or a duration), else 30 s.
   double receive_timeout_s = -1;
+  // The backstop for a daemon that is alive (keepalives come) but never answers, e.g. a
+  // stalled scheduler: no batch or other reply for this long is an error; < 0 =
+  // $SHARDMIX_PROGRESS_TIMEOUT, else 600 s. Invalid environment values are errors.
+  double progress_timeout_s = -1;
 };
 
 // The trainer's place in the job as the launcher sets it, first match wins:

@@ -422,7 +422,7 @@ Connects to this trainer's ShardMix daemon (shardmix::Client::connect). The rank
 size come from the launcher's environment (Open MPI, Slurm, PMI, torchrun, SHARDMIX_RANK)
 unless given. Raises shardmix.Error.)doc")
       .def(py::init([](std::string run_dir, int daemon, int rank, int world_size, double ready_timeout,
-                       double receive_timeout, bool strict) {
+                       double receive_timeout, double progress_timeout, bool strict) {
              sm::ClientOptions o;
              o.run_dir = std::move(run_dir);
              o.daemon = daemon;
@@ -430,6 +430,7 @@ unless given. Raises shardmix.Error.)doc")
              o.world_size = world_size;
              o.ready_timeout_s = ready_timeout;
              o.receive_timeout_s = receive_timeout;
+             o.progress_timeout_s = progress_timeout;
              auto state = std::make_shared<State>();
              state->strict = strict;
              {
@@ -439,7 +440,7 @@ unless given. Raises shardmix.Error.)doc")
              return PyClient{state};
            }),
            py::kw_only(), py::arg("run_dir") = "", py::arg("daemon") = -1, py::arg("rank") = -1,
-           py::arg("world_size") = -1, py::arg("ready_timeout") = -1.0, py::arg("receive_timeout") = -1.0,
+           py::arg("world_size") = -1, py::arg("ready_timeout") = -1.0, py::arg("receive_timeout") = -1.0, py::arg("progress_timeout") = -1.0,
            py::arg("strict") = false)
       .def("epoch", [](PyClient& c, std::uint64_t e, std::optional<py::bytes> resume) {
         State& s = *c.state;

@@ -52,7 +52,7 @@ class ShardMixDataset(IterableDataset):
     with_ids: also yield the sample ids (int64 tensor).
     pin_memory: allocate each batch tensor in pinned (page-locked) host memory.
     client: an existing shardmix.Client; else one is created with client_options
-        (run_dir, daemon, rank, world_size, ready_timeout, receive_timeout).
+        (run_dir, daemon, rank, world_size, ready_timeout, receive_timeout, progress_timeout).
     epoch: the first epoch; iteration uses the current epoch and then moves to the next
         unless set_epoch() is called (like DistributedSampler.set_epoch).
     """

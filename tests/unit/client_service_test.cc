@@ -747,6 +747,27 @@ TEST_F(ServiceTest, ATrainerWaitsOutSlowReadsLongerThanItsReceiveTimeout) {
   EXPECT_EQ(ids, planner_->plan_node(0, 0)[1].order);
 }
 
+// The backstop behind the keepalives: a live daemon that never delivers (here: every peer
+// read held until the end) is an error after the progress timeout, naming the daemon.
+TEST_F(ServiceTest, ALiveDaemonThatNeverDeliversIsAnErrorAfterTheProgressTimeout) {
+  fetcher_->hold = true;
+  ClientOptions o = options(1);
+  o.receive_timeout_s = 2;
+  o.progress_timeout_s = 3;
+  Client client = Client::connect(o);
+  std::string error;
+  try {
+    for (const Batch& batch : client.epoch(0)) (void)batch;
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_GT(fetcher_->held_count(), 0u);
+  fetcher_->hold = false;
+  fetcher_->release_held();
+  EXPECT_NE(error.find("the daemon of node 0 ("), std::string::npos) << error;
+  EXPECT_NE(error.find("is alive (it sends keepalives) but sent nothing else for 3 s"), std::string::npos) << error;
+}
+
 // A daemon that is alive as a process but answers nothing (its io thread blocked, as under
 // SIGSTOP or a hang): the trainer gets an error naming the daemon and the socket after its
 // receive timeout, not a wait for ever.

@@ -278,5 +278,23 @@ TEST_F(LayoutCheckTest, ConnectTimeoutFromTheEnvironment) {
   ::unsetenv("SHARDMIX_CONNECT_TIMEOUT");
 }
 
+// A timeout from the environment that is neither seconds nor a duration is an error naming
+// the variable, not a silent fallback to the default.
+TEST_F(LayoutCheckTest, AnUnreadableTimeoutInTheEnvironmentIsAnErrorNamingIt) {
+  for (const char* name : {"SHARDMIX_CONNECT_TIMEOUT", "SHARDMIX_RECEIVE_TIMEOUT", "SHARDMIX_PROGRESS_TIMEOUT"}) {
+    SCOPED_TRACE(name);
+    set(name, "soon");
+    Status s = connect_error_default_timeout();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.message().find(std::string(name) + "=soon: not seconds or a duration"), std::string::npos)
+        << s.message();
+    set(name, "1000000");  // beyond what poll's int milliseconds can hold
+    s = connect_error_default_timeout();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.message().find("more than a day"), std::string::npos) << s.message();
+    ::unsetenv(name);
+  }
+}
+
 }  // namespace
 }  // namespace shardmix

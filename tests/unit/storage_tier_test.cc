@@ -526,7 +526,13 @@ TEST(StorageTier, StaleBytesOfBatchesLetGoByARestartOrADisconnectComeBackOnce) {
   for (const bool restart : {true, false}) {
     SCOPED_TRACE(restart ? "a new pass" : "a disconnect");
     DegradedTrainer t;
-    auto& [storage, w, rerouted, staging, peers, sink, scheduler, plan, got, released] = t;
+    // Plain references, not a structured binding: clang 14 cannot capture those in lambdas.
+    FakeStorage& storage = t.storage;
+    std::shared_ptr<StagingAllocator>& staging = t.staging;
+    FakePeers& peers = t.peers;
+    Sink& sink = t.sink;
+    std::shared_ptr<TrainerScheduler>& scheduler = t.scheduler;
+    std::size_t& released = t.released;
     std::vector<Pending<PeerRead>> stuck = t.take_stuck(1);
     ASSERT_FALSE(stuck.empty());
     std::map<std::uint64_t, std::uint64_t> stuck_bytes;  // staging offset -> length
