@@ -888,8 +888,8 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     residency = std::make_unique<ResidencyTable>(std::move(initial), generation_clock);
     if (rank == 0 && generation_clock.rounds > 0) {
       log->info("cache slot reuse: {} rounds per epoch of {} batches per trainer (cache.reuse_rounds {}); every "
-                "round each node's resident set is re-chosen by next use, samples in slots being reloaded are "
-                "read from storage meanwhile",
+                "round each node's resident set is re-chosen from the plans (decision 0035), samples in slots being "
+                "reloaded are read from storage meanwhile",
                 generation_clock.rounds, shape.batches_per_trainer, config.cache.reuse_rounds);
     } else if (rank == 0) {
       log->info("cache rotation: a new resident set every {} epoch(s) (cache.rotation_epochs); samples in slots "
@@ -1072,13 +1072,12 @@ int run_daemon(const Config& config, MpiSession& mpi) {
       return Status::ok_status();
     };
     // Reuse rounds: the round in which each sample is consumed, per epoch, from every
-    // trainer's plan (pure, the same on every daemon). 4 bytes per sample per epoch kept;
-    // a generation needs its epoch, the one before and the two after, and nodes'
-    // generations stay within about an epoch of each other, so epochs more than two before
-    // the asked one are dropped.
+    // trainer's plan (pure, the same on every daemon), computed once per epoch. 4 bytes
+    // per sample per epoch kept: a generation needs its epoch, the one before and the two
+    // after, and nodes' generations stay within about an epoch of each other, so epochs
+    // more than two before the one asked for are dropped before the lookups.
     auto consumption = std::make_shared<std::map<std::uint64_t, std::vector<std::uint32_t>>>();
     auto rounds_of = [&, consumption](std::uint64_t epoch) -> const std::vector<std::uint32_t>& {
-      if (epoch >= 2) consumption->erase(consumption->begin(), consumption->lower_bound(epoch - 2));
       auto it = consumption->find(epoch);
       if (it == consumption->end()) {
         it = consumption->emplace(epoch, consumption_rounds(planner.plan_all(epoch), catalog.size(), generation_clock))
@@ -1086,13 +1085,13 @@ int run_daemon(const Config& config, MpiSession& mpi) {
       }
       return it->second;
     };
-    hooks.wanted = [&, rounds_of](std::uint32_t node, std::uint64_t g, const ArenaLayout& current) {
+    hooks.wanted = [&, rounds_of, consumption](std::uint32_t node, std::uint64_t g, const ArenaLayout& current) {
       if (generation_clock.rounds == 0) {
         return choose_resident(catalog.sizes(), placement.owned[node], node_capacities[node], config.shuffle.seed,
                                node, g);
       }
       const std::uint64_t epoch = g / generation_clock.rounds;
-      // Looked up furthest first: a lookup erases only epochs more than two before the asked one.
+      if (epoch >= 3) consumption->erase(consumption->begin(), consumption->lower_bound(epoch - 2));
       const std::vector<std::uint32_t>* after_next = &rounds_of(epoch + 2);
       const std::vector<std::uint32_t>* next = &rounds_of(epoch + 1);
       const std::vector<std::uint32_t>* now = &rounds_of(epoch);
