@@ -154,16 +154,20 @@ LauncherRank detect_launcher_rank() {
   return {};
 }
 
-static double connect_timeout_s(double requested) {
+// `requested` if >= 0, else the environment variable `name` (seconds, or a duration such
+// as "90s"), else `fallback`.
+static double timeout_s(double requested, const char* name, double fallback) {
   if (requested >= 0) return requested;
-  const char* env = std::getenv("SHARDMIX_CONNECT_TIMEOUT");
-  if (env == nullptr || *env == '\0') return 300;
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
   char* end = nullptr;
   const double seconds = std::strtod(env, &end);
   if (end != env && *end == '\0' && seconds >= 0) return seconds;
-  auto d = parse_duration(env, "SHARDMIX_CONNECT_TIMEOUT");
-  return d.ok() ? std::chrono::duration<double>(*d).count() : 300;
+  auto d = parse_duration(env, name);
+  return d.ok() ? std::chrono::duration<double>(*d).count() : fallback;
 }
+static double connect_timeout_s(double requested) { return timeout_s(requested, "SHARDMIX_CONNECT_TIMEOUT", 300); }
+static double receive_timeout_s(double requested) { return timeout_s(requested, "SHARDMIX_RECEIVE_TIMEOUT", 30); }
 
 // The socket protocol, blocking with timeouts. Owned by Client; iterators point into it.
 class DaemonConnection {
@@ -192,12 +196,20 @@ class DaemonConnection {
     return Status::ok_status();
   }
 
-  // Reads one frame; an Error frame from the daemon becomes its Status.
+  // Reads one frame; an Error frame from the daemon becomes its Status. Keepalives are
+  // skipped here: they only restart the receive timeout.
   Status receive(proto::FrameHeader& header, std::vector<std::uint8_t>& payload, int* fds = nullptr) {
     std::array<std::uint8_t, sizeof(proto::FrameHeader)> raw{};
-    SHARDMIX_RETURN_IF_ERROR(read_exact(raw.data(), raw.size(), fds));
-    if (auto err = proto::decode_header(raw, header); !err.empty()) {
-      return Status(StatusCode::kProtocol, "daemon of node " + std::to_string(node_) + ": " + err);
+    for (;;) {
+      SHARDMIX_RETURN_IF_ERROR(read_exact(raw.data(), raw.size(), fds));
+      if (auto err = proto::decode_header(raw, header); !err.empty()) {
+        return Status(StatusCode::kProtocol, "daemon of node " + std::to_string(node_) + ": " + err);
+      }
+      if (header.type != static_cast<std::uint16_t>(proto::FrameType::kKeepalive)) break;
+      if (header.payload_bytes != 0) {
+        return make_error(StatusCode::kProtocol, "daemon of node {}: a keepalive frame with {} payload bytes", node_,
+                          header.payload_bytes);
+      }
     }
     payload.resize(header.payload_bytes);
     SHARDMIX_RETURN_IF_ERROR(read_exact(payload.data(), payload.size(), nullptr));
@@ -357,6 +369,15 @@ class DaemonConnection {
   std::optional<proto::EpochStats> last_stats_;
 
  private:
+  // No byte within the receive timeout, although a live daemon sends at least a keepalive
+  // every kKeepaliveInterval.
+  Status silent() const {
+    return make_error(StatusCode::kUnavailable,
+                      "the daemon of node {} ({}) sent nothing for {:.0f} s, not even its keepalive (one every {} ms): "
+                      "it is stopped, hung or starved of CPU (ClientOptions::receive_timeout_s)",
+                      node_, socket_path_, receive_timeout_s_, proto::kKeepaliveInterval.count());
+  }
+
   Status lost(const std::string& why) {
     return make_error(StatusCode::kUnavailable, "lost the connection to the daemon of node {} ({}): {}", node_,
                       socket_path_, why);
@@ -384,8 +405,7 @@ class DaemonConnection {
         const int ready = ::poll(&p, 1, static_cast<int>(receive_timeout_s_ * 1000));
         if (ready < 0 && errno == EINTR) continue;
         if (ready == 0) {
-          return make_error(StatusCode::kUnavailable, "the daemon of node {} sent nothing for {:.0f} s", node_,
-                            receive_timeout_s_);
+          return silent();
         }
         continue;
       }
@@ -408,8 +428,7 @@ class DaemonConnection {
       const int ready = ::poll(&p, 1, static_cast<int>(receive_timeout_s_ * 1000));
       if (ready < 0 && errno == EINTR) continue;
       if (ready == 0) {
-        return make_error(StatusCode::kUnavailable, "the daemon of node {} sent nothing for {:.0f} s", node_,
-                          receive_timeout_s_);
+        return silent();
       }
       iovec iov{out + done, n - done};
       alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
@@ -476,7 +495,7 @@ class DaemonConnection {
   std::size_t inbox_end_ = 0;
   int fd_ = -1;
   std::string socket_path_;
-  double receive_timeout_s_ = 600;
+  double receive_timeout_s_ = 30;
   Mapping arena_;
   Mapping staging_;
   std::vector<std::uint8_t> payload_;
@@ -488,7 +507,7 @@ class DaemonConnection {
 
 Result<std::unique_ptr<DaemonConnection>> DaemonConnection::open(const ClientOptions& options) {
   auto c = std::make_unique<DaemonConnection>();
-  c->receive_timeout_s_ = options.receive_timeout_s;
+  c->receive_timeout_s_ = receive_timeout_s(options.receive_timeout_s);
   c->who_ = detect_launcher_rank();
   if (options.rank >= 0) c->who_.rank = options.rank;
   if (options.world_size >= 0) c->who_.world_size = options.world_size;
@@ -646,15 +665,15 @@ Result<std::string> query_daemon_stats(const ClientOptions& options, int daemon)
   if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) {
     return make_error(StatusCode::kUnavailable, "sending to the daemon of node {}: {}", daemon, std::strerror(errno));
   }
+  const double timeout = receive_timeout_s(options.receive_timeout_s);
   auto read_exact = [&](std::uint8_t* out, std::size_t n) -> Status {
     std::size_t done = 0;
     while (done < n) {
       pollfd p{fd, POLLIN, 0};
-      const int ready = ::poll(&p, 1, static_cast<int>(options.receive_timeout_s * 1000));
+      const int ready = ::poll(&p, 1, static_cast<int>(timeout * 1000));
       if (ready < 0 && errno == EINTR) continue;
       if (ready == 0) {
-        return make_error(StatusCode::kUnavailable, "the daemon of node {} sent nothing for {:.0f} s", daemon,
-                          options.receive_timeout_s);
+        return make_error(StatusCode::kUnavailable, "the daemon of node {} sent nothing for {:.0f} s", daemon, timeout);
       }
       const ssize_t got = ::recv(fd, out + done, n - done, 0);
       if (got < 0 && errno == EINTR) continue;

@@ -64,7 +64,10 @@ struct ClientOptions {
   // How long to wait for the daemons' readiness file; < 0 = $SHARDMIX_CONNECT_TIMEOUT
   // (seconds, or a duration such as "90s", "5min"), else 300 s.
   double ready_timeout_s = -1;
-  double receive_timeout_s = 600;  // a daemon silent this long is treated as hung
+  // A daemon that sends nothing this long, not even the keepalive it sends every second
+  // while it has nothing else to say, is treated as stopped or hung; < 0 =
+  // $SHARDMIX_RECEIVE_TIMEOUT (seconds or a duration), else 30 s.
+  double receive_timeout_s = -1;
 };
 
 // The trainer's place in the job as the launcher sets it, first match wins:

@@ -199,6 +199,8 @@ void encode_catalog(std::vector<std::uint8_t>& out, std::span<const std::uint8_t
 
 void encode_get_stats(std::vector<std::uint8_t>& out) { Writer w(out, FrameType::kGetStats); }
 
+void encode_keepalive(std::vector<std::uint8_t>& out) { Writer w(out, FrameType::kKeepalive); }
+
 void encode_stats(std::vector<std::uint8_t>& out, std::string_view text) {
   Writer w(out, FrameType::kStats);
   w.put_raw(text.data(), text.size());
@@ -242,7 +244,7 @@ std::string decode_header(std::span<const std::uint8_t> bytes, FrameHeader& out)
            std::to_string(kProtocolVersion);
   }
   if (out.type < static_cast<std::uint16_t>(FrameType::kHello) ||
-      out.type > static_cast<std::uint16_t>(FrameType::kStats)) {
+      out.type > static_cast<std::uint16_t>(FrameType::kKeepalive)) {
     return "frame header: unknown frame type " + std::to_string(out.type);
   }
   if (out.payload_bytes > kMaxPayloadBytes) {

@@ -15,6 +15,7 @@
 // Thread-safety: pure functions and value types.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -26,10 +27,15 @@
 namespace shardmix::proto {
 
 inline constexpr std::uint32_t kMagic = 0x31584d53;  // "SMX1" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 5;  // 2: stream ids on epoch frames; 3: quality figures;
+inline constexpr std::uint16_t kProtocolVersion = 6;  // 2: stream ids on epoch frames; 3: quality figures;
                                                       // 4: trainer wait in Release, GetStats/Stats;
                                                       // 5: checkpoint/resume (plan identity in Welcome,
                                                       //    resume blob in StartEpoch, plan positions in Batch)
+                                                      // 6: Keepalive
+// A daemon sends a Keepalive to a trainer it has sent nothing else for this long, so that a
+// trainer can tell a daemon with nothing ready yet (slow storage, a peer's reads) from a
+// stopped or hung one (decision 0036) with a short receive timeout.
+inline constexpr std::chrono::milliseconds kKeepaliveInterval{1000};
 // Upper bound on any payload we accept; the catalog frame is the largest.
 inline constexpr std::uint32_t kMaxPayloadBytes = 1u << 30;
 inline constexpr std::uint32_t kMaxBatchSamples = 1u << 20;
@@ -46,6 +52,7 @@ enum class FrameType : std::uint16_t {
   kCatalog = 9,      // daemon -> client: serialised catalog
   kGetStats = 10,    // client -> daemon: the daemon's counters (allowed before a Hello)
   kStats = 11,       // daemon -> client: Prometheus text exposition of those counters
+  kKeepalive = 12,   // daemon -> client: no payload; "still here" after kKeepaliveInterval of silence
 };
 
 struct FrameHeader {
@@ -183,6 +190,7 @@ void encode(std::vector<std::uint8_t>& out, const EpochStats& m);
 void encode_get_catalog(std::vector<std::uint8_t>& out);
 void encode_catalog(std::vector<std::uint8_t>& out, std::span<const std::uint8_t> catalog);
 void encode_get_stats(std::vector<std::uint8_t>& out);
+void encode_keepalive(std::vector<std::uint8_t>& out);
 void encode_stats(std::vector<std::uint8_t>& out, std::string_view text);
 // The job token (common/job_token.h, docs/decisions/0024) travels in the Hello frame's
 // header `reserved` field, so the Hello payload layout is unchanged (0 = no token).

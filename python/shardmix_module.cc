@@ -439,7 +439,7 @@ unless given. Raises shardmix.Error.)doc")
              return PyClient{state};
            }),
            py::kw_only(), py::arg("run_dir") = "", py::arg("daemon") = -1, py::arg("rank") = -1,
-           py::arg("world_size") = -1, py::arg("ready_timeout") = -1.0, py::arg("receive_timeout") = 600.0,
+           py::arg("world_size") = -1, py::arg("ready_timeout") = -1.0, py::arg("receive_timeout") = -1.0,
            py::arg("strict") = false)
       .def("epoch", [](PyClient& c, std::uint64_t e, std::optional<py::bytes> resume) {
         State& s = *c.state;

@@ -85,7 +85,10 @@ void FabricFetcher::fetch(std::vector<PeerRead> reads, std::function<void(const 
 class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>, public FrameSink {
  public:
   TrainerConnection(ClientService& service, stream::socket socket)
-      : service_(service), socket_(std::move(socket)), log_(log::get("service")) {}
+      : service_(service),
+        socket_(std::move(socket)),
+        log_(log::get("service")),
+        keepalive_timer_(socket_.get_executor()) {}
 
   void start() {
     if (!check_credentials()) return;
@@ -106,6 +109,7 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
       auto& slot = service_.trainer_connection_[scheduler_->local_trainer()];
       if (slot.lock().get() == this) slot.reset();
     }
+    keepalive_timer_.cancel();
     boost::system::error_code ignored;
     socket_.shutdown(stream::socket::shutdown_both, ignored);
     socket_.close(ignored);
@@ -407,6 +411,8 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
       msg.msg_control = nullptr;  // the fds go with the first byte only
       msg.msg_controllen = 0;
     }
+    last_write_ = std::chrono::steady_clock::now();
+    arm_keepalive();
     return true;
   }
 
@@ -450,8 +456,27 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     close();
   }
 
+  // A trainer told nothing for kKeepaliveInterval gets a Keepalive, so that its receive
+  // timeout measures whether this daemon is alive, not how long its next batch takes
+  // (slow storage, a straggling peer). Nothing while replies are queued: the trainer has
+  // bytes to read already. A stopped or hung daemon sends none (decision 0036).
+  void arm_keepalive() {
+    keepalive_timer_.expires_after(proto::kKeepaliveInterval);
+    keepalive_timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+      auto self = weak.lock();
+      if (ec || !self || self->closed_ || self->closing_after_write_) return;
+      if (self->writes_.empty() && std::chrono::steady_clock::now() - self->last_write_ >= proto::kKeepaliveInterval) {
+        std::vector<std::uint8_t> out;
+        proto::encode_keepalive(out);
+        self->write(std::move(out));
+      }
+      self->arm_keepalive();
+    });
+  }
+
   void write(std::vector<std::uint8_t> bytes) {
     if (closed_) return;
+    last_write_ = std::chrono::steady_clock::now();
     queued_bytes_ += bytes.size();
     writes_.push_back(std::move(bytes));
     if (writes_.size() == 1) write_next();
@@ -483,6 +508,8 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
   std::vector<std::uint8_t> payload_;
   std::deque<std::vector<std::uint8_t>> writes_;
   std::size_t queued_bytes_ = 0;
+  asio::steady_timer keepalive_timer_;
+  std::chrono::steady_clock::time_point last_write_{};
   bool read_paused_ = false;
   std::shared_ptr<TrainerScheduler> scheduler_;
   std::uint32_t trainer_rank_ = 0;

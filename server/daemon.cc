@@ -525,16 +525,6 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     log->error("{}", s.to_string());
     return 1;
   };
-  // Degraded mode is switched off until a wrong-bytes delivery seen once in CI is explained:
-  // under AddressSanitizer, after a peer's SIGKILL, one survivor's trainer received a sample
-  // whose XXH64 differed from the file's (decision 0032, "Disabled again"). A data service
-  // must not deliver another sample's bytes, so the option is refused, not merely warned of.
-  if (config.fault.peer_death == "degrade") {
-    return fail(make_error(StatusCode::kInvalidArgument,
-                           "fault.peer_death = \"degrade\" is disabled in this build: a CI run delivered one sample "
-                           "with wrong bytes after a peer died (docs/decisions/0032); use \"stop\""));
-  }
-
   // Signals first, so SIGTERM during a long load still ends the process cleanly.
   boost::asio::io_context io;
   auto work = boost::asio::make_work_guard(io);

@@ -50,7 +50,21 @@ void TrainerScheduler::free_sent() {
   auto sent = std::move(sent_);
   sent_.clear();
   sent_samples_ = 0;
-  for (const auto& [index, batch] : sent) staging_->release_all(batch.staging);
+  for (const auto& [index, batch] : sent) release_sent(batch);
+}
+
+void TrainerScheduler::release_sent(const SentBatch& batch) {
+  staging_->release_all(batch.staging);
+  if (batch.stale_staging.empty()) return;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> landed;
+  for (const auto& [seq, range] : batch.stale_staging) {
+    if (batch.pass->stale_reads.count(seq) > 0) {
+      batch.pass->quarantine[seq].push_back(range);  // freed by on_fetched when it lands
+    } else {
+      landed.push_back(range);
+    }
+  }
+  staging_->release_all(landed);
 }
 
 void TrainerScheduler::start_epoch(std::uint64_t epoch, std::uint64_t stream) {
@@ -112,7 +126,7 @@ Status TrainerScheduler::release(std::uint64_t stream, std::uint64_t batch) {
   const SentBatch done = std::move(it->second);
   sent_.erase(it);
   sent_samples_ -= done.samples;
-  staging_->release_all(done.staging);
+  release_sent(done);
   pump();
   return Status::ok_status();
 }
@@ -425,7 +439,7 @@ bool TrainerScheduler::deliver_next() {
     const proto::SampleDescriptor& d = slot.descriptor;
     frame.samples.push_back(d);
     frame.positions.push_back(p.planned_position.empty() ? p.base + k : p.planned_position[p.base + k]);
-    take_bytes(p, slot, sent.staging);
+    take_bytes(p, slot, sent.staging, &sent);
     if (slot.arena_pin) sent.arena_pins.push_back(std::move(slot.arena_pin));
     const std::uint64_t position = p.base + k;
     if (position < plan_begin || position >= plan_begin + n) ++stats_.substituted_samples;
@@ -454,6 +468,7 @@ bool TrainerScheduler::deliver_next() {
     ++p.base;
   }
   ++stats_.batches;
+  if (!sent.stale_staging.empty()) sent.pass = current_;
   sent_.emplace(frame.batch, std::move(sent));
   sent_samples_ += n;
   ++next_to_send_;
@@ -581,11 +596,17 @@ void TrainerScheduler::on_fetched(const std::shared_ptr<Pass>& pass, const std::
 }
 
 void TrainerScheduler::take_bytes(Pass& pass, Slot& slot,
-                                  std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges) {
+                                  std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges, SentBatch* sent) {
   if (slot.staged_bytes == 0) return;
   const std::pair<std::uint64_t, std::uint64_t> range{slot.descriptor.offset, std::exchange(slot.staged_bytes, 0)};
   if (slot.stale_seq != 0 && pass.stale_reads.count(slot.stale_seq) > 0) {
-    pass.quarantine[slot.stale_seq].push_back(range);
+    if (sent != nullptr) {
+      // The trainer reads these bytes until it releases the batch: not the quarantine,
+      // which frees its bytes as soon as the stale read lands (decision 0032).
+      sent->stale_staging.emplace_back(slot.stale_seq, range);
+    } else {
+      pass.quarantine[slot.stale_seq].push_back(range);
+    }
   } else {
     ranges.push_back(range);
   }

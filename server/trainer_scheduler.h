@@ -232,6 +232,11 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
     std::vector<std::pair<std::uint64_t, std::uint64_t>> staging;  // (offset, bytes) to free
     std::uint64_t samples = 0;
     std::vector<std::shared_ptr<const int>> arena_pins;  // cache rotation: its local samples' views
+    // Degraded mode: bytes of positions re-posted to storage while a read of the dead peer
+    // may still land in them, by that read's fetch_seq. Free only once the trainer has
+    // released the batch AND that read has landed: whichever comes second frees them.
+    std::shared_ptr<Pass> pass;
+    std::vector<std::pair<std::uint64_t, std::pair<std::uint64_t, std::uint64_t>>> stale_staging;
   };
 
   std::shared_ptr<Pass> new_pass(std::uint64_t epoch);
@@ -251,8 +256,13 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   // the read they were waiting for is still in flight.
   void reroute_to_storage(const std::shared_ptr<Pass>& pass, const std::vector<std::uint64_t>& positions,
                           bool stale);
-  // Moves a slot's staging bytes to `ranges`, or to quarantine while a stale read may land there.
-  static void take_bytes(Pass& pass, Slot& slot, std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges);
+  // Moves a slot's staging bytes to `ranges`, or, while a stale read may still land there,
+  // to `sent`'s stale_staging when a batch hands them to the trainer (nullptr: to quarantine).
+  static void take_bytes(Pass& pass, Slot& slot, std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges,
+                         SentBatch* sent = nullptr);
+  // Frees what a sent batch holds: its staging, and its stale bytes whose read has landed
+  // (the others go to quarantine, freed when it lands).
+  void release_sent(const SentBatch& batch);
   bool is_dead(std::uint32_t peer) const { return peer < dead_.size() && dead_[peer]; }
   void abandon(const std::shared_ptr<Pass>& pass);  // frees its staging (in-flight: when it lands)
   void free_sent();

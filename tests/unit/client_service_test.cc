@@ -718,6 +718,61 @@ TEST_F(ServiceTest, ATrainerWhoseSendHitsAClosedDaemonReportsTheDaemonsReason) {
   EXPECT_EQ(error.find("Broken pipe"), std::string::npos) << error;
 }
 
+// Keepalives (decision 0036): a daemon whose batches are slow to come (here: every peer
+// read held for longer than twice the trainer's receive timeout) is alive, and the trainer
+// keeps waiting; it then gets the whole epoch. Without keepalives this fails with "sent
+// nothing for 3 s".
+TEST_F(ServiceTest, ATrainerWaitsOutSlowReadsLongerThanItsReceiveTimeout) {
+  fetcher_->hold = true;
+  ClientOptions o = options(1);
+  o.receive_timeout_s = 3;
+  Client client = Client::connect(o);
+  std::size_t held_at_release = 0;
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(6500));
+    held_at_release = fetcher_->held_count();
+    fetcher_->hold = false;
+    fetcher_->release_held();
+  });
+  std::vector<SampleId> ids;
+  std::string error;
+  try {
+    ids = consume(client, 0);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  releaser.join();
+  EXPECT_EQ(error, "");
+  EXPECT_GT(held_at_release, 0u);  // the trainer really waited on held reads
+  EXPECT_EQ(ids, planner_->plan_node(0, 0)[1].order);
+}
+
+// A daemon that is alive as a process but answers nothing (its io thread blocked, as under
+// SIGSTOP or a hang): the trainer gets an error naming the daemon and the socket after its
+// receive timeout, not a wait for ever.
+TEST_F(ServiceTest, AHungDaemonIsNamedAfterTheReceiveTimeout) {
+  ClientOptions o = options(0);
+  o.receive_timeout_s = 2;
+  Client client = Client::connect(o);
+  std::promise<void> unblock;
+  std::shared_future<void> unblocked = unblock.get_future().share();
+  std::promise<void> blocked;
+  boost::asio::post(io_, [&blocked, unblocked] {
+    blocked.set_value();
+    unblocked.wait();  // the daemon's io thread hangs: no batch, no keepalive
+  });
+  blocked.get_future().wait();
+  std::string error;
+  try {
+    for (const Batch& batch : client.epoch(0)) (void)batch;
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  unblock.set_value();
+  EXPECT_NE(error.find("the daemon of node 0 ("), std::string::npos) << error;
+  EXPECT_NE(error.find("d0.sock) sent nothing for 2 s, not even its keepalive"), std::string::npos) << error;
+}
+
 TEST_F(ServiceTest, AFloodOfIdleConnectionsDoesNotStopTheTrainers) {
   // 300 connections that never say Hello (a runaway script of the same user): the daemon
   // keeps serving its trainers, and every descriptor is returned when they go.

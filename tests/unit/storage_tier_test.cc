@@ -144,7 +144,9 @@ TEST(StorageTier, ColdSamplesComeFromStorageInThePlannedOrder) {
       read_ids.insert(r.sample);
     }
     for (SampleId id : plan.order) {
-      if (!w.placement.is_resident(id)) EXPECT_GE(read_ids.count(id), 1u) << "sample " << id;
+      if (!w.placement.is_resident(id)) {
+        EXPECT_GE(read_ids.count(id), 1u) << "sample " << id;
+      }
     }
   }
   // Peers were asked only for resident samples.
@@ -272,63 +274,95 @@ TEST(StorageTier, LateColdReadsAreOvertakenOnlyWithAWindow) {
     std::vector<SampleId> want = plan.order;
     std::sort(want.begin(), want.end());
     EXPECT_EQ(all, want);
-    if (window > 0) EXPECT_GT(sink.ends[0].substituted_samples, 0u);
+    if (window > 0) {
+      EXPECT_GT(sink.ends[0].substituted_samples, 0u);
+    }
     EXPECT_GT(sink.ends[0].storage_samples, 0u);
   }
 }
+
+// Degraded mode (fault.peer_death = degrade): trainer 0 of node 0 in a 4-node job where
+// everything is resident, so storage serves only a dead peer's samples. Two batches are
+// delivered and released while all peers are healthy.
+struct DegradedTrainer {
+  FakeStorage storage;
+  ColdWorld w{400, 4, 8, 3, 0, 2.0, &storage};
+  std::atomic<std::uint64_t> rerouted{0};
+  std::shared_ptr<StagingAllocator> staging = std::make_shared<StagingAllocator>(4096, 128 << 10);
+  FakePeers peers;
+  Sink sink;
+  std::shared_ptr<TrainerScheduler> scheduler;
+  TrainerPlan plan;
+  std::vector<SampleId> got;  // released batches' samples, in delivery order
+  std::size_t released = 0;
+
+  DegradedTrainer() {
+    w.context.degrade_dead_peers = true;
+    w.context.rerouted_samples = &rerouted;
+    scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, sink);
+    scheduler->start_epoch(0, 1);
+    plan = w.planner->plan_node(0, 0)[0];
+    while (sink.batches.size() < 2 && !peers.pending.empty()) complete_one(peers, 0);
+    release_all();
+  }
+  void release_one() {
+    for (const auto& d : sink.batches[released].samples) got.push_back(d.sample_id);
+    EXPECT_TRUE(scheduler->release(1, sink.batches[released].batch).ok());
+    ++released;
+  }
+  void release_all() {
+    while (released < sink.batches.size()) release_one();
+  }
+  static bool reads_from(const Pending<PeerRead>& call, std::uint32_t peer) {
+    return std::any_of(call.reads.begin(), call.reads.end(), [&](const PeerRead& r) { return r.peer == peer; });
+  }
+  // Takes every pending read group that touches `peer` out of the fake: they never land
+  // unless the test completes them.
+  std::vector<Pending<PeerRead>> take_stuck(std::uint32_t peer) {
+    std::vector<Pending<PeerRead>> stuck;
+    std::deque<Pending<PeerRead>> healthy;
+    for (auto& call : peers.pending) {
+      if (reads_from(call, peer)) {
+        stuck.push_back(std::move(call));
+      } else {
+        healthy.push_back(std::move(call));
+      }
+    }
+    peers.pending = std::move(healthy);
+    return stuck;
+  }
+};
 
 // Degraded mode (fault.peer_death = degrade): rank 1 dies mid-epoch with reads from it in
 // flight, one failing and the others stuck. Those positions, and every later sample of
 // rank 1, come from storage; the trainer gets the whole plan once, in planned order
 // (W = 0), and staging bytes a stuck read could still write into are not reused.
 TEST(StorageTier, ADeadPeersSamplesComeFromStorageExactlyOnceInThePlannedOrder) {
-  FakeStorage storage;
-  ColdWorld w(400, 4, 8, 3, 0, 2.0, &storage);
+  DegradedTrainer t;
+  // Plain references, not a structured binding: clang 14 cannot capture those in lambdas.
+  FakeStorage& storage = t.storage;
+  ColdWorld& w = t.w;
+  std::atomic<std::uint64_t>& rerouted = t.rerouted;
+  std::shared_ptr<StagingAllocator>& staging = t.staging;
+  FakePeers& peers = t.peers;
+  Sink& sink = t.sink;
+  std::shared_ptr<TrainerScheduler>& scheduler = t.scheduler;
+  const TrainerPlan& plan = t.plan;
+  std::vector<SampleId>& got = t.got;
+  std::size_t& released = t.released;
   ASSERT_EQ(w.placement.total_cold_samples(), 0u);  // nothing cold: storage only for the dead peer
-  std::atomic<std::uint64_t> rerouted{0};
-  w.context.degrade_dead_peers = true;
-  w.context.rerouted_samples = &rerouted;
-  auto staging = std::make_shared<StagingAllocator>(4096, 128 << 10);
-  FakePeers peers;
-  Sink sink;
-  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, sink);
-  scheduler->start_epoch(0, 1);
-  const TrainerPlan plan = w.planner->plan_node(0, 0)[0];
   ASSERT_GE(plan.num_batches(), 10u);
-  std::vector<SampleId> got;
-  std::size_t released = 0;
-  auto release_all = [&] {
-    for (; released < sink.batches.size(); ++released) {
-      for (const auto& d : sink.batches[released].samples) got.push_back(d.sample_id);
-      EXPECT_TRUE(scheduler->release(1, sink.batches[released].batch).ok());
-    }
-  };
-  while (sink.batches.size() < 2) {
-    ASSERT_FALSE(peers.pending.empty());
-    complete_one(peers, 0);
-  }
-  release_all();
+  ASSERT_EQ(sink.batches.size(), 2u);
+  auto release_all = [&] { t.release_all(); };
   const std::size_t healthy_batches = sink.batches.size();
-  auto reads_from = [](const Pending<PeerRead>& call, std::uint32_t peer) {
-    return std::any_of(call.reads.begin(), call.reads.end(), [&](const PeerRead& r) { return r.peer == peer; });
-  };
   // Rank 1 dies: its oldest read group fails with a transport error...
   std::size_t failing = 0;
-  while (failing < peers.pending.size() && !reads_from(peers.pending[failing], 1)) ++failing;
+  while (failing < peers.pending.size() && !DegradedTrainer::reads_from(peers.pending[failing], 1)) ++failing;
   ASSERT_LT(failing, peers.pending.size());
   complete_one(peers, failing, make_error(StatusCode::kUnavailable, "read from daemon rank 1 failed"));
   EXPECT_TRUE(sink.errors.empty());
   // ... and the other groups reading from it are stuck (never answered until the end).
-  std::vector<Pending<PeerRead>> stuck;
-  std::deque<Pending<PeerRead>> healthy;
-  for (auto& call : peers.pending) {
-    if (reads_from(call, 1)) {
-      stuck.push_back(std::move(call));
-    } else {
-      healthy.push_back(std::move(call));
-    }
-  }
-  peers.pending = std::move(healthy);
+  std::vector<Pending<PeerRead>> stuck = t.take_stuck(1);
   ASSERT_FALSE(stuck.empty());
   struct StuckRange {
     std::uint64_t length = 0;
@@ -401,6 +435,87 @@ TEST(StorageTier, ADeadPeersSamplesComeFromStorageExactlyOnceInThePlannedOrder) 
   while (!peers.pending.empty()) complete_one(peers, 0);
   while (!storage.pending.empty()) complete_one(storage, 0);
   EXPECT_EQ(staging->bytes_in_use(), 0u);
+}
+
+// Degraded mode, the bug CI's ASan stage caught once (decision 0032): a read of the dead
+// peer that was re-posted to storage lands (fails) while the trainer still holds the batch
+// its positions were delivered in. Its staging bytes are free only once both have let go:
+// no later read, from a peer or from storage, may target bytes of a batch the trainer
+// holds. Seeded over which batch the trainer holds when the stuck reads land.
+TEST(StorageTier, AStaleReadLandingDoesNotFreeBytesTheTrainerHolds) {
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    SCOPED_TRACE(fmt::format("seed {}", seed));
+    DegradedTrainer t;
+    // Plain references, not a structured binding: clang 14 cannot capture those in lambdas.
+    FakeStorage& storage = t.storage;
+    std::shared_ptr<StagingAllocator>& staging = t.staging;
+    FakePeers& peers = t.peers;
+    Sink& sink = t.sink;
+    std::shared_ptr<TrainerScheduler>& scheduler = t.scheduler;
+    const TrainerPlan& plan = t.plan;
+    std::vector<SampleId>& got = t.got;
+    std::size_t& released = t.released;
+    auto release_one = [&] { t.release_one(); };
+    // Staging bytes of the batches the trainer holds (delivered, not released).
+    auto check_not_held = [&](std::uint64_t offset, std::uint64_t length, const char* what) {
+      if (length == 0) return;
+      for (std::size_t b = released; b < sink.batches.size(); ++b) {
+        for (const auto& d : sink.batches[b].samples) {
+          if (d.region != static_cast<std::uint8_t>(proto::Region::kStaging) || d.length == 0) continue;
+          const bool overlap = offset < d.offset + d.length && d.offset < offset + length;
+          ASSERT_FALSE(overlap) << what << " read into staging [" << offset << ", +" << length
+                                << ") while the trainer holds sample " << d.sample_id << " of batch "
+                                << sink.batches[b].batch << " there";
+        }
+      }
+    };
+    ASSERT_EQ(sink.batches.size(), 2u);
+    // Rank 1 hangs: every read group touching it is stuck, then it is declared dead.
+    std::vector<Pending<PeerRead>> stuck = t.take_stuck(1);
+    ASSERT_FALSE(stuck.empty());
+    scheduler->peer_dead(1);
+    Rng choices(seed);
+    std::size_t storage_seen = 0, batches_at_death = sink.batches.size();
+    bool stuck_landed = false;
+    for (int guard = 0; sink.ends.empty() && sink.errors.empty() && guard < 100000; ++guard) {
+      for (; storage_seen < storage.all.size(); ++storage_seen) {
+        check_not_held(storage.all[storage_seen].staging_offset, storage.all[storage_seen].length, "a storage");
+      }
+      for (const auto& call : peers.pending) {
+        for (const PeerRead& r : call.reads) check_not_held(r.staging_offset, r.length, "a peer");
+      }
+      if (::testing::Test::HasFatalFailure()) return;
+      // The stuck reads fail while the trainer holds a batch delivered after the death.
+      if (!stuck_landed && sink.batches.size() > batches_at_death + choices.below(3)) {
+        for (auto& call : stuck) call.done(make_error(StatusCode::kUnavailable, "read from daemon rank 1 failed"));
+        stuck_landed = true;
+        continue;
+      }
+      const std::uint64_t pick = choices.below(3);
+      if (pick == 0 && !storage.pending.empty()) {
+        complete_one(storage, choices.below(storage.pending.size()));
+      } else if (pick == 1 && !peers.pending.empty()) {
+        complete_one(peers, 0);
+      } else if (released < sink.batches.size() && (stuck_landed || sink.batches.size() - released > 1)) {
+        release_one();  // hold at least one batch until the stuck reads have landed
+      } else if (!storage.pending.empty()) {
+        complete_one(storage, 0);
+      } else if (!peers.pending.empty()) {
+        complete_one(peers, 0);
+      } else if (released < sink.batches.size()) {
+        release_one();
+      }
+    }
+    ASSERT_TRUE(stuck_landed);
+    while (released < sink.batches.size()) release_one();
+    ASSERT_TRUE(sink.errors.empty()) << sink.errors[0].message();
+    ASSERT_EQ(sink.ends.size(), 1u);
+    EXPECT_EQ(got, plan.order);
+    scheduler->close();
+    while (!peers.pending.empty()) complete_one(peers, 0);
+    while (!storage.pending.empty()) complete_one(storage, 0);
+    EXPECT_EQ(staging->bytes_in_use(), 0u);  // every byte back once, none twice (the allocator aborts)
+  }
 }
 
 // Without degraded mode a failed peer read still fails the trainer (fault.peer_death = stop).
