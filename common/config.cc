@@ -176,6 +176,10 @@ const KeySpec kKeys[] = {
    "When cache.capacity leaves samples cold: every this many epochs each node swaps in a new seeded-random resident set, loading only the samples that enter, behind a fence that no peer read or held batch crosses; samples in slots being rewritten are read from storage meanwhile. 0 = the resident set never changes. Ignored (with a warning) under fault.peer_death = \"degrade\": the fence needs every daemon alive (docs/decisions/0033-cache-rotation.md).",
    "Rotation gives every sample its turn in RAM across epochs (fairness; at shuffle.exchange_fraction < 1 a node's cold share changes) but does not raise the hit rate: each reload reads the entering samples from storage on top of the cold reads, and while a node reloads its changing samples come from storage too. Leave 0 unless the same samples must not always be the storage-bound ones.",
    "", 0, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(cache.rotation_epochs)},
+  {"cache.reuse_rounds", KeyType::kUint, "0",
+   "When cache.capacity leaves samples cold: split every epoch into this many rounds (by batch number; at most the batches per trainer) and, every round, re-choose each node's resident set from the known plan: slots of samples consumed this epoch are reused for samples needed in the next two rounds, and samples stay resident from one use to the next when that gap is short. Loaded behind the same fence as cache.rotation_epochs. 0 = off. Cannot be combined with cache.rotation_epochs. Ignored (with a warning) under fault.peer_death = \"degrade\" (docs/decisions/0035-slot-reuse-rounds.md).",
+   "Experimental. It does not lower the storage reads per epoch below the static set's (each sample is used once an epoch, so at most cache.capacity of it can be served without a read); it moves most of them from the trainers' path into the owners' reloads, rounds ahead, and adds a fence (2 MPI messages per daemon pair) and a reload per round. Only worth trying when an epoch is many times longer than the read-ahead (service.prefetch + service.cold_readahead_batches batches) times the rounds; measured slower than the static set on the slow-storage benchmark (decision 0035).",
+   "", 0, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(cache.reuse_rounds)},
 
   {"fabric.provider", KeyType::kString, "auto",
    "libfabric provider: \"auto\" (verbs, then tcp; shm inside a node), or a name such as tcp, shm, verbs, efa, cxi.",
@@ -955,6 +959,12 @@ Status validate(const Config& config, const Origins& origins) {
   }
   if (auto exts = parse_extension_list(config.dataset.sample_ext, "dataset.sample_ext"); !exts.ok()) {
     return exts.status();
+  }
+  if (config.cache.reuse_rounds > 0 && config.cache.rotation_epochs > 0) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "config keys 'cache.reuse_rounds' ({}) and 'cache.rotation_epochs' ({}) cannot both be set: reuse "
+                      "rounds already change the resident set every round; set one of them to 0",
+                      config.cache.reuse_rounds, config.cache.rotation_epochs);
   }
   if (config.inject.slow_peer_rank < -1) {
     return make_error(StatusCode::kInvalidArgument, "config key 'inject.slow_peer_rank' must be -1 (none) or a rank, got {}",

@@ -58,6 +58,10 @@ struct CacheConfig {
   // cache.rotation_epochs: a new resident set every this many epochs (0 = static set;
   // docs/decisions/0033). Only acts when some samples are cold.
   std::uint32_t rotation_epochs = 0;
+  // cache.reuse_rounds: split every epoch into this many rounds and re-choose each node's
+  // resident set every round by next use, so slots of consumed samples hold samples needed
+  // later (0 = off; docs/decisions/0035). Exclusive with rotation_epochs.
+  std::uint32_t reuse_rounds = 0;
 
   bool operator==(const CacheConfig&) const = default;
 };

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -33,6 +34,7 @@
 #include "common/job_token.h"
 #include "common/log.h"
 #include "common/placement.h"
+#include "common/slot_reuse.h"
 #include "server/cache_loader.h"
 #include "server/client_service.h"
 #include "server/netns.h"
@@ -672,14 +674,18 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   // resident every generation is the whole share, so the static path is kept bit-for-bit.
   // Not under fault.peer_death = degrade: a dead daemon never sends its Done (every node's
   // reload would wait for it forever) and a send to it may never complete.
-  const bool rotation_refused = config.cache.rotation_epochs > 0 && config.fault.peer_death == "degrade";
+  // Slot reuse within an epoch (cache.reuse_rounds, 0035) is the same fence with a
+  // generation per round, so the same holds for it.
+  const GenerationClock generation_clock =
+      GenerationClock::make(config.cache.rotation_epochs, config.cache.reuse_rounds, shape.batches_per_trainer);
+  const bool rotation_refused = generation_clock.enabled() && config.fault.peer_death == "degrade";
   if (rotation_refused && rank == 0) {
-    log->warn("cache.rotation_epochs = {} is ignored under fault.peer_death = degrade: the rotation fence needs "
-              "every daemon alive (docs/decisions/0033); the resident set stays static",
-              config.cache.rotation_epochs);
+    log->warn("{} = {} is ignored under fault.peer_death = degrade: the rotation fence needs every daemon alive "
+              "(docs/decisions/0033); the resident set stays static",
+              config.cache.reuse_rounds > 0 ? "cache.reuse_rounds" : "cache.rotation_epochs",
+              config.cache.reuse_rounds > 0 ? config.cache.reuse_rounds : config.cache.rotation_epochs);
   }
-  const bool rotating =
-      config.cache.rotation_epochs > 0 && placement.total_cold_samples() > 0 && !rotation_refused;
+  const bool rotating = generation_clock.enabled() && placement.total_cold_samples() > 0 && !rotation_refused;
   // A rotating arena is sized to the capacity, not to the first generation's packed set.
   const std::uint64_t arena_bytes =
       rotating ? rotating_arena_bytes(catalog.sizes(), placement, static_cast<std::uint32_t>(rank), capacity)
@@ -869,8 +875,13 @@ int run_daemon(const Config& config, MpiSession& mpi) {
       initial.push_back(
           initial_arena_layout(placement, k, rotating_arena_bytes(catalog.sizes(), placement, k, node_capacities[k])));
     }
-    residency = std::make_unique<ResidencyTable>(std::move(initial));
-    if (rank == 0) {
+    residency = std::make_unique<ResidencyTable>(std::move(initial), generation_clock);
+    if (rank == 0 && generation_clock.rounds > 0) {
+      log->info("cache slot reuse: {} rounds per epoch of {} batches per trainer (cache.reuse_rounds {}); every "
+                "round each node's resident set is re-chosen from the plans (decision 0035), samples in slots being "
+                "reloaded are read from storage meanwhile",
+                generation_clock.rounds, shape.batches_per_trainer, config.cache.reuse_rounds);
+    } else if (rank == 0) {
       log->info("cache rotation: a new resident set every {} epoch(s) (cache.rotation_epochs); samples in slots "
                 "being reloaded are read from storage meanwhile",
                 config.cache.rotation_epochs);
@@ -1050,12 +1061,36 @@ int run_daemon(const Config& config, MpiSession& mpi) {
       last_reload = *done;
       return Status::ok_status();
     };
-    hooks.wanted = [&](std::uint32_t node, std::uint64_t g) {
-      return choose_resident(catalog.sizes(), placement.owned[node], node_capacities[node], config.shuffle.seed, node, g);
+    // Reuse rounds: the round in which each sample is consumed, per epoch, from every
+    // trainer's plan (pure, the same on every daemon), computed once per epoch. 4 bytes
+    // per sample per epoch kept: a generation needs its epoch, the one before and the two
+    // after, and nodes' generations stay within about an epoch of each other, so epochs
+    // more than two before the one asked for are dropped before the lookups.
+    auto consumption = std::make_shared<std::map<std::uint64_t, std::vector<std::uint32_t>>>();
+    auto rounds_of = [&, consumption](std::uint64_t epoch) -> const std::vector<std::uint32_t>& {
+      auto it = consumption->find(epoch);
+      if (it == consumption->end()) {
+        it = consumption->emplace(epoch, consumption_rounds(planner.plan_all(epoch), catalog.size(), generation_clock))
+                 .first;
+      }
+      return it->second;
+    };
+    hooks.wanted = [&, rounds_of, consumption](std::uint32_t node, std::uint64_t g, const ArenaLayout& current) {
+      if (generation_clock.rounds == 0) {
+        return choose_resident(catalog.sizes(), placement.owned[node], node_capacities[node], config.shuffle.seed,
+                               node, g);
+      }
+      const std::uint64_t epoch = g / generation_clock.rounds;
+      if (epoch >= 3) consumption->erase(consumption->begin(), consumption->lower_bound(epoch - 2));
+      const std::vector<std::uint32_t>* after_next = &rounds_of(epoch + 2);
+      const std::vector<std::uint32_t>* next = &rounds_of(epoch + 1);
+      const std::vector<std::uint32_t>* now = &rounds_of(epoch);
+      const std::vector<std::uint32_t>* before = epoch > 0 ? &rounds_of(epoch - 1) : nullptr;
+      return choose_by_next_use(catalog.sizes(), placement.owned[node], current.arena_bytes, current,
+                                {before, now, next, after_next}, generation_clock, g, config.shuffle.seed);
     };
     rotation = std::make_unique<RotationCoordinator>(static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(nodes),
-                                                     config.cache.rotation_epochs, catalog.sizes(), *residency,
-                                                     std::move(hooks));
+                                                     catalog.sizes(), *residency, std::move(hooks));
   }
   auto pump_rotation = [&] {
     if (!rotation) return;

@@ -4,7 +4,7 @@
 
 namespace shardmix {
 
-ResidencyTable::ResidencyTable(std::vector<ArenaLayout> initial) {
+ResidencyTable::ResidencyTable(std::vector<ArenaLayout> initial, GenerationClock clock) : clock_(clock) {
   views_.reserve(initial.size());
   for (ArenaLayout& layout : initial) {
     auto view = std::make_shared<ArenaView>();
@@ -38,15 +38,16 @@ std::optional<ResidencyTable::ArenaRead> ResidencyTable::locate(const Snapshot& 
   return ArenaRead{*at, view.pin};
 }
 
-void ResidencyTable::note_epoch_staged(std::uint64_t epoch) {
-  std::uint64_t seen = furthest_epoch_plus_one_.load(std::memory_order_relaxed);
-  while (seen < epoch + 1 &&
-         !furthest_epoch_plus_one_.compare_exchange_weak(seen, epoch + 1, std::memory_order_relaxed)) {
+void ResidencyTable::note_staged(std::uint64_t epoch, std::uint64_t batch) {
+  const std::uint64_t g = clock_.generation(epoch, batch);
+  std::uint64_t seen = furthest_generation_plus_one_.load(std::memory_order_relaxed);
+  while (seen < g + 1 &&
+         !furthest_generation_plus_one_.compare_exchange_weak(seen, g + 1, std::memory_order_relaxed)) {
   }
 }
 
-std::optional<std::uint64_t> ResidencyTable::furthest_epoch_staged() const {
-  const std::uint64_t v = furthest_epoch_plus_one_.load(std::memory_order_relaxed);
+std::optional<std::uint64_t> ResidencyTable::furthest_generation_staged() const {
+  const std::uint64_t v = furthest_generation_plus_one_.load(std::memory_order_relaxed);
   if (v == 0) return std::nullopt;
   return v - 1;
 }
@@ -74,10 +75,9 @@ void ResidencyTable::finish_transition(std::uint32_t node) {
   views_[node] = std::move(view);
 }
 
-RotationCoordinator::RotationCoordinator(std::uint32_t self, std::uint32_t nodes, std::uint32_t rotation_epochs,
+RotationCoordinator::RotationCoordinator(std::uint32_t self, std::uint32_t nodes,
                                          const std::vector<std::uint64_t>& sizes, ResidencyTable& table, Hooks hooks)
-    : self_(self), rotation_epochs_(rotation_epochs), sizes_(sizes), table_(table), hooks_(std::move(hooks)),
-      nodes_(nodes) {
+    : self_(self), sizes_(sizes), table_(table), hooks_(std::move(hooks)), nodes_(nodes) {
   for (std::uint32_t k = 0; k < nodes; ++k) {
     nodes_[k].current = table_.view(k)->layout;
     nodes_[k].generation = nodes_[k].current->generation;
@@ -85,15 +85,14 @@ RotationCoordinator::RotationCoordinator(std::uint32_t self, std::uint32_t nodes
 }
 
 Status RotationCoordinator::poll() {
-  if (rotation_epochs_ == 0) return Status::ok_status();
-  const auto furthest = table_.furthest_epoch_staged();
-  const std::uint64_t target = furthest ? residency_generation(*furthest, rotation_epochs_) : 0;
+  if (!table_.clock().enabled()) return Status::ok_status();
+  const std::uint64_t target = table_.furthest_generation_staged().value_or(0);
   for (std::uint32_t k = 0; k < nodes_.size(); ++k) {
     NodeState& n = nodes_[k];
     // One generation at a time: a jump of several epochs goes through each fence in turn.
     if (!n.next && n.generation < target) {
       n.next = std::make_shared<const ArenaLayout>(
-          next_arena_layout(*n.current, sizes_, hooks_.wanted(k, n.generation + 1)));
+          next_arena_layout(*n.current, sizes_, hooks_.wanted(k, n.generation + 1, *n.current)));
       n.retired_pin = table_.begin_transition(k, n.next);
       n.done_sent = false;
     }

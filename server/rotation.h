@@ -11,7 +11,9 @@
 //
 // RotationCoordinator: the fence, per daemon, driven from the main thread (like the
 // telemetry of 0014; MPI stays there). For node k going from generation g to g+1:
-//  1. Every daemon, once one of its trainers stages an epoch of generation g+1, *retires* g
+// Generations come from a GenerationClock (common/slot_reuse.h): one per cache.rotation_epochs
+// epochs, or one per round of cache.reuse_rounds (slot reuse within an epoch, 0035).
+//  1. Every daemon, once one of its trainers stages a batch of generation g+1, *retires* g
 //     for k: its view of k becomes "transition": only samples at the same offset in g and
 //     g+1 (kept ones, never written by the reload) may be read; the rest go to storage.
 //  2. When the pin of its generation-g view of k has expired (no read of k's g arena can be
@@ -39,6 +41,7 @@
 #include <vector>
 
 #include "common/arena_layout.h"
+#include "common/slot_reuse.h"
 #include "common/status.h"
 
 namespace shardmix {
@@ -54,7 +57,7 @@ struct ArenaView {
 
 class ResidencyTable {
  public:
-  explicit ResidencyTable(std::vector<ArenaLayout> initial);
+  ResidencyTable(std::vector<ArenaLayout> initial, GenerationClock clock);
 
   using Snapshot = std::vector<std::shared_ptr<const ArenaView>>;
   Snapshot snapshot() const;
@@ -67,9 +70,11 @@ class ResidencyTable {
   // nullopt: read it from storage.
   static std::optional<ArenaRead> locate(const Snapshot& views, std::uint32_t node, SampleId id);
 
-  // Schedulers note every epoch they stage (ahead included): rotation follows the furthest.
-  void note_epoch_staged(std::uint64_t epoch);
-  std::optional<std::uint64_t> furthest_epoch_staged() const;
+  // Schedulers note every batch they stage (ahead included; `batch` of the epoch): rotation
+  // follows the furthest generation staged.
+  void note_staged(std::uint64_t epoch, std::uint64_t batch);
+  std::optional<std::uint64_t> furthest_generation_staged() const;
+  const GenerationClock& clock() const { return clock_; }
 
   // Main thread. Begins node's move to `next` (its generation must be the current one + 1);
   // returns the pin of the retired view (expired: nothing reads the old slots any more).
@@ -81,7 +86,8 @@ class ResidencyTable {
  private:
   mutable std::mutex mutex_;  // guards views_
   std::vector<std::shared_ptr<const ArenaView>> views_;
-  std::atomic<std::uint64_t> furthest_epoch_plus_one_{0};  // 0: nothing staged yet
+  GenerationClock clock_;
+  std::atomic<std::uint64_t> furthest_generation_plus_one_{0};  // 0: nothing staged yet
 };
 
 class RotationCoordinator {
@@ -96,12 +102,15 @@ class RotationCoordinator {
     std::function<void(const ArenaLayout& layout)> start_reload;
     // nullopt while the reload runs; its outcome once finished (then forgotten).
     std::function<std::optional<Status>()> reload_finished;
-    // The resident set node wants in `generation` (ascending ids): choose_resident.
-    std::function<std::vector<SampleId>(std::uint32_t node, std::uint64_t generation)> wanted;
+    // The resident set node wants in `generation` (ascending ids), given the layout it
+    // holds now: choose_resident (rotation) or choose_by_next_use (reuse rounds).
+    std::function<std::vector<SampleId>(std::uint32_t node, std::uint64_t generation, const ArenaLayout& current)>
+        wanted;
   };
 
-  RotationCoordinator(std::uint32_t self, std::uint32_t nodes, std::uint32_t rotation_epochs,
-                      const std::vector<std::uint64_t>& sizes, ResidencyTable& table, Hooks hooks);
+  // Generations follow table.clock(); nothing happens if it is not enabled.
+  RotationCoordinator(std::uint32_t self, std::uint32_t nodes, const std::vector<std::uint64_t>& sizes,
+                      ResidencyTable& table, Hooks hooks);
 
   // Main thread, periodically: retires, declares, starts and announces reloads as they
   // become possible. Returns the first reload error (the node then stays in transition:
@@ -131,7 +140,6 @@ class RotationCoordinator {
   };
 
   std::uint32_t self_;
-  std::uint32_t rotation_epochs_;
   const std::vector<std::uint64_t>& sizes_;
   ResidencyTable& table_;
   Hooks hooks_;

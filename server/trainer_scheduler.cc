@@ -259,7 +259,7 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
   std::vector<Source> sources(end - begin);
   ResidencyTable::Snapshot views;
   if (context_.residency != nullptr) {
-    context_.residency->note_epoch_staged(p.epoch);
+    context_.residency->note_staged(p.epoch, p.first_batch + b);
     views = context_.residency->snapshot();
   }
   for (std::uint64_t i = begin; i < end; ++i) {

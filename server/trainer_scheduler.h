@@ -37,10 +37,12 @@
 // daemons on tcp;ofi_rxm the survivors' reads of each other stall once one peer has died
 // (measured; docs/operations.md). This is the scheduler half, tested in storage_tier_test.
 //
-// Cache rotation (cache.rotation_epochs, docs/decisions/0033): with a ResidencyTable in the
-// context, a sample is read from an arena (local or peer) only where the table locates it
-// now, and the read or zero-copy reference holds that view's pin until it has landed or
-// the batch was released; a sample the table does not locate is a storage read.
+// Cache rotation (cache.rotation_epochs, docs/decisions/0033; per round with
+// cache.reuse_rounds, 0035): with a ResidencyTable in the context, every staged batch
+// notes its (epoch, batch) there (the rotation follows the furthest generation staged), a
+// sample is read from an arena (local or peer) only where the table locates it now, and
+// the read or zero-copy reference holds that view's pin until it has landed or the batch
+// was released; a sample the table does not locate is a storage read.
 //
 // Transport-free: the fabric, storage and the socket are behind PeerFetcher,
 // StorageFetcher and FrameSink, so
@@ -139,7 +141,7 @@ struct SchedulerContext {
   bool degrade_dead_peers = false;
   // Counts samples read from storage instead of a dead or failing peer (telemetry), or null.
   std::atomic<std::uint64_t>* rerouted_samples = nullptr;
-  // Cache rotation (cache.rotation_epochs > 0, docs/decisions/0033): where each node's
+  // Cache rotation (cache.rotation_epochs or cache.reuse_rounds > 0, decisions 0033/0035): where each node's
   // samples are *now*; replaces placement's static residency and offsets. A sample it does
   // not locate (cold, or in a slot being rewritten) is read from `storage`, which must be
   // set. Null: the static placement.

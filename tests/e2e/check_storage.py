@@ -15,6 +15,10 @@ With --rotation-epochs K > 0 (cache rotation, docs/decisions/0033) the set read 
 storage must instead change from one generation to the next, each epoch's count must stay
 within the cold count plus what is read from storage while nodes reload (reported), and
 every daemon must have logged its reloads with no unexpected fence message.
+With --reuse-rounds R > 0 (slot reuse within an epoch, docs/decisions/0035) the same holds
+with a generation per round, except that the storage-tier count has no lower bound: reloads
+load samples ahead of their use, so fewer may come from storage on the trainers' path. The
+samples read from storage in all (trainers' cold reads plus reloads) are reported.
 
 Exit status 0 PASS, 1 FAIL, 2 usage error. Byte-exactness of every delivered sample is
 check_traces.py's job (run before this one).
@@ -48,6 +52,7 @@ def main() -> int:
     p.add_argument("--readahead", type=int, required=True)
     p.add_argument("--window", type=int, default=0)
     p.add_argument("--rotation-epochs", type=int, default=0)
+    p.add_argument("--reuse-rounds", type=int, default=0)
     a = p.parse_args()
 
     sizes = {}
@@ -96,7 +101,8 @@ def main() -> int:
                     storage_sets[int(r["epoch"])].add(r["path"])
     lo = total - a.nodes * a.capacity
     hi = lo + a.nodes * align(largest) + padding
-    rotating = a.rotation_epochs > 0
+    reusing = a.reuse_rounds > 0
+    rotating = a.rotation_epochs > 0 or reusing
     extra = []  # per epoch, storage-tier samples beyond the cold count (rotation's reload windows)
     for e, paths in enumerate(storage_sets):
         nbytes = sum(sizes.get(q, 0) for q in paths)
@@ -106,13 +112,14 @@ def main() -> int:
             # storage while a node reloads. Bound: no fewer than 95% of the cold count, and
             # the excess at most half of the resident samples.
             extra.append(len(paths) - cold_count)
-            if len(paths) < 0.95 * cold_count:
+            if not reusing and len(paths) < 0.95 * cold_count:
                 problems.append(f"epoch {e}: {len(paths)} samples came from storage, under 95% of the "
                                 f"{cold_count} cold")
             if len(paths) - cold_count > 0.5 * (n - cold_count):
                 problems.append(f"epoch {e}: {len(paths)} samples came from storage, more than the {cold_count} "
                                 f"cold plus half of the {n - cold_count} resident")
-            if e > 0 and e // a.rotation_epochs != (e - 1) // a.rotation_epochs and paths == storage_sets[e - 1]:
+            new_generation = reusing or e // a.rotation_epochs != (e - 1) // a.rotation_epochs
+            if e > 0 and new_generation and paths == storage_sets[e - 1]:
                 problems.append(f"epoch {e}: a new generation, yet the same samples came from storage as in "
                                 f"epoch {e - 1}")
             continue
@@ -145,7 +152,7 @@ def main() -> int:
             r"(\d+) chosen samples found no hole \(stayed cold\); (\d+) unexpected fence messages", text)]
         if len(rot) != a.nodes:
             problems.append(f"{len(rot)} of {a.nodes} daemons logged their cache rotation at a clean exit")
-        elif (a.epochs - 1) // a.rotation_epochs > 0 and any(r[0] < 1 for r in rot):
+        elif (reusing or (a.epochs - 1) // a.rotation_epochs > 0) and any(r[0] < 1 for r in rot):
             # At least one reload per daemon: how many fit in the job depends on how long its
             # epochs last against the fence's round trips, which a test must not assume.
             problems.append(f"generations loaded per daemon {[r[0] for r in rot]}: a daemon never reloaded")
@@ -166,6 +173,11 @@ def main() -> int:
               f"({', '.join(f'{100 * x / cold_count:+.1f}%' for x in extra)}); set changed between epochs by "
               f"{changed} samples (symmetric difference); per daemon (generations, entering samples, unplaced): "
               f"{[r[:3] for r in rot]}")
+        loaded = sum(r[1] for r in rot)
+        cold_reads = sum(r[0] for r in reads)
+        print(f"read from storage in all: {cold_reads} cold reads on the trainers' path + {loaded} by reloads = "
+              f"{cold_reads + loaded} for {a.epochs} epochs (the static set: {cold_count} per epoch, "
+              f"{cold_count * a.epochs} in all, plus the read-ahead)")
     return 0
 
 

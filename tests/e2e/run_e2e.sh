@@ -23,6 +23,9 @@
 # SHARDMIX_E2E_ROTATION=K (cache.rotation_epochs, with a capacity factor: a new resident
 # set every K epochs; then the storage-tier set must change between epochs, its size stay
 # near the cold count, and every daemon must have reloaded; default 0 = static),
+# SHARDMIX_E2E_REUSE_ROUNDS=R (cache.reuse_rounds, with a capacity factor: slots reused
+# within the epoch, a generation per round, decision 0035; the storage-tier set must change
+# between epochs and every daemon must have reloaded; default 0 = off),
 # SHARDMIX_E2E_EPOCHS (default 2).
 # SHARDMIX_E2E_UNEVEN_CAPACITY=1 (with a capacity factor: daemon rank r gets cache.capacity
 # x (2 + r) / 2 through SHARDMIX_CACHE_CAPACITY, as nodes with different RAM would under
@@ -52,6 +55,7 @@ samples=${SHARDMIX_E2E_SAMPLES:-1000}
 batch=8
 epochs=${SHARDMIX_E2E_EPOCHS:-2}
 rotation=${SHARDMIX_E2E_ROTATION:-0}
+reuse_rounds=${SHARDMIX_E2E_REUSE_ROUNDS:-0}
 seed=20240611
 timeout_s=${SHARDMIX_E2E_TIMEOUT:-240}
 window=${SHARDMIX_E2E_WINDOW:-0}
@@ -186,6 +190,7 @@ config=$tmp/e2e.toml
     echo "[cache]"
     echo "capacity = $capacity"
     echo "rotation_epochs = $rotation"
+    echo "reuse_rounds = $reuse_rounds"
   fi
   echo "[fabric]"
   echo "provider = \"$provider\""
@@ -252,7 +257,8 @@ if ((capacity > 0 && uneven_capacity == 0)); then
   sm_section "storage tier"
   "$python" "$here/check_storage.py" --log "$tmp/daemons.log" --trace "$trace" --dataset "$data" \
     --nodes "$nodes" --epochs "$epochs" --capacity "$capacity" --trainers "$trainers" --batch-size "$batch" \
-    --prefetch 4 --readahead "$readahead" --window "$window" --rotation-epochs "$rotation"
+    --prefetch 4 --readahead "$readahead" --window "$window" --rotation-epochs "$rotation" \
+    --reuse-rounds "$reuse_rounds"
 fi
 
 # The peer samples must really have crossed the fabric: the daemons' fabric layers read

@@ -396,6 +396,16 @@ TEST_F(ConfigTest, PeerDeathDegradeIsAcceptedAndOtherValuesAreNot) {
   EXPECT_NE(bad.status().message().find("fault.peer_death"), std::string::npos) << bad.status().to_string();
 }
 
+TEST_F(ConfigTest, ReuseRoundsAndRotationEpochsAreExclusive) {
+  auto rounds = load_config("", {}, {"dataset.path=/d", "cache.reuse_rounds=4"});
+  ASSERT_TRUE(rounds.ok()) << rounds.status().to_string();
+  EXPECT_EQ(rounds->cache.reuse_rounds, 4u);
+  auto both = load_config("", {}, {"dataset.path=/d", "cache.reuse_rounds=4", "cache.rotation_epochs=1"});
+  ASSERT_FALSE(both.ok());
+  EXPECT_NE(error_of(both).find("cache.reuse_rounds"), std::string::npos) << error_of(both);
+  EXPECT_NE(error_of(both).find("cache.rotation_epochs"), std::string::npos) << error_of(both);
+}
+
 TEST_F(ConfigTest, PrintedConfigReadsBackToTheSameConfig) {
   // Defaults.
   auto base = load_config("", {}, {"dataset.path=/data/imagenet"});
@@ -461,7 +471,7 @@ TEST_F(ConfigTest, PrintedConfigListsSectionsInTableOrderWithEveryKey) {
 
 TEST(ConfigKeysTest, TableIsWellFormed) {
   const auto keys = config_keys();
-  EXPECT_EQ(keys.size(), 39u);  // update with config.h when adding a key
+  EXPECT_EQ(keys.size(), 40u);  // update with config.h when adding a key
   std::set<std::string> names;
   for (const ConfigKeyInfo& key : keys) {
     EXPECT_TRUE(names.insert(key.name).second) << "duplicate " << key.name;
