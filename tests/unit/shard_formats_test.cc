@@ -283,7 +283,9 @@ TEST(ExampleTest, EveryTruncationIsRefusedNotCrashed) {
     auto r = example_int64_feature(std::span(ex).first(n), "label");
     // A prefix can still parse as a shorter valid message only if it ends on a field boundary
     // that leaves out the label: then the feature is missing, never a wrong value.
-    if (r.ok()) EXPECT_EQ(*r, 300) << n;
+    if (r.ok()) {
+      EXPECT_EQ(*r, 300) << n;
+    }
   }
 }
 
