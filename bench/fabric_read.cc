@@ -25,6 +25,11 @@
 #include <type_traits>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -52,6 +57,12 @@ struct Options {
   double seconds = 3;
   std::uint64_t reads = 0;  // > 0: this many reads per rank instead of --seconds
   bool include_self = false;
+  // Like the daemon: exposed chunks and read targets in memfd shared memory (shmem pages)
+  // rather than private anonymous memory.
+  bool shared_memory = false;
+  // > 0: reads land anywhere in a target area this large (each slot moves on by qd chunks
+  // per read), as the daemon's staging spreads them, instead of one hot chunk per slot.
+  double staging_mib = 0;
 };
 
 // Log-normal sizes are clamped to this range: a 0-byte or multi-GiB chunk is not a sample.
@@ -116,7 +127,7 @@ class ReadDriver {
       : fabric_(fabric), layout_(layout), staging_(staging), options_(options), rank_(rank), nranks_(nranks) {
     for (std::uint32_t slot = 0; slot < options.qd; ++slot) {
       slots_.push_back(Slot{std::mt19937_64(options.seed * 1000003 + static_cast<std::uint64_t>(rank) * 1009 + slot),
-                            0, 0, {}});
+                            0, 0, {}, slot});
     }
     latencies_us_.reserve(1 << 20);
   }
@@ -149,6 +160,7 @@ class ReadDriver {
     int peer;
     std::size_t chunk;
     Clock::time_point posted;
+    std::uint64_t lane = 0;  // which max_length-sized piece of staging the read lands in
   };
 
   bool more_wanted() const {
@@ -169,8 +181,12 @@ class ReadDriver {
     slot.chunk = static_cast<std::size_t>(slot.rng() % layout_.offsets.size());
     slot.posted = Clock::now();
     issued_.fetch_add(1, std::memory_order_relaxed);
+    // Slot k only uses lanes k, k + qd, k + 2 qd, ... (a multiple of qd lanes in all), so
+    // two reads in flight never share bytes.
+    const std::uint64_t lanes = staging_.length / layout_.max_length / options_.qd * options_.qd;
+    slot.lane = (slot.lane + options_.qd) % lanes;
     fabric_.read(slot.peer, layout_.offsets[slot.chunk], layout_.lengths[slot.chunk], staging_,
-                 slot_index * layout_.max_length, [this, slot_index](const Status& status) {
+                 slot.lane * layout_.max_length, [this, slot_index](const Status& status) {
                    on_complete(slot_index, status);
                  });
   }
@@ -182,7 +198,7 @@ class ReadDriver {
       if (!failed_.exchange(true, std::memory_order_relaxed)) first_error_ = status.to_string();
     } else {
       const std::uint32_t length = layout_.lengths[slot.chunk];
-      const auto* data = static_cast<const std::uint8_t*>(staging_.base) + slot_index * layout_.max_length;
+      const auto* data = static_cast<const std::uint8_t*>(staging_.base) + slot.lane * layout_.max_length;
       const auto expected = static_cast<std::uint8_t>(slot.peer + 1);
       if (data[0] != expected || data[length - 1] != expected) ++result_.wrong_bytes;
       ++result_.reads;
@@ -292,6 +308,41 @@ T value_or_die(shardmix::Result<T> result, int rank) {
 
 }  // namespace
 
+// A benchmark buffer: private anonymous memory, or (--shared-memory) a memfd mapped
+// MAP_SHARED like the daemon's arena and staging, whose shmem pages the kernel's
+// process_vm_readv pins and walks differently from anonymous ones.
+class BenchMemory {
+ public:
+  BenchMemory(std::size_t bytes, bool shared, const char* what, int rank) : bytes_(std::max<std::size_t>(bytes, 1)) {
+    int fd = -1;
+    if (shared) {
+      fd = memfd_create(what, MFD_CLOEXEC);
+      if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
+        die(shardmix::make_error(shardmix::StatusCode::kResourceExhausted, "memfd for {} ({} bytes): {}", what, bytes_,
+                                 std::strerror(errno)),
+            rank);
+      }
+    }
+    void* data = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, shared ? MAP_SHARED : MAP_PRIVATE | MAP_ANONYMOUS, fd, 0);
+    if (fd >= 0) ::close(fd);  // the mapping keeps the memfd alive
+    if (data == MAP_FAILED) {
+      die(shardmix::make_error(shardmix::StatusCode::kResourceExhausted, "mapping {} ({} bytes): {}", what, bytes_,
+                               std::strerror(errno)),
+          rank);
+    }
+    data_ = static_cast<std::uint8_t*>(data);
+  }
+  ~BenchMemory() { munmap(data_, bytes_); }
+  BenchMemory(const BenchMemory&) = delete;
+  BenchMemory& operator=(const BenchMemory&) = delete;
+  std::uint8_t* data() { return data_; }
+  std::size_t size() const { return bytes_; }
+
+ private:
+  std::size_t bytes_;
+  std::uint8_t* data_ = nullptr;
+};
+
 int main(int argc, char** argv) {
   MpiSession mpi(&argc, &argv);
   const int rank = mpi.rank();
@@ -312,6 +363,11 @@ int main(int argc, char** argv) {
   auto* seconds = app.add_option("--seconds", options.seconds, "seconds of reading per phase");
   app.add_option("--reads", options.reads, "reads per rank per phase instead of --seconds")->excludes(seconds);
   app.add_flag("--include-self", options.include_self, "also read this rank's own region");
+  app.add_flag("--shared-memory", options.shared_memory,
+               "expose and read into memfd shared memory, as the daemon does (default: private memory)");
+  app.add_option("--staging-mib", options.staging_mib,
+                 "spread reads over a target area this large (default: one chunk per slot)")
+      ->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -335,6 +391,8 @@ int main(int argc, char** argv) {
   for (const Layout& layout : layouts) {
     exposed_bytes = std::max(exposed_bytes, layout.total_bytes);
     staging_bytes = std::max(staging_bytes, layout.max_length * options.qd);
+    staging_bytes = std::max(staging_bytes, static_cast<std::size_t>(options.staging_mib * 1048576) /
+                                                layout.max_length * layout.max_length);
   }
 
   shardmix::fabric::FabricOptions fabric_options;
@@ -345,8 +403,10 @@ int main(int argc, char** argv) {
 
   // Every byte of rank r's region is r+1, so a read can be checked by its first and last
   // byte; writing it also faults the pages in before anyone reads them.
-  std::vector<std::uint8_t> exposed(exposed_bytes, static_cast<std::uint8_t>(rank + 1));
-  std::vector<std::uint8_t> staging(staging_bytes, 0);
+  BenchMemory exposed(exposed_bytes, options.shared_memory, "exposed", rank);
+  BenchMemory staging(staging_bytes, options.shared_memory, "staging", rank);
+  std::memset(exposed.data(), rank + 1, exposed.size());
+  std::memset(staging.data(), 0, staging.size());
   if (Status s = fabric->expose(exposed.data(), exposed.size()); !s.ok()) die(s, rank);
   const LocalRegion local = value_or_die(fabric->register_local(staging.data(), staging.size()), rank);
   const auto blobs = value_or_die(mpi.allgather(fabric->endpoint_blob()), rank);

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Where the CPU goes in peer delivery (issue 2): one raw fi_read run and one ShardMix run
+# (4 daemons + 4 trainers, shuffle.exchange_fraction 1, trainers taking views only), back
+# to back, each with per-thread CPU seconds and context switches over its steady state
+# (bench/thread_cpu.py), and the figures that do not need a quiet machine:
+#   - fabric-thread CPU seconds per GB read from peers (the same copies in both runs, so a
+#     difference is overhead: spinning, page walks, cache misses);
+#   - fabric-thread cores (the share of the 2 cores the copying threads got);
+#   - involuntary context switches of the fabric threads per second (on shm, a preempted
+#     thread may hold the provider's region spinlock while the others spin on it).
+# Decision 0034 explains why these, not wall-clock rates alone, were used.
+#
+#   flock /tmp/shardmix-bench.lock bash bench/peer_profile.sh [--provider shm|tcp] [--epochs 4]
+#         [--out DIR] [--set SECTION.KEY=VALUE ...]
+# Env: SHARDMIX_BUILD_DIR (default build/), SHARDMIX_BENCH_DIR (default /tmp/shardmix-bench).
+# Uses the delivery benchmark's dataset (16,384 samples, median 112 KiB), generating it if missing.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+build=${SHARDMIX_BUILD_DIR:-$repo/build}
+data_root=${SHARDMIX_BENCH_DIR:-/tmp/shardmix-bench}
+py=/usr/bin/python3
+provider=shm epochs=4 out="" sets=()
+while (($#)); do
+  case $1 in
+    --provider) provider=$2; shift ;;
+    --epochs) epochs=$2; shift ;;
+    --out) out=$2; shift ;;
+    --set) sets+=(--set "$2"); shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "peer_profile.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+((epochs >= 2)) || { echo "peer_profile.sh: --epochs must be at least 2 (epoch 0 is not measured)" >&2; exit 2; }
+for tool in server/shardmixd tools/shardmix-consume tools/shardmix-gen bench/shardmix-bench-fabric-read; do
+  [[ -x $build/$tool ]] || { echo "peer_profile.sh: $build/$tool missing; build first" >&2; exit 2; }
+done
+data=$data_root/data-16384-112k
+[[ -d $data ]] || "$build/tools/shardmix-gen" --out "$data" --samples 16384 --classes 1000 --median-kib 112 --seed 1
+work=${out:-$(mktemp -d /tmp/shardmix-peer-profile.XXXXXX)}
+mkdir -p "$work"
+mpirun_flags=(--allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader)
+iface=(); [[ $provider == tcp ]] && iface=(--interface lo)
+uptime_now() { cut -d' ' -f1 /proc/uptime; }
+# Only processes started from this build or this work dir are sampled.
+mark=$build
+
+echo "loadavg before: $(cat /proc/loadavg)" | tee "$work/summary.txt"
+
+# Raw fi_read: 6 s timed; the window is 2.5..5 s after mpirun starts (after launch and
+# warm-up, before the end), so it holds only the timed phase unless launch took > 2.5 s.
+$py "$here/thread_cpu.py" sample "$work/raw" '^shardmix-bench-' "$mark" & sampler=$!
+t0=$(uptime_now)
+FI_TCP_IFACE=lo mpirun "${mpirun_flags[@]}" -np 4 "$build/bench/shardmix-bench-fabric-read" --provider "$provider" \
+  "${iface[@]}" --median-kib 112 --lognormal-sigma 0.5 --count 2048 --qd 8 --seconds 6 --seed 0 >"$work/raw.txt" 2>&1
+touch "$work/raw.stop"; wait "$sampler"
+$py "$here/thread_cpu.py" window "$work/raw" "$(echo "$t0 + 2.5" | bc)" "$(echo "$t0 + 5" | bc)" >"$work/raw.threads"
+
+cat >"$work/c.toml" <<TOML
+[dataset]
+path = "$data"
+[batch]
+size = 32
+[shuffle]
+seed = 1
+exchange_fraction = 1
+[fabric]
+provider = "$provider"
+[service]
+prefetch = 8
+[log]
+level = "warn"
+TOML
+$py "$here/thread_cpu.py" sample "$work/smx" '^(shardmixd|shardmix-consum)$' "$mark" & sampler=$!
+FI_TCP_IFACE=lo SHARDMIX_BUILD_DIR=$build bash "$repo/deploy/launch.sh" --nodes 4 --config "$work/c.toml" "${sets[@]}" \
+  --daemon-log "$work/d.log" -- "$build/tools/shardmix-consume" --epochs "$epochs" --touch none --json >"$work/s.txt" 2>&1
+touch "$work/smx.stop"; wait "$sampler"
+echo "loadavg after: $(cat /proc/loadavg)" | tee -a "$work/summary.txt"
+
+# The measured epochs' span (epoch 0 includes connection set-up), on the same clock.
+read -r t0 t1 < <($py -c '
+import json, sys
+rows = [json.loads(l[5:]) for l in open(sys.argv[1]) if l.startswith("JSON ") and json.loads(l[5:])["epoch"] > 0]
+print(min(r["t_start"] for r in rows), max(r["t_end"] for r in rows))' "$work/s.txt")
+$py "$here/thread_cpu.py" window "$work/smx" "$t0" "$t1" >"$work/smx.threads"
+
+$py - "$work" <<'PY' | tee -a "$work/summary.txt"
+import json, sys
+work = sys.argv[1]
+def fabric(path):
+    seconds = cpu = invol = 0.0
+    for line in open(path):
+        f = line.split()
+        if line.startswith("window"):
+            seconds = float(f[1])
+        elif len(f) == 8 and f[1] == "smx-fabric":
+            cpu += float(f[3]) + float(f[4]); invol += float(f[7])
+    return seconds, cpu, invol
+raw_gbps = [json.loads(l[5:]) for l in open(f"{work}/raw.txt") if l.startswith("JSON ")][-1]["total_gbps"]
+rows = [json.loads(l[5:]) for l in open(f"{work}/s.txt") if l.startswith("JSON ")]
+measured = [r for r in rows if r["epoch"] > 0]
+span = max(r["t_end"] for r in measured) - min(r["t_start"] for r in measured)
+peer_gbps = sum(r["peer_bytes"] for r in measured) / span / 1e9
+rs, rc, ri = fabric(f"{work}/raw.threads")
+ss, sc, si = fabric(f"{work}/smx.threads")
+print(f"raw fi_read: {raw_gbps:.2f} GB/s; fabric threads {rc / rs:.2f} cores, {rc / rs / raw_gbps:.2f} CPU s/GB, "
+      f"{ri:.0f} involuntary switches/s")
+print(f"ShardMix peer: {peer_gbps:.2f} GB/s over {span:.2f} s; fabric threads {sc / ss:.2f} cores, "
+      f"{sc / ss / peer_gbps:.2f} CPU s/GB, {si:.0f} involuntary switches/s")
+print(f"peer / raw fi_read: {peer_gbps / raw_gbps:.2f}")
+PY
+echo "per-thread tables: $work/raw.threads $work/smx.threads"
