@@ -200,6 +200,7 @@ class DaemonConnection {
   static Result<std::unique_ptr<DaemonConnection>> open(const ClientOptions& options);
 
   Status send(const std::vector<std::uint8_t>& frame) {
+    if (fd_ < 0) return lost("");
     std::size_t done = 0;
     while (done < frame.size()) {
       const ssize_t n = ::send(fd_, frame.data() + done, frame.size() - done, MSG_NOSIGNAL);
@@ -410,9 +411,21 @@ class DaemonConnection {
                       node_, socket_path_, receive_timeout_s_, proto::kKeepaliveInterval.count());
   }
 
+  // The trainer asked to stop waiting (ClientOptions::interrupted, on a signal). A frame
+  // may be half read, so the connection cannot go on: close it, and the daemon frees what
+  // this trainer held as for any disconnect.
+  Status interrupt() {
+    ::close(std::exchange(fd_, -1));
+    inbox_begin_ = inbox_end_ = 0;
+    return make_error(StatusCode::kCancelled,
+                      "interrupted by a signal while waiting for the daemon of node {} ({}); the connection is "
+                      "closed: connect again to go on",
+                      node_, socket_path_);
+  }
+
   Status lost(const std::string& why) {
     return make_error(StatusCode::kUnavailable, "lost the connection to the daemon of node {} ({}): {}", node_,
-                      socket_path_, why);
+                      socket_path_, fd_ < 0 ? "it was closed when a wait was interrupted; connect again" : why);
   }
 
   // Reads exactly n bytes: first what an earlier receive buffered, then, without fds,
@@ -422,6 +435,7 @@ class DaemonConnection {
   // straight into `out`. With fds (the Welcome, the first frame) nothing is buffered yet
   // and the bytes are read exactly, with their SCM_RIGHTS descriptors.
   Status read_exact(std::uint8_t* out, std::size_t n, int* fds) {
+    if (fd_ < 0) return lost("");
     if (fds != nullptr && inbox_begin_ == inbox_end_) return read_exact_unbuffered(out, n, fds);
     std::size_t done = std::min(n, inbox_end_ - inbox_begin_);
     // Not memcpy of 0 bytes: before the first recv the inbox has no storage (data() is null).
@@ -435,13 +449,19 @@ class DaemonConnection {
         // Nothing queued: block until the daemon sends (the one wait of a starving trainer).
         pollfd p{fd_, POLLIN, 0};
         const int ready = ::poll(&p, 1, static_cast<int>(receive_timeout_s_ * 1000));
-        if (ready < 0 && errno == EINTR) continue;
+        if (ready < 0 && errno == EINTR) {
+          if (interrupted_ && interrupted_()) return interrupt();
+          continue;
+        }
         if (ready == 0) {
           return silent();
         }
         continue;
       }
-      if (got < 0 && errno == EINTR) continue;
+      if (got < 0 && errno == EINTR) {
+        if (interrupted_ && interrupted_()) return interrupt();
+        continue;
+      }
       if (got < 0) return lost(std::strerror(errno));
       if (got == 0) return lost("the daemon closed the connection (did it stop or crash?)");
       const std::size_t take = std::min(n - done, static_cast<std::size_t>(got));
@@ -454,11 +474,15 @@ class DaemonConnection {
   }
 
   Status read_exact_unbuffered(std::uint8_t* out, std::size_t n, int* fds) {
+    if (fd_ < 0) return lost("");
     std::size_t done = 0;
     while (done < n) {
       pollfd p{fd_, POLLIN, 0};
       const int ready = ::poll(&p, 1, static_cast<int>(receive_timeout_s_ * 1000));
-      if (ready < 0 && errno == EINTR) continue;
+      if (ready < 0 && errno == EINTR) {
+        if (interrupted_ && interrupted_()) return interrupt();
+        continue;
+      }
       if (ready == 0) {
         return silent();
       }
@@ -472,7 +496,10 @@ class DaemonConnection {
         msg.msg_controllen = sizeof(control);
       }
       const ssize_t got = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
-      if (got < 0 && errno == EINTR) continue;
+      if (got < 0 && errno == EINTR) {
+        if (interrupted_ && interrupted_()) return interrupt();
+        continue;
+      }
       if (got < 0) return lost(std::strerror(errno));
       if (got == 0) return lost("the daemon closed the connection (did it stop or crash?)");
       if (fds != nullptr && done == 0) {
@@ -529,6 +556,7 @@ class DaemonConnection {
   std::string socket_path_;
   double receive_timeout_s_ = 30;
   double progress_timeout_s_ = 600;
+  std::function<bool()> interrupted_;
   Mapping arena_;
   Mapping staging_;
   std::vector<std::uint8_t> payload_;
@@ -542,6 +570,7 @@ Result<std::unique_ptr<DaemonConnection>> DaemonConnection::open(const ClientOpt
   auto c = std::make_unique<DaemonConnection>();
   SHARDMIX_ASSIGN_OR_RETURN(c->receive_timeout_s_, receive_timeout_s(options.receive_timeout_s));
   SHARDMIX_ASSIGN_OR_RETURN(c->progress_timeout_s_, progress_timeout_s(options.progress_timeout_s));
+  c->interrupted_ = options.interrupted;
   SHARDMIX_ASSIGN_OR_RETURN(const double ready_timeout, connect_timeout_s(options.ready_timeout_s));
   c->who_ = detect_launcher_rank();
   if (options.rank >= 0) c->who_.rank = options.rank;

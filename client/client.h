@@ -34,6 +34,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -72,6 +73,12 @@ struct ClientOptions {
   // stalled scheduler: no batch or other reply for this long is an error; < 0 =
   // $SHARDMIX_PROGRESS_TIMEOUT, else 600 s. Invalid environment values are errors.
   double progress_timeout_s = -1;
+  // Called on the waiting thread when a signal interrupts a wait for the daemon (poll or
+  // recv fails with EINTR); true = stop waiting: the call fails with kCancelled and the
+  // connection is closed (the daemon frees what this trainer held; connect again to go
+  // on). Empty = keep waiting. The Python binding checks for KeyboardInterrupt here, so a
+  // Ctrl-C need not wait for the next batch.
+  std::function<bool()> interrupted;
 };
 
 // The trainer's place in the job as the launcher sets it, first match wins:

@@ -92,6 +92,29 @@ struct Busy {  // marks a call that releases the GIL; a second thread gets an er
 
 PyObject* g_released_error = nullptr;  // shardmix.ReleasedError (BufferError + shardmix.Error)
 
+// Ctrl-C while a wait is in C++ (GIL released): ClientOptions::interrupted runs on the
+// waiting thread when a signal interrupts poll. It runs Python's signal handlers; if one
+// raised (KeyboardInterrupt), the wait gives up and the raised exception is kept here,
+// per thread, until the C++ error (kCancelled) reaches the exception translator, which
+// raises it instead of a shardmix.Error.
+struct PendingSignalError {
+  PyObject* type = nullptr;
+  PyObject* value = nullptr;
+  PyObject* traceback = nullptr;
+};
+thread_local PendingSignalError t_signal_error;
+
+bool python_signal_raised() {
+  py::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() == 0) return false;
+  PendingSignalError& e = t_signal_error;
+  Py_XDECREF(e.type);
+  Py_XDECREF(e.value);
+  Py_XDECREF(e.traceback);
+  PyErr_Fetch(&e.type, &e.value, &e.traceback);
+  return true;
+}
+
 [[noreturn]] void throw_released(const std::string& message) {
   PyErr_SetString(g_released_error, message.c_str());
   throw py::error_already_set();
@@ -310,6 +333,12 @@ PYBIND11_MODULE(_shardmix, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const sm::Error& e) {
+      PendingSignalError& pending = t_signal_error;
+      if (e.code() == sm::StatusCode::kCancelled && pending.type != nullptr) {
+        PyErr_Restore(std::exchange(pending.type, nullptr), std::exchange(pending.value, nullptr),
+                      std::exchange(pending.traceback, nullptr));  // the KeyboardInterrupt itself
+        return;
+      }
       py::object exc = py::reinterpret_borrow<py::object>(error.ptr())(e.what());
       exc.attr("code") = std::string(sm::status_code_name(e.code()));
       PyErr_SetObject(error.ptr(), exc.ptr());
@@ -431,6 +460,7 @@ unless given. Raises shardmix.Error.)doc")
              o.ready_timeout_s = ready_timeout;
              o.receive_timeout_s = receive_timeout;
              o.progress_timeout_s = progress_timeout;
+             o.interrupted = python_signal_raised;
              auto state = std::make_shared<State>();
              state->strict = strict;
              {

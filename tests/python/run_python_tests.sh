@@ -4,7 +4,9 @@
 #   1. shardmix-consume (the C++ client) traces epochs 0-1;
 #   2. the same config and seed again, with tests/python/test_binding.py as the trainers:
 #      every rank compares its ids, labels and bytes (XXH64) with the C++ trace and checks
-#      zero-copy, release, strict mode, statistics, shardmix.torch and errors.
+#      zero-copy, release, strict mode, statistics, shardmix.torch and errors;
+#   3. tests/python/test_interrupt.py as the trainers of a job whose batches wait 8 s for
+#      storage: a SIGINT after 1 s raises KeyboardInterrupt out of the wait.
 # Env: SHARDMIX_BUILD_DIR (default <repo>/build), SHARDMIX_PYTHON (default /usr/bin/python3
 # if present, else python3): the interpreter the module was built for. Temp files go in one
 # dir, removed at the end (SHARDMIX_E2E_KEEP=1 keeps it).
@@ -46,10 +48,10 @@ trainers_per_node = $per_node
 prefetch = 3
 TOML
 
-run() { # LOG -- COMMAND...
+run() { # LOG -- COMMAND...   (the config: $run_config, default job.toml)
   local log=$1
   shift
-  timeout -s TERM -k 20 100 bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "$tmp/job.toml" \
+  timeout -s TERM -k 20 100 bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "${run_config:-$tmp/job.toml}" \
     --daemon-log "$log" "$@"
 }
 sm_section "reference: the C++ client (shardmix-consume), epochs 0-1"
@@ -63,3 +65,19 @@ SHARDMIX_TRAINER_MPI_ARGS="--tag-output -x PYTHONPATH -x PYTHONDONTWRITEBYTECODE
   run "$tmp/daemons-py.log" -- "$py" "$here/test_binding.py" ||
   { tail -n 30 "$tmp/daemons-py.log" >&2; sm_die "the binding's tests failed"; }
 echo "python binding: every rank passed"
+
+# 3. Ctrl-C while the trainers wait: every batch waits for cold reads held 8 s each
+#    (inject.storage_delay), and each trainer sends itself SIGINT after 1 s: the
+#    KeyboardInterrupt must come out of the wait, before any batch (decision 0036).
+sm_section "Ctrl-C while a trainer waits for a batch"
+sed -e 's/^exchange_fraction = .*/exchange_fraction = 1.0/' "$tmp/job.toml" >"$tmp/slow.toml"
+cat >>"$tmp/slow.toml" <<TOML
+[cache]
+capacity = 100000
+[inject]
+storage_delay = "8s"
+TOML
+run_config=$tmp/slow.toml SHARDMIX_TRAINER_MPI_ARGS="--tag-output -x PYTHONPATH -x PYTHONDONTWRITEBYTECODE" \
+  run "$tmp/daemons-interrupt.log" -- "$py" "$here/test_interrupt.py" ||
+  { tail -n 30 "$tmp/daemons-interrupt.log" >&2; sm_die "Ctrl-C did not interrupt a trainer's wait"; }
+echo "python binding: Ctrl-C interrupts the wait on every rank"

@@ -2,6 +2,8 @@
 // client library, and a fake fabric that "reads" peer samples from a local buffer.
 // Node 0 of a 2-node job with 2 trainers per node is served; node 1's arena is faked.
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -766,6 +768,55 @@ TEST_F(ServiceTest, ALiveDaemonThatNeverDeliversIsAnErrorAfterTheProgressTimeout
   fetcher_->release_held();
   EXPECT_NE(error.find("the daemon of node 0 ("), std::string::npos) << error;
   EXPECT_NE(error.find("is alive (it sends keepalives) but sent nothing else for 3 s"), std::string::npos) << error;
+}
+
+// ClientOptions::interrupted (what the Python binding uses for Ctrl-C): a signal that
+// interrupts the wait for a batch asks the hook; on true the wait fails as cancelled and
+// the connection closes. The daemon frees what that trainer held, so the same rank can
+// connect again and get its whole epoch.
+TEST_F(ServiceTest, AnInterruptedWaitFailsAsCancelledAndTheRankCanConnectAgain) {
+  fetcher_->hold = true;
+  struct sigaction quiet {}, saved {};
+  quiet.sa_handler = [](int) {};
+  sigemptyset(&quiet.sa_mask);
+  quiet.sa_flags = 0;  // no SA_RESTART: the signal interrupts poll
+  ASSERT_EQ(::sigaction(SIGUSR1, &quiet, &saved), 0);
+  std::atomic<int> asked{0};
+  ClientOptions o = options(1);
+  o.interrupted = [&asked] {
+    ++asked;
+    return true;
+  };
+  std::string error;
+  StatusCode code = StatusCode::kOk;
+  {
+    Client client = Client::connect(o);
+    const pthread_t waiter = ::pthread_self();
+    std::atomic<bool> done{false};
+    // Signals until the wait gives up: one may land outside a system call and change nothing.
+    std::thread signaller([&] {
+      while (!done) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (!done) ::pthread_kill(waiter, SIGUSR1);
+      }
+    });
+    try {
+      for (const Batch& batch : client.epoch(0)) (void)batch;
+    } catch (const Error& e) {
+      error = e.what();
+      code = e.code();
+    }
+    done = true;
+    signaller.join();
+  }
+  ASSERT_EQ(::sigaction(SIGUSR1, &saved, nullptr), 0);
+  EXPECT_EQ(code, StatusCode::kCancelled) << error;
+  EXPECT_NE(error.find("interrupted by a signal while waiting for the daemon of node 0"), std::string::npos) << error;
+  EXPECT_GE(asked.load(), 1);
+  fetcher_->hold = false;
+  fetcher_->release_held();
+  Client again = Client::connect(options(1));
+  EXPECT_EQ(consume(again, 0), planner_->plan_node(0, 0)[1].order);
 }
 
 // A daemon that is alive as a process but answers nothing (its io thread blocked, as under
