@@ -411,6 +411,22 @@ class DaemonConnection {
                       node_, socket_path_, receive_timeout_s_, proto::kKeepaliveInterval.count());
   }
 
+  // Blocks until the socket has bytes (or an error, which the next recv reports), within
+  // the receive timeout; a signal asks ClientOptions::interrupted whether to go on.
+  Status wait_readable() {
+    for (;;) {
+      pollfd p{fd_, POLLIN, 0};
+      const int ready = ::poll(&p, 1, static_cast<int>(receive_timeout_s_ * 1000));
+      if (ready > 0 || (ready < 0 && errno != EINTR)) return Status::ok_status();
+      if (ready == 0) return silent();
+      SHARDMIX_RETURN_IF_ERROR(after_signal());
+    }
+  }
+
+  // A system call of a wait failed with EINTR: ok to retry it, unless the trainer's hook
+  // says to stop waiting.
+  Status after_signal() { return interrupted_ && interrupted_() ? interrupt() : Status::ok_status(); }
+
   // The trainer asked to stop waiting (ClientOptions::interrupted, on a signal). A frame
   // may be half read, so the connection cannot go on: close it, and the daemon frees what
   // this trainer held as for any disconnect.
@@ -447,19 +463,11 @@ class DaemonConnection {
       ssize_t got = ::recv(fd_, inbox_.data(), inbox_.size(), MSG_DONTWAIT);
       if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         // Nothing queued: block until the daemon sends (the one wait of a starving trainer).
-        pollfd p{fd_, POLLIN, 0};
-        const int ready = ::poll(&p, 1, static_cast<int>(receive_timeout_s_ * 1000));
-        if (ready < 0 && errno == EINTR) {
-          if (interrupted_ && interrupted_()) return interrupt();
-          continue;
-        }
-        if (ready == 0) {
-          return silent();
-        }
+        SHARDMIX_RETURN_IF_ERROR(wait_readable());
         continue;
       }
       if (got < 0 && errno == EINTR) {
-        if (interrupted_ && interrupted_()) return interrupt();
+        SHARDMIX_RETURN_IF_ERROR(after_signal());
         continue;
       }
       if (got < 0) return lost(std::strerror(errno));
@@ -477,15 +485,7 @@ class DaemonConnection {
     if (fd_ < 0) return lost("");
     std::size_t done = 0;
     while (done < n) {
-      pollfd p{fd_, POLLIN, 0};
-      const int ready = ::poll(&p, 1, static_cast<int>(receive_timeout_s_ * 1000));
-      if (ready < 0 && errno == EINTR) {
-        if (interrupted_ && interrupted_()) return interrupt();
-        continue;
-      }
-      if (ready == 0) {
-        return silent();
-      }
+      SHARDMIX_RETURN_IF_ERROR(wait_readable());
       iovec iov{out + done, n - done};
       alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
       msghdr msg{};
@@ -497,7 +497,7 @@ class DaemonConnection {
       }
       const ssize_t got = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
       if (got < 0 && errno == EINTR) {
-        if (interrupted_ && interrupted_()) return interrupt();
+        SHARDMIX_RETURN_IF_ERROR(after_signal());
         continue;
       }
       if (got < 0) return lost(std::strerror(errno));
