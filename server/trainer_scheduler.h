@@ -33,9 +33,8 @@
 // storage for exactly their positions (same staging bytes), and with degrade_dead_peers a
 // failed peer read is retried from storage instead of failing the trainer. Positions never
 // change, so the plan, W = 0 order and exactly-once are untouched.
-// Not wired in the daemon yet: config refuses fault.peer_death = degrade, because with 3+
-// daemons on tcp;ofi_rxm the survivors' reads of each other stall once one peer has died
-// (measured; docs/operations.md). This is the scheduler half, tested in storage_tier_test.
+// The daemon wires this up for fault.peer_death = degrade (docs/decisions/0032); the
+// scheduler half is tested as pure code in storage_tier_test.
 //
 // Cache rotation (cache.rotation_epochs, docs/decisions/0033; per round with
 // cache.reuse_rounds, 0035): with a ResidencyTable in the context, every staged batch
