@@ -7,7 +7,7 @@
 #    report. Loading is not in it (bench/startup.sh covers it).
 #  - resident memory per cached GB: the daemons' VmRSS (/proc/PID/status) at the end over
 #    the bytes they cache, and its parts from the daemons' "memory:" log line (arena,
-#    staging, catalog, the serialized catalog kept for trainers, placement tables).
+#    staging, catalog, placement tables).
 #  - catalog and bookkeeping bytes per sample. Target: catalog <= 64 B/sample.
 #
 #   bash bench/cost.sh [--quick] [--out FILE.json] [--repeat 3] [--epochs 3]

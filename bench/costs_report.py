@@ -176,17 +176,21 @@ def summarize_cost(rows):
         samples = next(iter(mem.values()))["samples"]
         nodes = len(mem)
         catalog = statistics.mean(m["catalog_bytes"] for m in mem.values())
-        book = statistics.mean(m["catalog_copy_bytes"] + m["placement_bytes"] for m in mem.values())
+        # Daemons before 2026-11-24 kept a serialized catalog copy for trainers
+        # (catalog_copy_bytes); now it is serialized per request and the field is gone.
+        copy = statistics.mean(m.get("catalog_copy_bytes", 0) for m in mem.values())
+        book = copy + statistics.mean(m["placement_bytes"] for m in mem.values())
         cat_per_sample.append(catalog / samples)
         book_per_sample.append(book / samples)
         # Per daemon: what its resident set is made of at the end of the run.
         parts = {"arena": statistics.mean(m["arena_bytes"] for m in mem.values()),
                  "staging_resident": statistics.mean(r["rss_shmem_end"][k] - mem[k]["arena_bytes"] for k in mem),
-                 "catalog": catalog, "catalog_copy": statistics.mean(m["catalog_copy_bytes"] for m in mem.values()),
-                 "placement": statistics.mean(m["placement_bytes"] for m in mem.values()),
+                 "catalog": catalog, "placement": statistics.mean(m["placement_bytes"] for m in mem.values()),
                  "rss": rss / nodes}
+        if any("catalog_copy_bytes" in m for m in mem.values()):
+            parts["catalog_copy"] = copy
         parts["other"] = parts["rss"] - parts["arena"] - max(parts["staging_resident"], 0) - parts["catalog"] - \
-            parts["catalog_copy"] - parts["placement"]
+            parts.get("catalog_copy", 0) - parts["placement"]
         parts_all.append(parts)
     result.update({
         "dataset": runs[0]["dataset"], "runs": len(runs), "epochs_measured": runs[0]["epochs"],
@@ -204,7 +208,7 @@ def summarize_cost(rows):
           f"| daemon CPU s per GB delivered (all 4 daemons, /proc utime+stime) | {rng(result['cpu_s_per_gb'])} |",
           f"| daemon RSS per cached GB (sum of 4 daemons' VmRSS / cached bytes) | {rng(result['rss_bytes_per_cached_gb'], '{:.2f}', 1e-9)} GB |",
           f"| catalog bytes per sample (in memory, each daemon) | {rng(result['catalog_bytes_per_sample'], '{:.1f}')} |",
-          f"| bookkeeping bytes per sample (serialized catalog kept for trainers + placement tables) | "
+          f"| bookkeeping bytes per sample (placement tables, plus the serialized catalog copy daemons kept before 2026-11-24) | "
           f"{rng(result['bookkeeping_bytes_per_sample'], '{:.1f}')} |",
           f"| load average at each run's start | {'; '.join(str(x) for x in result['loadavg'])} |", "",
           "Resident set of one daemon at the end of the run, MB (mean over daemons):", "",

@@ -297,8 +297,10 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
       }
       case proto::FrameType::kGetCatalog: {
         if (!payload_.empty()) return protocol_error("get-catalog frame has a payload"), false;
+        // Serialized per request, not kept: trainers fetch the catalog rarely (sample_path),
+        // and a kept copy cost every daemon ~94 bytes a sample for the whole job.
         std::vector<std::uint8_t> out;
-        proto::encode_catalog(out, service_.job_.catalog_bytes);
+        proto::encode_catalog(out, service_.job_.context.catalog->serialize());
         write(std::move(out));
         return true;
       }

@@ -39,7 +39,6 @@ struct ServedJob {
   SharedRegion* arena = nullptr;
   SharedRegion* staging = nullptr;
   std::uint64_t staging_per_trainer = 0;
-  std::vector<std::uint8_t> catalog_bytes;
   PeerFetcher* fetcher = nullptr;
   NodeTelemetry* telemetry = nullptr;  // optional: counters, finished passes, GetStats replies
   // The job token a Hello must carry (common/job_token.h); 0 = accept any (tests only:

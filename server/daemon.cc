@@ -479,11 +479,10 @@ std::uint64_t placement_memory_bytes(const Placement& p) {
 // The "startup:" and "memory:" lines (server/startup_report.h) bench/startup.sh and
 // bench/cost.sh parse. Memory: the regions' sizes as allocated (the arena is filled by the
 // load; staging pages become resident as batches are staged), the catalog as held in
-// memory, the serialized copy kept for trainers' handshakes, the placement tables, and
-// the process's resident set at this point, with its anonymous and shared parts.
+// memory, the placement tables, and the process's resident set at this point, with its
+// anonymous and shared parts.
 void log_startup_report(spdlog::logger& log, int rank, const PhaseClock& phases, const Catalog& catalog,
-                        const Placement& placement, std::uint64_t arena_bytes, std::uint64_t staging_bytes,
-                        std::uint64_t catalog_copy_bytes) {
+                        const Placement& placement, std::uint64_t arena_bytes, std::uint64_t staging_bytes) {
   auto startup = format_report_line("startup", startup_fields(rank, phases));
   if (startup.ok()) log.info("{}", *startup);
   auto field = [](std::optional<std::uint64_t> v) { return v ? std::to_string(*v) : std::string("na"); };
@@ -496,7 +495,6 @@ void log_startup_report(spdlog::logger& log, int rank, const PhaseClock& phases,
                  {"arena_bytes", std::to_string(arena_bytes)},
                  {"staging_bytes", std::to_string(staging_bytes)},
                  {"catalog_bytes", std::to_string(catalog.memory_bytes())},
-                 {"catalog_copy_bytes", std::to_string(catalog_copy_bytes)},
                  {"placement_bytes", std::to_string(placement_memory_bytes(placement))},
                  {"rss_bytes", field(self_status_bytes("VmRSS"))},
                  {"rss_anon_bytes", field(self_status_bytes("RssAnon"))},
@@ -903,8 +901,6 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   served.arena = arena->get();
   served.staging = staging->get();
   served.staging_per_trainer = config.service.staging_bytes_per_trainer;
-  served.catalog_bytes = catalog.serialize();
-  const std::uint64_t catalog_copy_bytes = served.catalog_bytes.capacity();
   served.fetcher = &fetcher;
   served.telemetry = &telemetry;
   served.job_token = job_token;
@@ -964,8 +960,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   }
 
   phases.mark("serve_setup");
-  log_startup_report(*log, rank, phases, catalog, placement, (*arena)->length(), (*staging)->length(),
-                     catalog_copy_bytes);
+  log_startup_report(*log, rank, phases, catalog, placement, (*arena)->length(), (*staging)->length());
 
   telemetry.set_serving(true);
   TelemetryPump pump(config, mpi, telemetry, static_cast<std::uint32_t>(nodes) * config.service.trainers_per_node,

@@ -100,6 +100,20 @@ class CostTest(unittest.TestCase):
         row["memory"] = {k: dict(v, catalog_bytes=65_000) for k, v in memory.items()}
         self.assertFalse(cr.summarize_cost([row])["catalog_target_met"])
 
+    def test_memory_lines_without_a_catalog_copy(self):
+        # Daemons no longer keep a serialized catalog for trainers: the field is absent.
+        memory = {str(r): {"rank": r, "samples": 1000, "cached_bytes": 250e6, "arena_bytes": 260e6,
+                           "staging_bytes": 256e6, "catalog_bytes": 50_000, "placement_bytes": 20_000}
+                  for r in range(4)}
+        row = {"kind": "cost", "dataset": "1000 samples", "epochs": 3, "delivered_bytes": 3e9,
+               "cpu_before": 10.0, "cpu_after": 16.0, "memory": memory,
+               "rss_end": {str(r): 400e6 for r in range(4)}, "rss_shmem_end": {str(r): 300e6 for r in range(4)}}
+        result = cr.summarize_cost([row])
+        self.assertAlmostEqual(result["bookkeeping_bytes_per_sample"]["median"], 20.0)
+        parts = result["rss_parts_bytes_per_daemon"]
+        self.assertNotIn("catalog_copy", parts)
+        self.assertAlmostEqual(parts["other"]["median"], 400e6 - 260e6 - 40e6 - 50_000 - 20_000)
+
 
 class StartupTest(unittest.TestCase):
     def run_row(self, samples, t0, load):

@@ -121,7 +121,6 @@ class ServiceTest : public ::testing::Test {
     job.arena = arena_.get();
     job.staging = staging_.get();
     job.staging_per_trainer = staging_per_trainer_;
-    job.catalog_bytes = catalog_.serialize();
     job.fetcher = fetcher_.get();
     job.telemetry = &telemetry_;
     job.job_token = kJobToken;
