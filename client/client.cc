@@ -242,6 +242,10 @@ class DaemonConnection {
                           "{:.0f} s (ClientOptions::progress_timeout_s, SHARDMIX_PROGRESS_TIMEOUT)",
                           node_, socket_path_, progress_timeout_s_);
       }
+      // A signal that arrived while this thread was not blocked in poll or recv (say,
+      // while it read the last keepalive) interrupted no system call: ask the hook here
+      // too, so such a Ctrl-C waits one keepalive interval, not for the next batch.
+      SHARDMIX_RETURN_IF_ERROR(after_signal());
     }
     payload.resize(header.payload_bytes);
     SHARDMIX_RETURN_IF_ERROR(read_exact(payload.data(), payload.size(), nullptr));

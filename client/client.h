@@ -74,7 +74,9 @@ struct ClientOptions {
   // $SHARDMIX_PROGRESS_TIMEOUT, else 600 s. Invalid environment values are errors.
   double progress_timeout_s = -1;
   // Called on the waiting thread when a signal interrupts a wait for the daemon (poll or
-  // recv fails with EINTR); true = stop waiting: the call fails with kCancelled and the
+  // recv fails with EINTR), and at every keepalive the wait receives (one a second while
+  // the daemon has nothing to send): a signal that lands between two system calls
+  // interrupts neither. true = stop waiting: the call fails with kCancelled and the
   // connection is closed (the daemon frees what this trainer held; connect again to go
   // on). Empty = keep waiting. The Python binding checks for KeyboardInterrupt here, so a
   // Ctrl-C need not wait for the next batch.

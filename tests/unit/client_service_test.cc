@@ -818,6 +818,45 @@ TEST_F(ServiceTest, AnInterruptedWaitFailsAsCancelledAndTheRankCanConnectAgain) 
   EXPECT_EQ(consume(again, 0), planner_->plan_node(0, 0)[1].order);
 }
 
+// A signal that lands while the waiting thread is between system calls (e.g. reading a
+// keepalive) interrupts no poll: the hook is asked at each keepalive as well. Here no
+// signal is sent at all and the hook says "stop" from the start: the wait must end at the
+// first keepalive. The held reads are let go after several keepalive intervals, so a client
+// that asks only on EINTR gets its batches and the epoch ends without the error.
+TEST_F(ServiceTest, AWaitAsksTheInterruptHookAtEveryKeepalive) {
+  fetcher_->hold = true;
+  std::atomic<int> asked{0};
+  ClientOptions o = options(1);
+  o.interrupted = [&asked] {
+    ++asked;
+    return true;
+  };
+  std::string error;
+  StatusCode code = StatusCode::kOk;
+  std::promise<void> finished;
+  std::thread releaser([this, done = finished.get_future()] {
+    if (done.wait_for(5 * proto::kKeepaliveInterval) == std::future_status::timeout) fetcher_->release_held();
+    fetcher_->hold = false;
+  });
+  {
+    Client client = Client::connect(o);
+    try {
+      for (const Batch& batch : client.epoch(0)) (void)batch;
+    } catch (const Error& e) {
+      error = e.what();
+      code = e.code();
+    }
+  }
+  finished.set_value();
+  releaser.join();
+  EXPECT_EQ(code, StatusCode::kCancelled) << (error.empty() ? "the epoch ended: the hook was never asked" : error);
+  EXPECT_GE(asked.load(), 1);
+  fetcher_->hold = false;
+  fetcher_->release_held();
+  Client again = Client::connect(options(1));
+  EXPECT_EQ(consume(again, 0), planner_->plan_node(0, 0)[1].order);
+}
+
 // A daemon that is alive as a process but answers nothing (its io thread blocked, as under
 // SIGSTOP or a hang): the trainer gets an error naming the daemon and the socket after its
 // receive timeout, not a wait for ever.
