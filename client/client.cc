@@ -800,15 +800,22 @@ void EpochIterator::fetch_next() {
   proto::BatchFrame& frame = **next;
   batch_.epoch_ = frame.epoch;
   batch_.index_ = frame.batch;
-  batch_.samples_.resize(frame.samples.size());
-  for (std::size_t i = 0; i < frame.samples.size(); ++i) {
-    auto where = connection_->locate(frame.samples[i]);
+  batch_.samples_.clear();
+  batch_.skipped_.clear();
+  batch_.samples_.reserve(frame.samples.size());
+  for (const proto::SampleDescriptor& d : frame.samples) {
+    if ((d.flags & proto::kSampleSkipped) != 0) {
+      batch_.skipped_.push_back(d.sample_id);
+      continue;
+    }
+    auto where = connection_->locate(d);
     if (!where.ok()) {
       done_ = true;
       throw Error(where.status());
     }
-    batch_.samples_[i].data_ = *where;
-    batch_.samples_[i].desc_ = frame.samples[i];
+    Sample& sample = batch_.samples_.emplace_back();
+    sample.data_ = *where;
+    sample.desc_ = d;
   }
   connection_->delivered(frame);
   holding_ = true;

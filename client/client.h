@@ -135,12 +135,18 @@ class Batch {
   const Sample& operator[](std::size_t i) const { return samples_[i]; }
   std::vector<Sample>::const_iterator begin() const { return samples_.begin(); }
   std::vector<Sample>::const_iterator end() const { return samples_.end(); }
+  // Samples planned for this batch whose bytes could not be read (dataset.strict = false:
+  // the file vanished or changed since the scan, or an I/O error; the daemon's log names
+  // the file and offset). They are not in the batch, so size() is smaller than planned;
+  // they count as delivered for checkpoints, and in EpochStats::unreadable_samples.
+  const std::vector<SampleId>& skipped() const { return skipped_; }
 
  private:
   friend class EpochIterator;
   std::uint64_t epoch_ = 0;
   std::uint64_t index_ = 0;
   std::vector<Sample> samples_;
+  std::vector<SampleId> skipped_;
 };
 
 class DaemonConnection;

@@ -182,6 +182,7 @@ void encode(std::vector<std::uint8_t>& out, const EpochStats& m) {
   w.put(m.peer_bytes);
   w.put(m.fetch_wait_us);
   w.put(m.substituted_samples);
+  w.put(m.unreadable_samples);
   w.put(m.exchange_fraction);
   w.put(m.window);
   w.put(m.batches_scored);
@@ -345,9 +346,11 @@ std::string decode(std::span<const std::uint8_t> payload, BatchFrame& out) {
   for (std::uint32_t i = 0; i < count; ++i) {
     const auto& s = out.samples[i];
     if (s.region > static_cast<std::uint8_t>(Region::kStaging) || s.tier > static_cast<std::uint8_t>(Tier::kStorage) ||
-        s.offset + s.length < s.offset) {
+        s.offset + s.length < s.offset || (s.flags & ~kSampleSkipped) != 0 ||
+        ((s.flags & kSampleSkipped) != 0 && s.length != 0)) {
       return "batch frame: sample descriptor " + std::to_string(i) + " is malformed (region " +
-             std::to_string(s.region) + ", tier " + std::to_string(s.tier) + ")";
+             std::to_string(s.region) + ", tier " + std::to_string(s.tier) + ", flags " + std::to_string(s.flags) +
+             ", length " + std::to_string(s.length) + ")";
     }
   }
   return {};
@@ -375,6 +378,7 @@ std::string decode(std::span<const std::uint8_t> payload, EpochStats& out) {
   r.get(out.peer_bytes, "peer_bytes");
   r.get(out.fetch_wait_us, "fetch_wait_us");
   r.get(out.substituted_samples, "substituted_samples");
+  r.get(out.unreadable_samples, "unreadable_samples");
   r.get(out.exchange_fraction, "exchange_fraction");
   r.get(out.window, "window");
   r.get(out.batches_scored, "batches_scored");

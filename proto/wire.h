@@ -27,11 +27,12 @@
 namespace shardmix::proto {
 
 inline constexpr std::uint32_t kMagic = 0x31584d53;  // "SMX1" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 6;  // 2: stream ids on epoch frames; 3: quality figures;
+inline constexpr std::uint16_t kProtocolVersion = 7;  // 2: stream ids on epoch frames; 3: quality figures;
                                                       // 4: trainer wait in Release, GetStats/Stats;
                                                       // 5: checkpoint/resume (plan identity in Welcome,
                                                       //    resume blob in StartEpoch, plan positions in Batch)
                                                       // 6: Keepalive
+                                                      // 7: unreadable samples skipped (descriptor flag, EpochStats)
 // A daemon sends a Keepalive to a trainer it has sent nothing else for this long, so that a
 // trainer can tell a daemon with nothing ready yet (slow storage, a peer's reads) from a
 // stopped or hung one (decision 0036) with a short receive timeout.
@@ -75,10 +76,14 @@ struct SampleDescriptor {
   std::uint32_t owner;      // node whose cache served it
   std::uint8_t region;      // Region
   std::uint8_t tier;        // Tier
-  std::uint16_t reserved;
+  std::uint16_t flags;      // kSampleSkipped, or 0
   std::uint64_t offset;     // into the region
   std::uint64_t length;
 };
+// The sample's bytes could not be read (dataset.strict = false): it holds its planned
+// position in the batch so the client's bookkeeping stays exact, but has no bytes
+// (offset and length 0) and is not handed to the trainer as a sample.
+inline constexpr std::uint16_t kSampleSkipped = 1;
 static_assert(sizeof(SampleDescriptor) == 32 && std::is_trivially_copyable_v<SampleDescriptor>);
 
 struct Hello {
@@ -161,6 +166,9 @@ struct EpochStats {
   std::uint64_t fetch_wait_us = 0;   // sum over fetches (per batch; per batch and owner with a window) of post-to-landing time
   // shuffle.window at work: samples delivered in another batch than planned.
   std::uint64_t substituted_samples = 0;
+  // Samples skipped because their bytes could not be read (dataset.strict = false); not in
+  // `samples`. samples + unreadable_samples = the planned samples of the pass.
+  std::uint64_t unreadable_samples = 0;
   // The trade-off actually made this epoch (shuffle.min_entropy may lower Q per epoch).
   double exchange_fraction = 0;
   std::uint32_t window = 0;

@@ -134,6 +134,7 @@ struct PyBatch {
   std::uint64_t epoch = 0;
   std::uint64_t index = 0;
   std::vector<shardmix::Sample> samples;
+  std::vector<shardmix::SampleId> skipped;  // planned but unreadable (Batch::skipped)
   bool valid() const { return state->holding && state->generation == generation; }
   void check(const char* what) const;
 };
@@ -212,6 +213,7 @@ py::dict stats_dict(const proto::EpochStats& s) {
   d["peer_bytes"] = s.peer_bytes;
   d["fetch_wait_us"] = s.fetch_wait_us;
   d["substituted_samples"] = s.substituted_samples;
+  d["unreadable_samples"] = s.unreadable_samples;
   d["exchange_fraction"] = s.exchange_fraction;
   d["window"] = s.window;
   d["batches_scored"] = s.batches_scored;
@@ -259,6 +261,7 @@ std::optional<PyBatch> next_batch(const std::shared_ptr<State>& state, PyEpoch& 
   out.epoch = b.epoch();
   out.index = b.index();
   out.samples.assign(b.begin(), b.end());
+  out.skipped = b.skipped();
   return out;
 }
 
@@ -385,6 +388,12 @@ Valid while its batch is in hand; afterwards exports raise ReleasedError.)doc");
         for (const auto& s : b.samples) l.append(s.id());
         return l;
       })
+      .def_property_readonly("skipped", [](const PyBatch& b) {
+        py::list l;
+        for (const auto id : b.skipped) l.append(id);
+        return l;
+      }, "Ids of samples planned for this batch whose bytes could not be read (dataset.strict = false); "
+         "not in the batch. Usually empty.")
       .def_property_readonly("labels", [](const PyBatch& b) {
         py::list l;
         for (const auto& s : b.samples) l.append(s.label());

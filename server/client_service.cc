@@ -147,10 +147,12 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     log_->info(
         "trainer {} epoch {}: {} samples in {} batches, local {:.3f} peer {:.3f} storage {:.3f}, {:.0f} peer bytes/sample, "
         "Q {:.3f}, window {} ({} substituted), label entropy mean {:.3f} p5 {:.3f}, affinity {:.3f}, "
-        "fetch wait {:.3f} s",
+        "fetch wait {:.3f} s{}",
         trainer_rank_, stats.epoch, stats.samples, stats.batches, stats.local_samples / n, stats.peer_samples / n,
         stats.storage_samples / n, stats.peer_bytes / n, stats.exchange_fraction, stats.window, stats.substituted_samples,
-        stats.label_entropy_mean, stats.label_entropy_p5, stats.affinity, stats.fetch_wait_us / 1e6);
+        stats.label_entropy_mean, stats.label_entropy_p5, stats.affinity, stats.fetch_wait_us / 1e6,
+        stats.unreadable_samples > 0 ? fmt::format(", {} unreadable samples skipped", stats.unreadable_samples)
+                                     : std::string());
     std::vector<std::uint8_t> out;
     proto::encode(out, stats);
     write(std::move(out));

@@ -891,6 +891,12 @@ int run_daemon(const Config& config, MpiSession& mpi) {
                                     storage_readers.get(), config.service.cold_readahead_batches};
   served.context.redealt = redealt ? &*redealt : nullptr;
   served.context.degrade_dead_peers = degrade;
+  // Bad input found while serving (a file vanished or changed since the scan, an I/O
+  // error that a retry did not cure): skip and count, as the scan does, unless strict.
+  served.context.skip_unreadable_samples = !config.dataset.strict;
+  served.context.on_skipped = [log](std::uint64_t epoch, SampleId id, const Status& error) {
+    log->warn("skipping sample {} in epoch {} (dataset.strict = false): {}", id, epoch, error.to_string());
+  };
   served.context.rerouted_samples = telemetry.rerouted_samples();
   served.context.residency = residency.get();
   served.plan_digest = digest;

@@ -107,6 +107,7 @@ std::string JobEpochStats::to_json() const {
   field("exchange_fraction", json_number(exchange_fraction));
   field("window", u(window));
   field("substituted_samples", u(substituted_samples));
+  field("unreadable_samples", u(unreadable_samples));
   field("batches_scored", u(batches_scored));
   field("label_entropy_mean", json_number(label_entropy_mean));
   field("label_entropy_p5_min", json_number(label_entropy_p5_min));
@@ -115,6 +116,13 @@ std::string JobEpochStats::to_json() const {
   field("skipped_samples", skipped_samples ? u(*skipped_samples) : "null");
   field("invalid_samples", u(invalid_samples));
   return s + "}";
+}
+
+std::string JobEpochStats::skipped_parts() const {
+  std::vector<std::string> parts;
+  if (invalid_samples > 0) parts.push_back(fmt::format("{} invalid in the dataset", invalid_samples));
+  if (unreadable_samples > 0) parts.push_back(fmt::format("{} unreadable this epoch", unreadable_samples));
+  return parts.empty() ? std::string() : fmt::format(" (of which {})", fmt::join(parts, ", "));
 }
 
 std::string JobEpochStats::summary() const {
@@ -128,7 +136,7 @@ std::string JobEpochStats::summary() const {
       100 * stall_fraction, stall_seconds_max, local_samples / n, peer_samples / n, storage_samples / n,
       exchange_fraction, label_entropy_mean, label_entropy_p5_min, affinity, errors_total,
       skipped_samples ? std::to_string(*skipped_samples) : std::string("?"),
-      invalid_samples > 0 ? fmt::format(" (of which {} invalid in the dataset)", invalid_samples) : std::string());
+      skipped_parts());
 }
 
 // ---------------------------------------------------------------- JobAggregator
@@ -165,6 +173,7 @@ JobEpochStats JobAggregator::merge(std::uint64_t epoch,
     j.peer_bytes += s.peer_bytes;
     j.fetch_wait_seconds += s.fetch_wait_us / 1e6;
     j.substituted_samples += s.substituted_samples;
+    j.unreadable_samples += s.unreadable_samples;
     j.exchange_fraction = s.exchange_fraction;
     j.window = s.window;
     const double stall = r.stall_us / 1e6;
@@ -282,6 +291,7 @@ void NodeTelemetry::add_record(const TrainerEpochRecord& record) {
   storage_ += s.storage_samples;
   peer_bytes_ += s.peer_bytes;
   substituted_ += s.substituted_samples;
+  unreadable_ += s.unreadable_samples;
   stall_us_ += record.stall_us;
   fetch_wait_us_ += s.fetch_wait_us;
   last_ = record;
@@ -333,6 +343,9 @@ std::string NodeTelemetry::prometheus_text() const {
            static_cast<double>(peer_bytes_));
   w.metric("shardmix_substituted_samples_total", "counter",
            "Samples delivered in another batch than planned (shuffle.window).", static_cast<double>(substituted_));
+  w.metric("shardmix_unreadable_samples_total", "counter",
+           "Samples skipped because their bytes could not be read from storage (dataset.strict = false).",
+           static_cast<double>(unreadable_));
   w.metric("shardmix_trainer_stall_seconds_total", "counter",
            "Time trainers waited for batches (as they reported it), summed over trainers.", stall_us_ / 1e6);
   w.metric("shardmix_fetch_wait_seconds_total", "counter", "Time batches waited on peer reads in this daemon.",

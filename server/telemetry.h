@@ -58,6 +58,9 @@ struct JobEpochStats {
   double exchange_fraction = 0;   // Q of the epoch (the same on every trainer)
   std::uint32_t window = 0;
   std::uint64_t substituted_samples = 0;
+  // Samples whose bytes could not be read and were skipped (dataset.strict = false): part
+  // of skipped_samples below.
+  std::uint64_t unreadable_samples = 0;
   std::uint64_t batches_scored = 0;
   double label_entropy_mean = 0;  // mean over every scored batch of every trainer (NaN: none)
   double label_entropy_p5_min = 0;  // the lowest per-trainer 5th percentile (NaN: none)
@@ -72,6 +75,9 @@ struct JobEpochStats {
   std::string to_json() const;
   // One human line for the daemon log and shardmix-stat.
   std::string summary() const;
+
+ private:
+  std::string skipped_parts() const;  // " (of which N invalid ..., M unreadable ...)" or ""
 };
 
 class JobAggregator {
@@ -149,7 +155,7 @@ class NodeTelemetry {
   std::atomic<std::uint64_t> rerouted_samples_{0};  // written by schedulers without the mutex
   // Sums over every finished pass on this node.
   std::uint64_t passes_ = 0, batches_ = 0, samples_ = 0, bytes_ = 0, local_ = 0, peer_ = 0, storage_ = 0,
-                peer_bytes_ = 0, substituted_ = 0, stall_us_ = 0, fetch_wait_us_ = 0;
+                peer_bytes_ = 0, substituted_ = 0, unreadable_ = 0, stall_us_ = 0, fetch_wait_us_ = 0;
   std::optional<TrainerEpochRecord> last_;  // latest record (quality figures of the last pass)
   std::optional<JobEpochStats> job_;
   std::vector<TrainerEpochRecord> queue_;

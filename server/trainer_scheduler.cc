@@ -443,6 +443,10 @@ bool TrainerScheduler::deliver_next() {
     if (slot.arena_pin) sent.arena_pins.push_back(std::move(slot.arena_pin));
     const std::uint64_t position = p.base + k;
     if (position < plan_begin || position >= plan_begin + n) ++stats_.substituted_samples;
+    if ((d.flags & proto::kSampleSkipped) != 0) {
+      ++stats_.unreadable_samples;
+      continue;
+    }
     ++stats_.samples;
     stats_.bytes += d.length;
     if (d.tier == static_cast<std::uint8_t>(proto::Tier::kLocal)) {
@@ -456,11 +460,14 @@ bool TrainerScheduler::deliver_next() {
   }
   labels_scratch_.clear();
   for (const auto& d : frame.samples) {
+    if ((d.flags & proto::kSampleSkipped) != 0) continue;  // not received
     labels_scratch_.push_back(d.label);
     if (!previous_epoch_ || *previous_epoch_ + 1 != p.epoch) continue;
     if (received_before_[d.sample_id]) ++received_again_;
   }
-  for (const auto& d : frame.samples) received_[d.sample_id] = true;
+  for (const auto& d : frame.samples) {
+    if ((d.flags & proto::kSampleSkipped) == 0) received_[d.sample_id] = true;
+  }
   label_entropy_->add_batch(labels_scratch_);
   p.undelivered -= n;
   while (!p.slots.empty() && p.slots.front().state == SlotState::kDelivered) {
@@ -583,6 +590,11 @@ void TrainerScheduler::on_fetched(const std::shared_ptr<Pass>& pass, const std::
     reroute_to_storage(pass, positions, /*stale=*/false);
     return;
   }
+  if (!status.ok() && pass->slot(positions.front()).peer == kNoPeer &&
+      retry_or_skip_storage(pass, positions, status)) {
+    pump();
+    return;
+  }
   for (const std::uint64_t position : positions) pass->slot(position).state = SlotState::kReady;
   if (!status.ok() && pass->error.ok()) {
     pass->error = status;
@@ -612,8 +624,39 @@ void TrainerScheduler::take_bytes(Pass& pass, Slot& slot,
   }
 }
 
+bool TrainerScheduler::retry_or_skip_storage(const std::shared_ptr<Pass>& pass,
+                                             const std::vector<std::uint64_t>& positions, const Status& status) {
+  // The group has completed: no read of it still writes into these bytes, so a retry may
+  // read into the same ones. The group reports only its first error, so which positions
+  // failed is unknown: a retry is per position, which also finds the ones that did.
+  std::vector<std::uint64_t> retry, failed;
+  for (const std::uint64_t position : positions) {
+    (pass->slot(position).storage_retried ? failed : retry).push_back(position);
+  }
+  if (!failed.empty() && !context_.skip_unreadable_samples) return false;  // the pass fails with it
+  for (const std::uint64_t position : retry) {
+    pass->slot(position).storage_retried = true;
+    reroute_to_storage(pass, {position}, /*stale=*/false, /*rerouted=*/false);
+  }
+  if (context_.skip_unreadable_samples) {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+    for (const std::uint64_t position : failed) {
+      // A single read (retried ones are posted alone), so `status` is this sample's error.
+      Slot& slot = pass->slot(position);
+      take_bytes(*pass, slot, ranges);
+      slot.descriptor.flags |= proto::kSampleSkipped;
+      slot.descriptor.offset = 0;
+      slot.descriptor.length = 0;
+      slot.state = SlotState::kReady;
+      if (context_.on_skipped) context_.on_skipped(pass->epoch, slot.descriptor.sample_id, status);
+    }
+    staging_->release_all(ranges);
+  }
+  return true;
+}
+
 void TrainerScheduler::reroute_to_storage(const std::shared_ptr<Pass>& pass,
-                                          const std::vector<std::uint64_t>& positions, bool stale) {
+                                          const std::vector<std::uint64_t>& positions, bool stale, bool rerouted) {
   std::vector<StorageRead> reads;
   reads.reserve(positions.size());
   const std::uint64_t seq = next_fetch_seq_++;
@@ -629,9 +672,11 @@ void TrainerScheduler::reroute_to_storage(const std::shared_ptr<Pass>& pass,
     slot.descriptor.tier = static_cast<std::uint8_t>(proto::Tier::kStorage);
     reads.push_back({slot.descriptor.sample_id, slot.descriptor.length, slot.descriptor.offset});
   }
-  rerouted_samples_ += positions.size();
-  if (context_.rerouted_samples != nullptr) {
-    context_.rerouted_samples->fetch_add(positions.size(), std::memory_order_relaxed);
+  if (rerouted) {
+    rerouted_samples_ += positions.size();
+    if (context_.rerouted_samples != nullptr) {
+      context_.rerouted_samples->fetch_add(positions.size(), std::memory_order_relaxed);
+    }
   }
   ++pass->fetches_in_flight;
   auto done = [self = shared_from_this(), pass, positions, seq, now = std::chrono::steady_clock::now()](

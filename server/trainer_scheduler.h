@@ -138,6 +138,14 @@ struct SchedulerContext {
   // fault.peer_death = degrade: a failed peer read is retried from `storage` (which must be
   // set) instead of failing the trainer; the same bytes are in the dataset's files.
   bool degrade_dead_peers = false;
+  // dataset.strict = false: a sample whose storage read still fails after one retry (the
+  // file vanished, shrank or was rewritten since the scan; an I/O error) is skipped: its
+  // batch goes out without it (a descriptor flagged kSampleSkipped stands in its place,
+  // so the client's positions stay exact), the epoch's statistics count it, and
+  // `on_skipped` is told (the daemon logs the error, which names the file and offset).
+  // false: that error fails the trainer (after the same retry).
+  bool skip_unreadable_samples = false;
+  std::function<void(std::uint64_t epoch, SampleId, const Status&)> on_skipped;
   // Counts samples read from storage instead of a dead or failing peer (telemetry), or null.
   std::atomic<std::uint64_t>* rerouted_samples = nullptr;
   // Cache rotation (cache.rotation_epochs or cache.reuse_rounds > 0, decisions 0033/0035): where each node's
@@ -191,6 +199,8 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
     // these bytes, so they are quarantined (not reused) until it completes.
     std::uint64_t stale_seq = 0;
     SlotState state = SlotState::kReady;
+    // Its storage read failed once and was posted again on its own (one retry).
+    bool storage_retried = false;
     // A local (zero-copy) slot under cache rotation: held until the trainer releases the batch.
     std::shared_ptr<const int> arena_pin;
   };
@@ -251,10 +261,17 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   bool substitute(std::uint64_t n, std::uint64_t plan_begin, std::vector<std::size_t>& chosen);
   void on_fetched(const std::shared_ptr<Pass>& pass, const std::vector<std::uint64_t>& positions,
                   std::uint64_t seq, std::chrono::steady_clock::time_point started, const Status& status);
-  // Re-posts the fetching `positions` of `pass` to storage (same staging bytes); `stale`:
-  // the read they were waiting for is still in flight.
+  // Re-posts the fetching `positions` of `pass` to storage (same staging bytes) as one read
+  // group; `stale`: the read they were waiting for is still in flight; `rerouted`: they
+  // were a peer's (counted as rerouted samples), not a retry of failed storage reads.
   void reroute_to_storage(const std::shared_ptr<Pass>& pass, const std::vector<std::uint64_t>& positions,
-                          bool stale);
+                          bool stale, bool rerouted = true);
+  // A storage read group of `pass` failed: each position not retried yet is read again on
+  // its own (so one bad file cannot fail its neighbours); the others are skipped
+  // (skip_unreadable_samples) or become the pass's error. False: nothing was retried or
+  // skipped, the caller records the error.
+  bool retry_or_skip_storage(const std::shared_ptr<Pass>& pass, const std::vector<std::uint64_t>& positions,
+                             const Status& status);
   // Moves a slot's staging bytes to `ranges`, or, while a stale read may still land there,
   // to `sent`'s stale_staging when a batch hands them to the trainer (nullptr: to quarantine).
   static void take_bytes(Pass& pass, Slot& slot, std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges,

@@ -3,7 +3,9 @@
 // --trace writes DIR/rank-<R>.csv:
 //   epoch,rank,batch,position,sample_id,path,label,bytes,xxh64,tier,owner
 // (path relative to dataset.path, or "<shard>@<offset>" for a sample inside a tar or
-// TFRecord shard; CSV-quoted when needed; xxh64 seed 0, 16 hex digits).
+// TFRecord shard; CSV-quoted when needed; xxh64 seed 0, 16 hex digits), and
+// DIR/skipped-rank-<R>.csv: epoch,rank,batch,sample_id,path of the samples the daemon
+// could not read and skipped (dataset.strict = false; Batch::skipped()).
 // Run it as the trainer ranks, e.g. under deploy/launch.sh.
 // Checkpoint and resume (docs/decisions/0022): --checkpoint-after K --checkpoint-dir DIR
 // saves Client::checkpoint() to DIR/rank-<R>.ckpt after the K-th batch of the first epoch
@@ -146,6 +148,7 @@ int main(int argc, char** argv) {
     shardmix::Client client = shardmix::Client::connect(options);
     const int rank = client.rank();
     std::FILE* trace = nullptr;
+    std::FILE* skipped_trace = nullptr;
     const shardmix::Catalog* catalog = nullptr;
     if (!trace_dir.empty()) {
       std::filesystem::create_directories(trace_dir);
@@ -156,6 +159,13 @@ int main(int argc, char** argv) {
         return 1;
       }
       std::fputs("epoch,rank,batch,position,sample_id,path,label,bytes,xxh64,tier,owner\n", trace);
+      const std::string skipped_path = fmt::format("{}/skipped-rank-{}.csv", trace_dir, rank);
+      skipped_trace = std::fopen(skipped_path.c_str(), "w");
+      if (skipped_trace == nullptr) {
+        std::fprintf(stderr, "shardmix-consume: cannot write %s\n", skipped_path.c_str());
+        return 1;
+      }
+      std::fputs("epoch,rank,batch,sample_id,path\n", skipped_trace);
       catalog = &client.catalog();
     }
     if (touch != "hash" && !trace_dir.empty()) {
@@ -186,7 +196,7 @@ int main(int argc, char** argv) {
     std::vector<std::byte> sink;
     std::string rows;
     for (std::uint64_t e = first_epoch; e < first_epoch + epochs; ++e) {
-      std::uint64_t samples = 0, bytes = 0, batches = 0, checksum = 0;
+      std::uint64_t samples = 0, bytes = 0, batches = 0, checksum = 0, unreadable = 0;
       const auto start = std::chrono::steady_clock::now();
       // Stall: time spent waiting for a batch, from the end of the previous batch's body
       // (touching its bytes and --compute-ms) or from the epoch's start, until the batch
@@ -210,6 +220,14 @@ int main(int argc, char** argv) {
           }
         }
         ++batches;
+        unreadable += batch.skipped().size();
+        if (skipped_trace != nullptr) {
+          for (const shardmix::SampleId id : batch.skipped()) {
+            std::fprintf(skipped_trace, "%llu,%d,%llu,%u,%s\n", static_cast<unsigned long long>(e), rank,
+                         static_cast<unsigned long long>(batch.index()), id, csv_field(catalog->location(id)).c_str());
+          }
+          std::fflush(skipped_trace);  // a trainer that exits at a checkpoint skips the close
+        }
         std::size_t position = 0;
         for (const shardmix::Sample& s : batch) {
           const auto view = s.bytes();
@@ -263,13 +281,14 @@ int main(int argc, char** argv) {
       const auto& stats = client.last_epoch_stats();
       std::printf(
           "rank %d epoch %llu: %llu samples in %llu batches, %.3f s, %.0f samples/s, %.3f GB/s, stalled %.3f s "
-          "(local %llu, peer %llu, storage %llu; checksum %016llx)\n",
+          "(local %llu, peer %llu, storage %llu; checksum %016llx)%s\n",
           rank, static_cast<unsigned long long>(e), static_cast<unsigned long long>(samples),
           static_cast<unsigned long long>(batches), secs, secs > 0 ? samples / secs : 0.0,
           secs > 0 ? bytes / secs / 1e9 : 0.0, stall_seconds,
           static_cast<unsigned long long>(stats ? stats->local_samples : 0),
           static_cast<unsigned long long>(stats ? stats->peer_samples : 0),
-          static_cast<unsigned long long>(stats ? stats->storage_samples : 0), static_cast<unsigned long long>(checksum));
+          static_cast<unsigned long long>(stats ? stats->storage_samples : 0), static_cast<unsigned long long>(checksum),
+          unreadable > 0 ? fmt::format("; {} unreadable samples skipped", unreadable).c_str() : "");
       if (json) {
         std::printf(
             "JSON {\"rank\": %d, \"epoch\": %llu, \"samples\": %llu, \"bytes\": %llu, \"batches\": %llu, "
@@ -301,6 +320,7 @@ int main(int argc, char** argv) {
       std::fwrite(rows.data(), 1, rows.size(), trace);
       std::fclose(trace);
     }
+    if (skipped_trace != nullptr) std::fclose(skipped_trace);
   } catch (const shardmix::Error& e) {
     std::fprintf(stderr, "shardmix-consume: %s\n", e.what());
     return 1;

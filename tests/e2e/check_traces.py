@@ -32,7 +32,9 @@ numbered 0.. without gaps, batch sizes <= B (== B with --drop-last); tier
 --allow-storage); a sample's owner the same everywhere; sample_id <-> path one
 to one across ranks and epochs; each epoch's order differs from the previous
 one's. --expect-peer / --expect-no-peer check that some / no sample came from a
-peer.
+peer. --skipped also reads DIR/skipped-rank-<R>.csv (epoch,rank,batch,sample_id,path:
+samples whose bytes could not be read, skipped under dataset.strict = false): per epoch,
+delivered and skipped samples together are the dataset, each exactly once, none both.
 
 Exit status: 0 PASS, 1 FAIL, 2 usage error (bad arguments, unreadable dataset).
 """
@@ -53,6 +55,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 HEADER = ["epoch", "rank", "batch", "position", "sample_id", "path", "label",
           "bytes", "xxh64", "tier", "owner"]
 TIERS = ("local", "peer", "storage")
+SKIPPED_HEADER = ["epoch", "rank", "batch", "sample_id", "path"]
 
 # --------------------------------------------------------------------------- XXH64
 
@@ -492,6 +495,35 @@ class Checker:
             self.problems.append((kind, msg))
 
     # ---- loading
+    def load_skipped(self) -> Dict[int, List[Tuple[str, int, str]]]:
+        """epoch -> [(path, sample_id, where)] from DIR/skipped-rank-<R>.csv."""
+        a = self.a
+        out: Dict[int, List[Tuple[str, int, str]]] = collections.defaultdict(list)
+        for r in range(a.trainers):
+            name = "skipped-rank-%d.csv" % r
+            full = os.path.join(a.trace_dir, name)
+            if not os.path.exists(full):
+                self.problem("files", "no %s for trainer rank %d (--skipped)" % (name, r))
+                continue
+            with open(full, newline="", encoding="utf-8", errors="surrogateescape") as f:
+                reader = csv.reader(f)
+                header = next(reader, None)
+                if header != SKIPPED_HEADER:
+                    self.problem("format", "%s: header %r, expected %r" % (name, header, SKIPPED_HEADER))
+                    continue
+                for fields in reader:
+                    where = "%s:%d" % (name, reader.line_num)
+                    try:
+                        epoch, rank, _batch, sid = (int(x) for x in fields[:4])
+                        path = fields[4]
+                    except (ValueError, IndexError):
+                        self.problem("format", "%s: bad row %r" % (where, fields))
+                        continue
+                    if rank != r:
+                        self.problem("format", "%s: rank %d in rank %d's file" % (where, rank, r))
+                    out[epoch].append((path, sid, where))
+        return out
+
     def load_traces(self) -> List[Row]:
         a = self.a
         rows: List[Row] = []
@@ -577,6 +609,7 @@ class Checker:
         per_epoch = []
         orders: Dict[int, Dict[Tuple[int, int, int], str]] = {}
 
+        skipped_by_epoch = self.load_skipped() if a.skipped else {}
         for e in range(a.epochs):
             erows = by_epoch.get(e, [])
             tiers: collections.Counter = collections.Counter()
@@ -641,6 +674,21 @@ class Checker:
                                     "; ".join("rank %d batch %d pos %d" % (o.rank, o.batch,
                                                                            o.position)
                                               for o in occ[:4])))
+            # Skipped (unreadable) samples: with the delivered ones, each exactly once.
+            skipped: Dict[str, str] = {}
+            for path, sid, where in skipped_by_epoch.get(e, []):
+                if path not in files:
+                    self.problem("unknown", "%s: skipped path %s is not a sample of the dataset" % (where, _q(path)))
+                elif path in skipped:
+                    self.problem("repeat", "epoch %d: %s skipped twice (%s, %s)" % (e, _q(path), skipped[path], where))
+                elif path in seen:
+                    self.problem("repeat", "epoch %d: %s skipped (%s) and delivered (%s)"
+                                 % (e, _q(path), where, seen[path][0].loc()))
+                prevs = path_to_sid.get(path)
+                if prevs is not None and prevs[0] != sid:
+                    self.problem("id", "%s: %s skipped as sample_id %d, delivered as %d at %s"
+                                 % (where, _q(path), sid, prevs[0], prevs[1]))
+                skipped.setdefault(path, where)
             delivered = len(erows)
             if a.drop_last:
                 expected = (N // (a.trainers * a.batch_size)) * a.trainers * a.batch_size
@@ -650,7 +698,7 @@ class Checker:
                                  % (e, delivered, N, a.trainers, a.batch_size, a.trainers,
                                     a.batch_size, expected))
             else:
-                missing = sorted(p for p in files if p not in seen)
+                missing = sorted(p for p in files if p not in seen and p not in skipped)
                 for p in missing[:20]:
                     self.problem("missing", "epoch %d: %s (label %d) never delivered"
                                  % (e, _q(p), files[p].label))
@@ -662,7 +710,7 @@ class Checker:
             self._check_batches(e, batches)
             orders[e] = {k: r.path for k, r in slots.items()}
             tiers_total.update(tiers)
-            per_epoch.append({"epoch": e, "delivered": delivered,
+            per_epoch.append({"epoch": e, "delivered": delivered, "skipped": len(skipped),
                               "distinct": len(seen), "tiers": dict(tiers),
                               "batches_per_rank": len(batches[0]) if a.trainers else 0})
 
@@ -853,6 +901,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="fail unless some samples came from peers")
     g.add_argument("--expect-no-peer", action="store_true",
                    help="fail if any sample came from a peer")
+    p.add_argument("--skipped", action="store_true",
+                   help="also read skipped-rank-<R>.csv (unreadable samples skipped, dataset.strict = false): "
+                        "they complete the exactly-once set")
     p.add_argument("--json", metavar="OUT", help="also write the full result as JSON")
     p.add_argument("--max-problems", type=int, default=10,
                    help="problems to print (default 10)")

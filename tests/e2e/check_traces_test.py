@@ -240,6 +240,39 @@ class FailingTracesTest(CheckerTestBase):
         self.assertNotIn("repeat", s["problem_counts"])
         self.assertEqual(s["samples_per_epoch"], [13, 12])
 
+    def write_skipped(self, skipped_rows, trainers=4):
+        for r in range(trainers):
+            with open(os.path.join(self.trace, "skipped-rank-%d.csv" % r), "w", newline="", encoding="utf-8") as f:
+                w = csv.writer(f)
+                w.writerow(ct.SKIPPED_HEADER)
+                for row in skipped_rows:
+                    if row["rank"] == r:
+                        w.writerow([row["epoch"], row["rank"], row["batch"], row["sample_id"], row["path"]])
+
+    def last_in_its_batch(self, rows, **kw):
+        row = find(rows, **kw)
+        same = [x for x in rows if (x["epoch"], x["rank"], x["batch"]) == (row["epoch"], row["rank"], row["batch"])]
+        return max(same, key=lambda x: x["position"])
+
+    def test_skipped_samples_complete_the_epoch_with_the_flag(self):
+        rows = plan_rows()
+        gone = self.last_in_its_batch(rows, epoch=1, rank=0, batch=1)
+        rows.remove(gone)
+        write_traces(self.trace, rows)
+        self.write_skipped([gone])
+        rc, out, s = self.run_checker("--skipped")
+        self.assertEqual(rc, 0, out)
+        self.assertEqual([e["skipped"] for e in s["per_epoch"]], [0, 1])
+        # Without the flag the skipped sample is missing.
+        self.assertFailsWith(self.run_checker(), "missing", "epoch 1: " + repr(gone["path"]))
+
+    def test_a_sample_both_skipped_and_delivered_fails(self):
+        rows = plan_rows()
+        row = find(rows, epoch=0, rank=2, batch=0, position=0)
+        write_traces(self.trace, rows)
+        self.write_skipped([row])
+        self.assertFailsWith(self.run_checker("--skipped"), "repeat", "skipped", "and delivered")
+
     def test_wrong_xxh64_fails(self):
         rows = plan_rows()
         row = find(rows, epoch=1, path="c/c3.bin")

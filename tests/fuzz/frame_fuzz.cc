@@ -131,6 +131,8 @@ void run_every_decoder(Span payload) {
       FUZZ_CHECK(s.region <= static_cast<std::uint8_t>(Region::kStaging), "unknown region accepted");
       FUZZ_CHECK(s.tier <= static_cast<std::uint8_t>(Tier::kStorage), "unknown tier accepted");
       FUZZ_CHECK(s.offset + s.length >= s.offset, "descriptor whose end overflows accepted");
+      FUZZ_CHECK((s.flags & ~kSampleSkipped) == 0, "unknown descriptor flag accepted");
+      FUZZ_CHECK((s.flags & kSampleSkipped) == 0 || s.length == 0, "skipped sample with bytes accepted");
     }
   }
 }
@@ -241,6 +243,7 @@ Seeds seeds() {
     s.peer_samples = 14;
     s.peer_bytes = 600000;
     s.fetch_wait_us = 1234;
+    s.unreadable_samples = 2;
     encode(f, s);
   });
   add("batch", [](Bytes& f) {
@@ -251,7 +254,8 @@ Seeds seeds() {
     b.samples.push_back(SampleDescriptor{17, 4, 0, 0, 0, 0, 4096, 112 * 1024});
     b.samples.push_back(SampleDescriptor{99, 0, 1, 1, 1, 0, 0, 1});
     b.samples.push_back(SampleDescriptor{5, 7, 2, 1, 2, 0, 1 << 20, 0});
-    b.positions = {24, 31, 27};
+    b.samples.push_back(SampleDescriptor{8, 3, 1, 1, 2, kSampleSkipped, 0, 0});
+    b.positions = {24, 31, 27, 30};
     encode(f, b);
   });
   add("empty-batch", [](Bytes& f) { encode(f, BatchFrame{4, 2, 9, {}, {}}); });

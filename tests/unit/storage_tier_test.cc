@@ -40,10 +40,30 @@ struct FakePeers : PeerFetcher {
 struct FakeStorage : StorageFetcher {
   std::deque<Pending<StorageRead>> pending;
   std::vector<StorageRead> all;  // every read ever posted, in posting order
-  Status fail_with;
+  Status fail_with;              // every group fails with it
+  std::set<SampleId> unreadable;  // a group with one of these fails, every time
+  std::set<SampleId> flaky;       // ... fails the first time it reads one of these
+  std::map<SampleId, int> reads_of;
   void fetch(std::vector<StorageRead> reads, std::function<void(const Status&)> done) override {
     all.insert(all.end(), reads.begin(), reads.end());
     pending.push_back({std::move(reads), std::move(done)});
+  }
+  // What pending group k completes with (like StorageReaderPool: its first error).
+  Status status_of(std::size_t k) {
+    Status s = fail_with;
+    for (const StorageRead& r : pending[k].reads) {
+      const int n = ++reads_of[r.sample];
+      if (s.ok() && (unreadable.count(r.sample) > 0 || (flaky.count(r.sample) > 0 && n == 1))) {
+        s = make_error(StatusCode::kCorrupt, "/data/s{}.bin: file shrank since the scan (EOF at offset 16)", r.sample);
+      }
+    }
+    return s;
+  }
+  void complete(std::size_t k) {
+    const Status s = status_of(k);
+    auto call = std::move(pending[k]);
+    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(k));
+    call.done(s);
   }
 };
 
@@ -78,7 +98,7 @@ std::vector<SampleId> run_pass(TrainerScheduler& scheduler, FakePeers& peers, Fa
   std::size_t released = sink.batches.size();
   for (int guard = 0; sink.ends.size() == ends_before && sink.errors.empty() && guard < 100000; ++guard) {
     if (!storage.pending.empty() && choices.below(2) == 0) {
-      complete_one(storage, choices.below(storage.pending.size()), storage.fail_with);
+      storage.complete(choices.below(storage.pending.size()));
     } else if (!peers.pending.empty()) {
       complete_one(peers, 0);
     } else if (released < sink.batches.size()) {
@@ -86,7 +106,7 @@ std::vector<SampleId> run_pass(TrainerScheduler& scheduler, FakePeers& peers, Fa
       EXPECT_TRUE(scheduler.release(stream, sink.batches[released].batch).ok());
       ++released;
     } else if (!storage.pending.empty()) {
-      complete_one(storage, 0, storage.fail_with);
+      storage.complete(0);
     }
   }
   for (; released < sink.batches.size(); ++released) {
@@ -636,6 +656,148 @@ TEST(StorageTier, AColdReadErrorReachesTheTrainerNamingTheFile) {
   while (!peers.pending.empty()) complete_one(peers, 0);
   while (!storage.pending.empty()) complete_one(storage, 0);
   EXPECT_TRUE(staging->empty());
+}
+
+// A storage read that fails once (an I/O hiccup) is read again on its own and delivered;
+// one that keeps failing fails the trainer when dataset.strict = true (the default of the
+// scheduler), after that one retry.
+TEST(StorageTier, AFailedColdReadIsRetriedOnceOnItsOwn) {
+  FakeStorage storage;
+  ColdWorld w(200, 2, 8, 2, 0, 0.3, &storage);
+  const TrainerPlan plan = w.planner->plan_node(0, 0)[0];
+  std::vector<SampleId> cold;
+  for (SampleId id : plan.order) {
+    if (!w.placement.is_resident(id)) cold.push_back(id);
+  }
+  ASSERT_GE(cold.size(), 20u);
+  for (std::size_t i = 0; i < cold.size(); i += 4) storage.flaky.insert(cold[i]);
+  auto staging = std::make_shared<StagingAllocator>(0, 1 << 22);
+  FakePeers peers;
+  Sink sink;
+  {
+    auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, sink);
+    scheduler->start_epoch(0, 1);
+    const std::vector<SampleId> got = run_pass(*scheduler, peers, storage, sink, 1, 0, 5);
+    ASSERT_TRUE(sink.errors.empty()) << sink.errors[0].message();
+    EXPECT_EQ(got, plan.order);
+    EXPECT_EQ(sink.ends.at(0).unreadable_samples, 0u);
+    for (SampleId id : storage.flaky) EXPECT_GE(storage.reads_of[id], 2) << "sample " << id;
+    scheduler->close();
+    while (!peers.pending.empty()) complete_one(peers, 0);
+    while (!storage.pending.empty()) complete_one(storage, 0);
+  }
+  EXPECT_TRUE(staging->empty());
+  // Strict: a sample that never reads fails the trainer, naming its file, after 2 reads.
+  storage.unreadable = {cold[1]};
+  storage.reads_of.clear();
+  Sink strict_sink;
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, strict_sink);
+  scheduler->start_epoch(0, 1);
+  (void)run_pass(*scheduler, peers, storage, strict_sink, 1, 0, 6);
+  ASSERT_EQ(strict_sink.errors.size(), 1u);
+  EXPECT_NE(strict_sink.errors[0].message().find(fmt::format("/data/s{}.bin", cold[1])), std::string::npos)
+      << strict_sink.errors[0].message();
+  EXPECT_EQ(storage.reads_of[cold[1]], 2);
+  scheduler->close();
+  while (!peers.pending.empty()) complete_one(peers, 0);
+  while (!storage.pending.empty()) complete_one(storage, 0);
+  EXPECT_TRUE(staging->empty());
+}
+
+// dataset.strict = false (skip_unreadable_samples): any completion order, release pattern,
+// window and share of cold samples, with some cold samples unreadable for good and some
+// failing once: every planned position goes out exactly once in a batch of its planned
+// size; the unreadable ones, and only they, as skipped descriptors (no bytes), each
+// reported once and counted in the epoch's statistics; the flaky ones delivered; staging
+// all given back.
+RC_GTEST_PROP(StorageTier, UnreadableSamplesAreSkippedAndCountedExactlyOnce, ()) {
+  const auto n = *rc::gen::inRange<std::size_t>(1, 160);
+  const auto nodes = *rc::gen::inRange<std::uint32_t>(1, 4);
+  const auto batch = *rc::gen::inRange<std::uint32_t>(1, 9);
+  const auto prefetch = *rc::gen::inRange<std::uint32_t>(1, 4);
+  const auto window = *rc::gen::element<std::uint32_t>(0, 0, 3, 1000);
+  const auto readahead = *rc::gen::element<std::uint32_t>(0, 2);
+  const auto share = *rc::gen::element(0.0, 0.3, 0.7);
+  const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+  FakeStorage storage;
+  ColdWorld w(n, nodes, batch, prefetch, window, share, &storage, readahead);
+  w.context.skip_unreadable_samples = true;
+  std::multiset<SampleId> reported;
+  w.context.on_skipped = [&reported](std::uint64_t epoch, SampleId id, const Status& s) {
+    RC_ASSERT(s.message().find(fmt::format("/data/s{}.bin", id)) != std::string::npos);
+    if (epoch == 1) reported.insert(id);  // not the next epoch's, read ahead
+  };
+  const TrainerPlan plan = w.planner->plan_node(1, 0)[0];
+  Rng picks(seed ^ 0x5eed);
+  std::set<SampleId> want_skipped;
+  for (SampleId id : plan.order) {
+    if (w.placement.is_resident(id)) continue;
+    const std::uint64_t r = picks.below(4);
+    if (r == 0) {
+      storage.unreadable.insert(id);
+      want_skipped.insert(id);
+    } else if (r == 1) {
+      storage.flaky.insert(id);
+    }
+  }
+  const std::uint64_t capacity = (std::uint64_t{prefetch + readahead} * batch + window + 2 * batch) * 5200;
+  auto staging = std::make_shared<StagingAllocator>(0, capacity);
+  FakePeers peers;
+  Sink sink;
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, sink);
+  scheduler->start_epoch(1, 3);
+  Rng choices(seed);
+  std::deque<std::uint64_t> held;
+  std::size_t seen = 0;
+  for (int guard = 0; sink.ends.empty() && sink.errors.empty() && guard < 100000; ++guard) {
+    for (; seen < sink.batches.size(); ++seen) held.push_back(sink.batches[seen].batch);
+    const std::size_t fetches = peers.pending.size() + storage.pending.size();
+    if (fetches > 0 && (held.empty() || choices.below(3) != 0)) {
+      const std::size_t k = choices.below(fetches);
+      if (k < peers.pending.size()) {
+        complete_one(peers, k);
+      } else {
+        storage.complete(k - peers.pending.size());
+      }
+    } else {
+      RC_ASSERT(!held.empty());  // otherwise nothing can move: a hang
+      RC_ASSERT(scheduler->release(3, held.front()).ok());
+      held.pop_front();
+    }
+  }
+  RC_ASSERT(sink.errors.empty());
+  RC_ASSERT(sink.ends.size() == 1u);
+  RC_ASSERT(sink.batches.size() == plan.num_batches());
+  std::vector<SampleId> order;
+  std::set<SampleId> skipped;
+  for (std::uint64_t j = 0; j < sink.batches.size(); ++j) {
+    RC_ASSERT(sink.batches[j].samples.size() == plan.batch_begin[j + 1] - plan.batch_begin[j]);
+    for (const auto& d : sink.batches[j].samples) {
+      order.push_back(d.sample_id);
+      if ((d.flags & proto::kSampleSkipped) != 0) {
+        RC_ASSERT(d.length == 0u);
+        RC_ASSERT(skipped.insert(d.sample_id).second);
+      } else {
+        RC_ASSERT(d.length == w.catalog.sample_bytes(d.sample_id));
+      }
+    }
+  }
+  RC_ASSERT(skipped == want_skipped);
+  RC_ASSERT(std::multiset<SampleId>(want_skipped.begin(), want_skipped.end()) == reported);
+  RC_ASSERT(sink.ends[0].unreadable_samples == want_skipped.size());
+  RC_ASSERT(sink.ends[0].samples + sink.ends[0].unreadable_samples == plan.order.size());
+  if (window == 0) {
+    RC_ASSERT(order == plan.order);
+  } else {
+    std::sort(order.begin(), order.end());
+    std::vector<SampleId> want = plan.order;
+    std::sort(want.begin(), want.end());
+    RC_ASSERT(order == want);
+  }
+  scheduler->close();
+  while (!peers.pending.empty()) complete_one(peers, 0);
+  while (!storage.pending.empty()) complete_one(storage, 0);
+  RC_ASSERT(staging->empty());
 }
 
 // Clairvoyant read-ahead: with storage not answering and the trainer holding everything it
