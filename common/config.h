@@ -87,7 +87,7 @@ struct ServiceConfig {
   bool operator==(const ServiceConfig&) const = default;
 };
 
-// What a daemon does when a peer daemon dies (docs/decisions/0025, 0026).
+// What a daemon does when a peer daemon dies (docs/decisions/0025, 0026; degrade: 0032).
 struct FaultConfig {
   std::string peer_death = "stop";     // fault.peer_death = stop|degrade
   std::chrono::microseconds peer_timeout{std::chrono::seconds(10)};  // fault.peer_timeout
