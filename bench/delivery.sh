@@ -15,7 +15,7 @@
 # one's end. Figures are medians over epochs 1..E-1 (epoch 0 includes connection set-up)
 # and over --repeat runs, with min and max.
 #
-#   bash bench/delivery.sh [--quick] [--providers "tcp shm"] [--repeat 3]
+#   bash bench/delivery.sh [--quick] [--providers "tcp shm"] [--repeat 3] [--samples 16384]
 # Env: SHARDMIX_BUILD_DIR (default build/, configure it Release), SHARDMIX_BENCH_DIR
 # (dataset cache, default /tmp/shardmix-bench). Writes bench/results/delivery-latest.json
 # and prints a Markdown table.

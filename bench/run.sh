@@ -6,8 +6,8 @@
 #      ranks), a multi-threaded POSIX reader (shardmix-bench-posix-reader), each with the page
 #      cache dropped before every epoch and warm, and the limits: single-thread memcpy,
 #      raw fi_read on the same provider, P processes reading in place from their own memory;
-#   3. small (4 KiB) and large (1 MiB) samples, 4 daemons: per-sample cost vs bandwidth;
-#   plus the colleagues' bench/stall.sh, cost.sh, startup.sh when they exist.
+#   2. small (4 KiB) and large (1 MiB) samples, 4 daemons: per-sample cost vs bandwidth;
+#   3. bench/stall.sh, cost.sh, startup.sh when they exist (bench/README.md).
 # Writes bench/results/latest.json, latest.md, latest-raw.jsonl and latest-*.png
 # (bench/suite_report.py); --quick writes them to bench/results/quick/ instead.
 #

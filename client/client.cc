@@ -75,7 +75,7 @@ Result<std::map<std::string, std::string>> read_ready_file(const std::string& pa
 }
 
 // The job token to present (common/job_token.h): SHARDMIX_JOB_TOKEN, else RUN_DIR/token,
-// which daemon rank 0 writes just before RUN_DIR/ready (waited for up to `timeout_s`).
+// which every daemon writes before rank 0 writes RUN_DIR/ready (waited for up to `timeout_s`).
 Result<std::uint32_t> find_job_token(const std::string& run_dir, double timeout_s) {
   if (auto from_env = job_token_from_env()) return *from_env;
   const std::string path = run_dir + "/" + kJobTokenFile;

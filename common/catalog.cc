@@ -1,6 +1,7 @@
-// Catalog building: scanning (folder or file list), merging per-rank scans in a canonical
-// order, and the byte layouts used for the allgather. Decoding is bounds-checked and never
-// trusts a count before checking it against the bytes that remain (it will be fuzzed).
+// Catalog building: scanning (folder, file list, or tar / TFRecord shards through
+// common/shard_formats), merging per-rank scans in a canonical order, and the byte layouts
+// used for the allgather. Decoding is bounds-checked and never trusts a count before
+// checking it against the bytes that remain (fuzzed: tests/fuzz/catalog_fuzz.cc).
 #include "common/catalog.h"
 
 #include <dirent.h>

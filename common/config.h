@@ -87,7 +87,7 @@ struct ServiceConfig {
   bool operator==(const ServiceConfig&) const = default;
 };
 
-// What a daemon does when a peer daemon dies (docs/decisions/0025, 0026).
+// What a daemon does when a peer daemon dies (docs/decisions/0025, 0026; degrade: 0032).
 struct FaultConfig {
   std::string peer_death = "stop";     // fault.peer_death = stop|degrade
   std::chrono::microseconds peer_timeout{std::chrono::seconds(10)};  // fault.peer_timeout
@@ -167,7 +167,9 @@ std::string_view dataset_format_name(DatasetFormat format);
 
 // SHARDMIX_* environment variables that are not config keys; load_config ignores them
 // (every other SHARDMIX_* name must be a key's env name). SHARDMIX_LOG_LEVEL is also the
-// env name of log.level, so it sets log.level for the daemon too.
+// env name of log.level, so it sets log.level for the daemon too. Not listed (yet): the
+// client's SHARDMIX_RECEIVE_TIMEOUT and SHARDMIX_PROGRESS_TIMEOUT, which pass only because
+// they look like no config key (looks_like_config_key in config.cc).
 inline constexpr std::array<std::string_view, 9> kNonConfigEnvVars = {
     "SHARDMIX_RUN_DIR",    "SHARDMIX_LOG_LEVEL",  "SHARDMIX_DAEMON",     "SHARDMIX_RANK",
     "SHARDMIX_WORLD_SIZE", "SHARDMIX_LOCAL_RANK", "SHARDMIX_LOCAL_SIZE", "SHARDMIX_CONNECT_TIMEOUT",

@@ -1,12 +1,13 @@
-// The per-job token (docs/decisions/0024-job-token.md): a 32-bit value that ties a
+// The per-job token (docs/decisions/0024-job-token-in-the-hello-header.md): a 32-bit value that ties a
 // trainer to the daemons of its own job. Same-user accident protection, not a secret
 // against an attacker (docs/security.md says what it does and does not defend).
 //
 // Source, first match wins, on both sides:
 //   SHARDMIX_JOB_TOKEN   any text; the token is its 32-bit FNV-1a hash. The launch
 //                        scripts export one random value to the daemons and the trainers.
-//   RUN_DIR/token        written 0600 by daemon rank 0 before RUN_DIR/ready (rank 0 draws a
-//                        random token when SHARDMIX_JOB_TOKEN is unset); trainers read it.
+//   RUN_DIR/token        written 0600 by every daemon (run dirs are often node-local) before
+//                        rank 0 writes RUN_DIR/ready; the value is rank 0's (it draws a random
+//                        token when SHARDMIX_JOB_TOKEN is unset). Trainers read it.
 // The trainer sends it in the Hello frame's header (proto::set_hello_job_token).
 // Thread-safety: pure functions plus file and environment reads; safe from any thread.
 #pragma once

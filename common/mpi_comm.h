@@ -1,5 +1,7 @@
-// MPI bootstrap: init/finalize and the few collectives ShardMix uses (catalog allgather,
-// endpoint names and memory keys, barriers, stats). MPI is never on the per-sample path.
+// MPI bootstrap: init/finalize, the few collectives ShardMix uses (catalog allgather,
+// endpoint names and memory keys, barriers), and point-to-point messages for load
+// progress, per-epoch telemetry to rank 0 and the cache-rotation fence (decisions 0014,
+// 0033). MPI is never on the per-sample path.
 // Thread-safety: call from the main thread only (MPI_THREAD_FUNNELED).
 #pragma once
 

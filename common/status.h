@@ -1,4 +1,5 @@
-// Errors as values for the core and the wire (see docs/decisions/0002-errors-as-values.md).
+// Errors as values for the core and the wire; exceptions only at the client edge
+// (shardmix::Error, client/client.h). A project convention, no decision note of its own.
 // A Status message names the thing that failed: file, offset, config key, peer rank.
 // Thread-safety: value types; safe to copy between threads, not to mutate concurrently.
 #pragma once

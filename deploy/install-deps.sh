@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian package that building, testing and demoing ShardMix needs.
-# Idempotent: packages already present are skipped by apt-get. Run as root (or via sudo).
+# Idempotent: packages already installed (dpkg-query) are skipped; apt-get runs only for the
+# missing ones. Run as root (or via sudo).
 set -euo pipefail
 
 packages=(
@@ -23,7 +24,7 @@ packages=(
   iproute2                            # ip netns, veth, bridge; tc tbf
   python3-matplotlib                  # bench/sweep_report.py draws the PNG
   # Python binding (python/) and its tests, the PyTorch example and study
-  # (examples/, bench/fashion_mnist_study.sh); built for the system's /usr/bin/python3
+  # (examples/, bench/fashion_mnist_study.py); built for the system's /usr/bin/python3
   pybind11-dev python3-dev            # the extension module shardmix._shardmix
   python3-numpy python3-pytest        # numpy.frombuffer views; the tests (unittest, pytest-compatible)
   python3-torch                       # shardmix.torch, the study, bench/storage.sh's DataLoader baseline

@@ -10,6 +10,7 @@
 #   sm_mpirun_init                            fills SM_MPIRUN (command) and SM_MPIRUN_FLAGS (array)
 #   sm_python                                 a python3 for the tools (prefers one with xxhash)
 #   sm_is_uint STRING                         true if STRING is a decimal integer >= 0
+#   sm_job_token                              a fresh per-job SHARDMIX_JOB_TOKEN (128 random bits)
 #   sm_unexport_tool_vars                     keep the scripts' own SHARDMIX_* knobs out of
 #                                             the environment of shardmixd and the trainers
 #   sm_require_exes NAME...                   die unless every ShardMix executable is built

@@ -11,10 +11,14 @@
 #   asan     clang-14, AddressSanitizer + UndefinedBehaviorSanitizer (+ libFuzzer coverage,
 #            SHARDMIX_FUZZ=ON, so the fuzz stage reuses this build): every test of the
 #            release stage (unit, fuzz corpus replays, MPI, end-to-end: their daemons and
-#            trainers are built with the sanitizers too). Any report fails its test.
+#            trainers are built with the sanitizers too) but the two soak tests, whose RSS
+#            bounds ASan's quarantine breaks by design. Two ctest calls (label unit, then
+#            the rest with slow unwinding for the Open MPI leak suppressions); the second
+#            runs even when the first fails. Any report fails its test.
 #   tsan     gcc, ThreadSanitizer: the tests labelled unit (among them an in-process cluster
-#            with the Asio service thread, trainer threads and a fetcher). Open MPI is not
-#            built for TSan, so the MPI and end-to-end tests stay out of this stage.
+#            with the Asio service thread, trainer threads and a fetcher), but the two that
+#            bound RSS growth. Open MPI is not built for TSan, so the MPI and end-to-end
+#            tests stay out of this stage.
 #   fuzz     every libFuzzer target for SHARDMIX_FUZZ_SECONDS (default 20) from its
 #            generated seeds and tests/fuzz/corpus/<name>/, two at a time.
 #
@@ -69,7 +73,8 @@ if want release; then
   # shellcheck disable=SC2086  # SHARDMIX_CMAKE_ARGS is a list of arguments
   cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release ${SHARDMIX_CMAKE_ARGS:-}
   cmake --build "$build_dir" -j "$jobs"
-  # Multi-process tests take a resource lock in CMake, so -j only overlaps the cheap ones.
+  # The end-to-end and Python-in-a-job tests are RUN_SERIAL in CMake, so -j only overlaps
+  # the cheap ones (unit, the 4-rank MPI tests).
   ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 900
   end_stage
 fi

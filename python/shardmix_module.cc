@@ -20,7 +20,9 @@
 //   * Errors: shardmix::Error becomes shardmix.Error (a RuntimeError) with the same
 //     message (the daemon's, for errors the daemon reported) and .code (the StatusCode
 //     name, e.g. "invalid_argument").
-//   * Blocking calls (connect, waiting for a batch) release the GIL.
+//   * Blocking calls (connect, waiting for a batch) release the GIL. A Ctrl-C during a
+//     wait raises KeyboardInterrupt out of it (ClientOptions::interrupted, decision 0036)
+//     and closes that Client, since a frame may have been half read.
 //
 // Thread-safety: like the C++ client, one Client per thread; concurrent calls on one
 // Client from two Python threads raise RuntimeError instead of corrupting the stream.

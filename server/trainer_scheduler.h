@@ -27,14 +27,15 @@
 // the first batches of the next epoch (the plan is known), so the pipeline does not drain
 // at every epoch boundary. A StartEpoch for that epoch adopts them; any other discards them.
 //
-// Degraded mode (fault.peer_death = degrade, docs/decisions/0026): once told that a peer
+// Degraded mode (fault.peer_death = degrade, docs/decisions/0032): once told that a peer
 // is dead (peer_dead()), every sample it owns that is staged later is read from storage
 // (tier storage, like a cold sample); reads from it still in flight are re-posted to
-// storage for exactly their positions (same staging bytes), and with degrade_dead_peers a
-// failed peer read is retried from storage instead of failing the trainer. Positions never
-// change, so the plan, W = 0 order and exactly-once are untouched.
-// The daemon wires this up for fault.peer_death = degrade (docs/decisions/0032); the
-// scheduler half is tested as pure code in storage_tier_test.
+// storage for exactly their positions (same staging bytes; those bytes are not reused until
+// the stale read has landed, since a hung peer's read may still write them), and with
+// degrade_dead_peers a failed peer read is retried from storage instead of failing the
+// trainer. Positions never change, so the plan, W = 0 order and exactly-once are untouched.
+// The daemon wires this up for fault.peer_death = degrade; the scheduler half is tested as
+// pure code in storage_tier_test.
 //
 // Cache rotation (cache.rotation_epochs, docs/decisions/0033; per round with
 // cache.reuse_rounds, 0035): with a ResidencyTable in the context, every staged batch

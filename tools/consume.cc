@@ -1,5 +1,6 @@
-// shardmix-consume: a trainer stand-in. Touches every byte of every sample (XXH64),
-// prints per-epoch samples/s, GB/s and stall time (waiting for batches), and with
+// shardmix-consume: a trainer stand-in. Touches every byte of every sample (XXH64 by
+// default; --touch copy or none for the benchmarks), prints per-epoch samples/s, GB/s and
+// stall time (waiting for batches), and with
 // --trace writes DIR/rank-<R>.csv:
 //   epoch,rank,batch,position,sample_id,path,label,bytes,xxh64,tier,owner
 // (path relative to dataset.path, or "<shard>@<offset>" for a sample inside a tar or

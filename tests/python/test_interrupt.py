@@ -1,6 +1,6 @@
 """Ctrl-C while a trainer waits for a batch (ClientOptions::interrupted, decision 0036).
 
-Run as the trainers of a job whose every batch waits for a straggling peer
+Run as the trainers of a job whose every batch waits for slow storage
 (inject.storage_delay on samples no node caches, far longer than the 1 s before the SIGINT): the
 KeyboardInterrupt must come out of the wait itself, before any batch, and leave
 the connection closed (a later call says so), not after the batch arrives.
