@@ -373,7 +373,7 @@ std::string expectation(const KeySpec& key) {
   switch (key.type) {
     case KeyType::kString: return "a string";
     case KeyType::kInt: return "an integer";
-    case KeyType::kUint: return fmt::format("an integer in 0..{}", key.max_uint);
+    case KeyType::kUint: return fmt::format("an integer in {}..{}", key.min_uint, key.max_uint);
     case KeyType::kBool: return "a boolean (true or false)";
     case KeyType::kDouble: return "a number";
     case KeyType::kSize: return "a size (integer bytes or a string such as \"64MiB\")";
@@ -934,10 +934,15 @@ Status validate(const Config& config, const Origins& origins) {
         break;
       case KeyType::kUint:
       case KeyType::kSize:
-      case KeyType::kDuration:
         if (as_u64(value) < key.min_uint) {
           return make_error(StatusCode::kInvalidArgument, "config key '{}' must be >= {}, got {} ({})", key.name,
                             key.min_uint, as_u64(value), origin);
+        }
+        break;
+      case KeyType::kDuration:  // stored in microseconds; said with a unit
+        if (as_u64(value) < key.min_uint) {
+          return make_error(StatusCode::kInvalidArgument, "config key '{}' must be at least {}, got {} ({})", key.name,
+                            duration_text(key.min_uint), duration_text(as_u64(value)), origin);
         }
         break;
       case KeyType::kDouble: {

@@ -167,13 +167,13 @@ std::string_view dataset_format_name(DatasetFormat format);
 
 // SHARDMIX_* environment variables that are not config keys; load_config ignores them
 // (every other SHARDMIX_* name must be a key's env name). SHARDMIX_LOG_LEVEL is also the
-// env name of log.level, so it sets log.level for the daemon too. Not listed (yet): the
-// client's SHARDMIX_RECEIVE_TIMEOUT and SHARDMIX_PROGRESS_TIMEOUT, which pass only because
-// they look like no config key (looks_like_config_key in config.cc).
-inline constexpr std::array<std::string_view, 9> kNonConfigEnvVars = {
-    "SHARDMIX_RUN_DIR",    "SHARDMIX_LOG_LEVEL",  "SHARDMIX_DAEMON",     "SHARDMIX_RANK",
-    "SHARDMIX_WORLD_SIZE", "SHARDMIX_LOCAL_RANK", "SHARDMIX_LOCAL_SIZE", "SHARDMIX_CONNECT_TIMEOUT",
-    "SHARDMIX_JOB_TOKEN"};
+// env name of log.level, so it sets log.level for the daemon too. The client's timeouts are
+// listed so that a future config section of the same name cannot turn them into errors.
+inline constexpr std::array<std::string_view, 11> kNonConfigEnvVars = {
+    "SHARDMIX_RUN_DIR",         "SHARDMIX_LOG_LEVEL",       "SHARDMIX_DAEMON",
+    "SHARDMIX_RANK",            "SHARDMIX_WORLD_SIZE",      "SHARDMIX_LOCAL_RANK",
+    "SHARDMIX_LOCAL_SIZE",      "SHARDMIX_CONNECT_TIMEOUT", "SHARDMIX_RECEIVE_TIMEOUT",
+    "SHARDMIX_PROGRESS_TIMEOUT", "SHARDMIX_JOB_TOKEN"};
 
 // One row of config.cc's key table, for docs, tools and tests.
 struct ConfigKeyInfo {

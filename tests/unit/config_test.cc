@@ -162,6 +162,18 @@ TEST_F(ConfigTest, WrongTypeNamesKeyExpectedTypeAndValue) {
   }
 }
 
+// The range in a type error starts at the key's own minimum, and a duration's minimum is
+// said with a unit, not in the microseconds it is stored as.
+TEST_F(ConfigTest, RangeErrorsSayTheKeysOwnMinimumInItsUnit) {
+  auto c = load_config(write("r.toml", "[batch]\nsize = \"abc\"\n"), {}, {"dataset.path=/d"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(error_of(c).find("an integer in 1..4294967295"), std::string::npos) << error_of(c);
+  c = load_config("", {}, {"dataset.path=/d", "telemetry.interval=500us"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(error_of(c).find("'telemetry.interval' must be at least 1ms, got 500us"), std::string::npos)
+      << error_of(c);
+}
+
 TEST_F(ConfigTest, BadTomlAndMissingFile) {
   auto c = load_config(write("bad.toml", "[batch]\nsize = = 3\n"), {}, {});
   ASSERT_FALSE(c.ok());
