@@ -54,6 +54,7 @@ class Writer {
     bytes(s.data(), s.size());
   }
   void reserve(std::size_t n) { out_.reserve(n); }
+  void zeros(std::size_t n) { out_.resize(out_.size() + n, 0); }
   std::vector<std::uint8_t> take() { return std::move(out_); }
 
  private:
@@ -651,9 +652,10 @@ std::size_t Catalog::memory_bytes() const {
 // samples x i32 label, and for shards: samples x u32 shard index, samples x u64 offset.
 // Whole files: files == samples, samples sorted by (label, path). Shards: shard paths
 // strictly increasing, every shard used, samples sorted by (label, shard, offset).
-std::vector<std::uint8_t> Catalog::serialize() const {
+std::vector<std::uint8_t> Catalog::serialize(std::size_t prefix_bytes) const {
   Writer w;
-  w.reserve(64 + paths_.size() + file_count() * 4 + size() * (sharded_ ? 24 : 12));
+  w.reserve(prefix_bytes + 64 + paths_.size() + file_count() * 4 + size() * (sharded_ ? 24 : 12));
+  w.zeros(prefix_bytes);
   w.bytes(kCatalogMagic, 8);
   w.u32(sharded_ ? 1 : 0);
   w.u64(size());

@@ -84,7 +84,9 @@ class Catalog {
   // Bytes this object holds per sample (for the overhead benchmark).
   std::size_t memory_bytes() const;
 
-  std::vector<std::uint8_t> serialize() const;
+  // `prefix_bytes` zero bytes come first: room for a frame header, so that a reply frame
+  // is built in one buffer (the daemon serializes per GetCatalog request).
+  std::vector<std::uint8_t> serialize(std::size_t prefix_bytes = 0) const;
   static Result<Catalog> deserialize(std::span<const std::uint8_t> bytes);
 
  private:

@@ -198,6 +198,12 @@ void encode_catalog(std::vector<std::uint8_t>& out, std::span<const std::uint8_t
   w.put_raw(catalog.data(), catalog.size());
 }
 
+void finish_catalog_frame(std::vector<std::uint8_t>& frame) {
+  const FrameHeader h{kMagic, kProtocolVersion, static_cast<std::uint16_t>(FrameType::kCatalog),
+                      static_cast<std::uint32_t>(frame.size() - sizeof(FrameHeader)), 0};
+  std::memcpy(frame.data(), &h, sizeof(h));
+}
+
 void encode_get_stats(std::vector<std::uint8_t>& out) { Writer w(out, FrameType::kGetStats); }
 
 void encode_keepalive(std::vector<std::uint8_t>& out) { Writer w(out, FrameType::kKeepalive); }

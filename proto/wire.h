@@ -197,6 +197,9 @@ void encode(std::vector<std::uint8_t>& out, const Release& m);
 void encode(std::vector<std::uint8_t>& out, const EpochStats& m);
 void encode_get_catalog(std::vector<std::uint8_t>& out);
 void encode_catalog(std::vector<std::uint8_t>& out, std::span<const std::uint8_t> catalog);
+// The same without a copy: `frame` holds sizeof(FrameHeader) bytes of room, then the
+// serialized catalog (Catalog::serialize(sizeof(FrameHeader))); this writes the header.
+void finish_catalog_frame(std::vector<std::uint8_t>& frame);
 void encode_get_stats(std::vector<std::uint8_t>& out);
 void encode_keepalive(std::vector<std::uint8_t>& out);
 void encode_stats(std::vector<std::uint8_t>& out, std::string_view text);

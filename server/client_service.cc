@@ -300,9 +300,10 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
       case proto::FrameType::kGetCatalog: {
         if (!payload_.empty()) return protocol_error("get-catalog frame has a payload"), false;
         // Serialized per request, not kept: trainers fetch the catalog rarely (sample_path),
-        // and a kept copy cost every daemon ~94 bytes a sample for the whole job.
-        std::vector<std::uint8_t> out;
-        proto::encode_catalog(out, service_.job_.context.catalog->serialize());
+        // and a kept copy cost every daemon ~94 bytes a sample for the whole job. Straight
+        // into the reply frame: no second copy.
+        std::vector<std::uint8_t> out = service_.job_.context.catalog->serialize(sizeof(proto::FrameHeader));
+        proto::finish_catalog_frame(out);
         write(std::move(out));
         return true;
       }

@@ -580,6 +580,24 @@ TEST_F(ServiceTest, ATrainerOfAnotherJobIsRefusedByItsToken) {
   EXPECT_NE(job_token_from_text("job-b-0123456789"), job_token_from_text("job-a-0123456789"));
 }
 
+// The daemon builds its Catalog reply in the serialization's own buffer; the frame must be
+// byte for byte what the copying encoder makes, and decode back to the catalog.
+TEST(CatalogFrameTest, BuiltInPlaceEqualsTheCopyingEncoder) {
+  std::vector<CatalogEntry> entries = {{"b/x y.jpg", 10, 1}, {"a/\xc3\xa9.jpg", 0, 0}, {"a/z", 70000, 0}};
+  const Catalog catalog = std::move(Catalog::from_entries(std::move(entries), {"a", "b"}).value());
+  std::vector<std::uint8_t> copied;
+  proto::encode_catalog(copied, catalog.serialize());
+  std::vector<std::uint8_t> in_place = catalog.serialize(sizeof(proto::FrameHeader));
+  proto::finish_catalog_frame(in_place);
+  EXPECT_EQ(in_place, copied);
+  proto::FrameHeader h{};
+  ASSERT_EQ(proto::decode_header(std::span(in_place).first(sizeof(h)), h), "");
+  EXPECT_EQ(h.type, static_cast<std::uint16_t>(proto::FrameType::kCatalog));
+  auto back = Catalog::deserialize(std::span(in_place).subspan(sizeof(h)));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->serialize(), catalog.serialize());
+}
+
 TEST(JobTokenFileTest, IsPrivateAndRefusedWhenNot) {
   const fs::path dir = fs::path(::testing::TempDir()) / ("token-" + std::to_string(::getpid()));
   fs::create_directories(dir);
