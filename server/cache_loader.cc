@@ -16,7 +16,7 @@ namespace shardmix {
 Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& placement, std::uint32_t node,
                                      const DatasetConfig& dataset, std::uint32_t threads, std::uint8_t* arena,
                                      const LoadProgress& progress, const std::function<bool()>& cancelled,
-                                     std::chrono::microseconds per_sample_delay) {
+                                     std::chrono::microseconds per_sample_delay, ShardFileCache* open_shards) {
   const auto& owned = placement.cached[node];
   // Only the resident samples: cold ones are read from storage when a trainer needs them.
   const std::uint64_t total_bytes = placement.cached_bytes[node];
@@ -35,7 +35,7 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
       if (i >= owned.size()) return;
       const SampleId id = owned[i];
       const std::uint64_t size = catalog.sample_bytes(id);
-      Status s = read_sample(catalog, dataset, id, arena + placement.arena_offset[id]);
+      Status s = read_sample(catalog, dataset, id, arena + placement.arena_offset[id], open_shards);
       if (!s.ok()) {
         std::lock_guard lock(error_mutex);
         if (first_error.ok()) first_error = s;
@@ -91,7 +91,7 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
 Result<LoadStats> load_entering_samples(const Catalog& catalog, const DatasetConfig& dataset,
                                         const std::vector<std::pair<SampleId, std::uint64_t>>& entering,
                                         std::uint32_t threads, std::uint8_t* arena,
-                                        const std::function<bool()>& cancelled) {
+                                        const std::function<bool()>& cancelled, ShardFileCache* open_shards) {
   const auto start = std::chrono::steady_clock::now();
   std::atomic<std::size_t> next{0};
   std::atomic<std::uint64_t> bytes{0};
@@ -109,7 +109,7 @@ Result<LoadStats> load_entering_samples(const Catalog& catalog, const DatasetCon
       const std::size_t i = next.fetch_add(1);
       if (i >= entering.size()) return;
       const auto [id, offset] = entering[i];
-      Status s = read_sample(catalog, dataset, id, arena + offset);
+      Status s = read_sample(catalog, dataset, id, arena + offset, open_shards);
       if (!s.ok()) {
         std::lock_guard lock(error_mutex);
         if (first_error.ok()) first_error = s;

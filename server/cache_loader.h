@@ -14,6 +14,7 @@
 #include "common/config.h"
 #include "common/placement.h"
 #include "common/status.h"
+#include "server/shard_file_cache.h"
 
 namespace shardmix {
 
@@ -27,6 +28,7 @@ struct LoadStats {
 // `cancelled`, when given, is asked as often: true stops the load (kCancelled; the readers
 // finish the sample in hand), e.g. on SIGTERM during a long load. `per_sample_delay` is
 // fault injection (inject.load_delay): each reader sleeps that long after every sample.
+// `open_shards` (null = open per read) supplies shard descriptors (service.open_shard_files).
 using LoadProgress = std::function<void(const LoadStats& so_far, std::uint64_t total_samples,
                                         std::uint64_t total_bytes, bool done)>;
 
@@ -34,7 +36,8 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
                                      const DatasetConfig& dataset, std::uint32_t threads, std::uint8_t* arena,
                                      const LoadProgress& progress = {},
                                      const std::function<bool()>& cancelled = {},
-                                     std::chrono::microseconds per_sample_delay = {});
+                                     std::chrono::microseconds per_sample_delay = {},
+                                     ShardFileCache* open_shards = nullptr);
 
 // Cache rotation's reload (docs/decisions/0033): writes each (sample, offset) of `entering`
 // into `arena` with `threads` readers; the first error (naming file and offset) stops it.
@@ -43,6 +46,7 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
 Result<LoadStats> load_entering_samples(const Catalog& catalog, const DatasetConfig& dataset,
                                         const std::vector<std::pair<SampleId, std::uint64_t>>& entering,
                                         std::uint32_t threads, std::uint8_t* arena,
-                                        const std::function<bool()>& cancelled = {});
+                                        const std::function<bool()>& cancelled = {},
+                                        ShardFileCache* open_shards = nullptr);
 
 }  // namespace shardmix
