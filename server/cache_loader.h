@@ -1,5 +1,6 @@
 // Loads a node's resident samples (Placement::cached) from storage into its cache arena with a bounded pool of
-// reader threads, logging progress. A file that vanished, shrank or grew since the scan
+// reader threads, logging progress. Shard samples are read in storage order (shard, offset),
+// so that each shard is opened about once (service.open_shard_files). A file that vanished, shrank or grew since the scan
 // is an error naming the file and the offset (the catalog would otherwise lie).
 // Thread-safety: load() is a blocking call for the main thread; it owns its workers.
 #pragma once
@@ -44,7 +45,7 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
 // `cancelled` is polled between samples (e.g. the daemon is stopping). No progress output:
 // it runs on its own thread while the daemon serves.
 Result<LoadStats> load_entering_samples(const Catalog& catalog, const DatasetConfig& dataset,
-                                        const std::vector<std::pair<SampleId, std::uint64_t>>& entering,
+                                        std::vector<std::pair<SampleId, std::uint64_t>> entering,
                                         std::uint32_t threads, std::uint8_t* arena,
                                         const std::function<bool()>& cancelled = {},
                                         ShardFileCache* open_shards = nullptr);

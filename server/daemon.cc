@@ -1254,9 +1254,9 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   }
   if (open_shards) {
     const ShardFileCacheStats os = open_shards->stats();
-    log->info("shard descriptors (service.open_shard_files {}): {} reads on a cached descriptor, {} opens, {} "
-              "dropped because the shard changed, {} evicted",
-              open_shards->capacity(), os.hits, os.opens, os.changed, os.evictions);
+    log->info("shard descriptors (service.open_shard_files {}): {} reads on a cached descriptor, {} opens ({} more "
+              "reads waited for one), {} dropped because the shard changed, {} evicted",
+              open_shards->capacity(), os.hits, os.opens, os.joined, os.changed, os.evictions);
   }
   log->info("fabric {}: {} reads, {} bytes read from peers, {} failed; exiting", fabric.provider_name(),
             fs.reads_completed, fs.bytes_read, fs.reads_failed);

@@ -79,24 +79,46 @@ Result<std::shared_ptr<const ShardFile>> ShardFileCache::acquire(const std::stri
     forget(path, cached.get());
     changed_.fetch_add(1, std::memory_order_relaxed);
   }
-  auto opened = open_read_only(path, true, live_);
-  if (!opened.ok()) return opened.status();
-  opens_.fetch_add(1, std::memory_order_relaxed);
-  std::shared_ptr<const ShardFile> file = std::move(*opened);
-  // Descriptors leaving the table are closed (if nobody holds them) after the lock is
-  // released: close() can be a round trip too.
-  std::vector<std::shared_ptr<const ShardFile>> dropped;
-  std::lock_guard lock(mutex_);
-  if (const auto it = index_.find(path); it != index_.end()) {
-    // Another reader opened the same path meanwhile. The same file: share its descriptor
-    // (ours closes on return). Another file: ours is at least as new, so it replaces it.
-    if (it->second->file->device() == file->device() && it->second->file->inode() == file->inode()) {
-      lru_.splice(lru_.begin(), lru_, it->second);
-      return it->second->file;
+  // A miss. One open per path at a time: readers that miss while it is in flight wait for
+  // it instead of opening the same shard again (a loader's threads reach a shard together).
+  std::promise<Result<std::shared_ptr<const ShardFile>>> promise;
+  std::shared_future<Result<std::shared_ptr<const ShardFile>>> in_flight;
+  bool opener = false;
+  {
+    std::lock_guard lock(mutex_);
+    if (const auto it = pending_.find(path); it != pending_.end()) {
+      in_flight = it->second;
+    } else {
+      in_flight = promise.get_future().share();
+      pending_.emplace(path, in_flight);
+      opener = true;
     }
+  }
+  if (!opener) {
+    joined_.fetch_add(1, std::memory_order_relaxed);
+    return in_flight.get();
+  }
+  Result<std::shared_ptr<const ShardFile>> opened = open_read_only(path, true, live_);
+  if (opened.ok()) opens_.fetch_add(1, std::memory_order_relaxed);
+  {
+    // Descriptors leaving the table are closed (if nobody holds them) after the lock is
+    // released: close() can be a round trip too.
+    std::vector<std::shared_ptr<const ShardFile>> dropped;
+    std::lock_guard lock(mutex_);
+    pending_.erase(path);
+    if (opened.ok()) insert(path, *opened, dropped);
+  }
+  promise.set_value(opened);
+  return opened;
+}
+
+void ShardFileCache::insert(const std::string& path, const std::shared_ptr<const ShardFile>& file,
+                            std::vector<std::shared_ptr<const ShardFile>>& dropped) {
+  if (const auto it = index_.find(path); it != index_.end()) {
+    // An entry put there since this reader's lookup: the newest open wins.
     dropped.push_back(std::exchange(it->second->file, file));
     lru_.splice(lru_.begin(), lru_, it->second);
-    return file;
+    return;
   }
   lru_.push_front(Entry{path, file});
   index_.emplace(path, lru_.begin());
@@ -106,11 +128,10 @@ Result<std::shared_ptr<const ShardFile>> ShardFileCache::acquire(const std::stri
     lru_.pop_back();
     evictions_.fetch_add(1, std::memory_order_relaxed);
   }
-  return file;
 }
 
 ShardFileCacheStats ShardFileCache::stats() const {
-  return {hits_.load(), opens_.load(), changed_.load(), evictions_.load(), live_->load()};
+  return {hits_.load(), opens_.load(), joined_.load(), changed_.load(), evictions_.load(), live_->load()};
 }
 
 }  // namespace shardmix

@@ -12,8 +12,12 @@
 // the same file (device and inode). A shard that was deleted, replaced (say by a rename over
 // it) or renamed away is dropped and the path opened again, so a read sees what opening the
 // path for every read would have seen: the new file, or the error that the shard is gone.
-// stat() rather than open(): clients of NFS and Lustre answer it from their attribute
+// Comparing inode numbers is sound because the cached descriptor keeps its inode alive, so
+// no new file can be given that number meanwhile. stat() rather than open(): clients of NFS and Lustre answer it from their attribute
 // caches, while an open() goes to the server by design (close-to-open consistency).
+//
+// Misses on the same path while its open is in flight wait for that open rather than open
+// the shard again.
 //
 // Thread-safety: every member may be called from any thread. mutex_ guards the table; no
 // system call runs under it (an open() on a slow file system must not stall readers of
@@ -25,11 +29,13 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <future>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "common/status.h"
 
@@ -63,6 +69,7 @@ Result<std::shared_ptr<const ShardFile>> open_shard_file(const std::string& path
 struct ShardFileCacheStats {
   std::uint64_t hits = 0;       // reads served by a cached descriptor
   std::uint64_t opens = 0;      // open() calls (first use, after eviction, after a change)
+  std::uint64_t joined = 0;     // misses that waited for another reader's open of the same shard
   std::uint64_t changed = 0;    // cached descriptors dropped because the path named another file or none
   std::uint64_t evictions = 0;  // descriptors dropped to stay within the capacity
   std::int64_t open_now = 0;    // descriptors open now, evicted ones still in use included
@@ -91,13 +98,18 @@ class ShardFileCache {
 
   // Removes `path`'s entry if it still holds `file` (another thread may have replaced it).
   void forget(const std::string& path, const ShardFile* file);
+  // Puts `file` first under `path`, evicting beyond the capacity into `dropped`. mutex_ held.
+  void insert(const std::string& path, const std::shared_ptr<const ShardFile>& file,
+              std::vector<std::shared_ptr<const ShardFile>>& dropped);
 
   const std::size_t capacity_;
   const std::shared_ptr<std::atomic<std::int64_t>> live_ = std::make_shared<std::atomic<std::int64_t>>(0);
-  mutable std::mutex mutex_;  // guards lru_ and index_
+  mutable std::mutex mutex_;  // guards lru_, index_ and pending_
   Lru lru_;
   std::unordered_map<std::string, Lru::iterator> index_;
-  std::atomic<std::uint64_t> hits_{0}, opens_{0}, changed_{0}, evictions_{0};
+  // Opens in flight, so that readers missing on the same shard share one.
+  std::unordered_map<std::string, std::shared_future<Result<std::shared_ptr<const ShardFile>>>> pending_;
+  std::atomic<std::uint64_t> hits_{0}, opens_{0}, joined_{0}, changed_{0}, evictions_{0};
 };
 
 }  // namespace shardmix

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +21,9 @@
 
 #include "common/catalog.h"
 #include "common/shard_formats.h"
+#include "common/epoch_plan.h"
+#include "common/placement.h"
+#include "server/cache_loader.h"
 #include "server/sample_reader.h"
 #include "tests/unit/catalog_support.h"
 
@@ -170,7 +174,7 @@ TEST_F(ShardFileCacheTest, ManyThreadsReadingTheSameShardsThroughATinyCacheGetEx
   EXPECT_EQ(failed.load(), 0);
   EXPECT_EQ(wrong.load(), 0);
   const ShardFileCacheStats st = cache.stats();
-  EXPECT_EQ(st.hits + st.opens, 6u * 40u * c->size());
+  EXPECT_EQ(st.hits + st.opens + st.joined, 6u * 40u * c->size());
   EXPECT_GT(st.evictions, 0u);
   EXPECT_EQ(st.open_now, 1);  // the readers are done: only the cached descriptor is left open
 }
@@ -275,6 +279,44 @@ TEST_F(ShardFileCacheTest, AShardRenamedAwayIsNotFoundAndInPlaceChangesAreSeen) 
   EXPECT_EQ(moved.status.code(), StatusCode::kNotFound);
   EXPECT_EQ(moved.status.to_string(), read(*c, d, id, nullptr).status.to_string());
   EXPECT_EQ(cache.stats().changed, 1u);
+}
+
+TEST_F(ShardFileCacheTest, TheLoaderReadsShardsInStorageOrderSoEachIsOpenedOnce) {
+  // 6 shards whose samples cycle through 3 labels: in id order (label, shard, offset) a
+  // loader would visit every shard 3 times, and a cache of 2 descriptors would miss on
+  // every shard change. In storage order each shard is opened once.
+  for (int s = 0; s < 6; ++s) write(fmt::format("w/s{}.tar", s), tar_shard(s, 9));
+  const DatasetConfig d = dataset(DatasetFormat::kWebDataset, "w");
+  auto c = test_support::scan_all(d, 1);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  ASSERT_EQ(c->size(), 54u);
+  const PlanShape shape = make_plan_shape(c->size(), JobShape{1, 1, 4, false});
+  const Placement placement = make_placement(c->sizes(), shape, PlacementPolicy::kBalanced, 3);
+  ASSERT_EQ(placement.cached[0].size(), c->size());
+  std::vector<std::uint8_t> arena(placement.arena_bytes[0] + 1);
+  ShardFileCache cache(2);
+  auto loaded = load_owned_samples(*c, placement, 0, d, 1, arena.data(), {}, {}, {}, &cache);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  for (SampleId id = 0; id < c->size(); ++id) {
+    ASSERT_EQ(std::string(reinterpret_cast<const char*>(arena.data() + placement.arena_offset[id]), c->sample_bytes(id)),
+              bytes_on_disk(*c, d, id))
+        << c->location(id);
+  }
+  EXPECT_EQ(cache.stats().opens, 6u);
+
+  // A cache rotation's reload, given in id order, is read in storage order too.
+  std::vector<std::pair<SampleId, std::uint64_t>> entering;
+  for (SampleId id = 0; id < c->size(); ++id) entering.emplace_back(id, placement.arena_offset[id]);
+  std::fill(arena.begin(), arena.end(), 0);
+  ShardFileCache reload_cache(2);
+  auto reloaded = load_entering_samples(*c, d, entering, 1, arena.data(), {}, &reload_cache);
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status().to_string();
+  EXPECT_EQ(reloaded->samples, c->size());
+  for (SampleId id = 0; id < c->size(); ++id) {
+    ASSERT_EQ(std::string(reinterpret_cast<const char*>(arena.data() + placement.arena_offset[id]), c->sample_bytes(id)),
+              bytes_on_disk(*c, d, id));
+  }
+  EXPECT_EQ(reload_cache.stats().opens, 6u);
 }
 
 // Property: whatever happens to the shards between reads (replaced with the same or other
