@@ -4,7 +4,6 @@
 #include <signal.h>
 #include "server/resume_loader.h"
 
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -94,27 +93,6 @@ Status make_private_dir(const std::string& dir) {
                       st.st_mode & 0777);
   }
   return Status::ok_status();
-}
-
-// service.open_shard_files descriptors must fit under the open-files limit next to the
-// daemon's own (trainer sockets, memfds, libfabric's): raise the soft limit up to the hard
-// one if needed, else refuse to start naming the key, rather than fail reads mid-job with
-// "Too many open files".
-Status reserve_shard_descriptors(std::uint32_t open_shard_files) {
-  constexpr rlim_t kOwnDescriptors = 64;
-  rlimit limit{};
-  if (open_shard_files == 0 || ::getrlimit(RLIMIT_NOFILE, &limit) != 0) return Status::ok_status();
-  const rlim_t needed = open_shard_files + kOwnDescriptors;
-  if (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= needed) return Status::ok_status();
-  if (limit.rlim_max == RLIM_INFINITY || limit.rlim_max >= needed) {
-    rlimit raised = limit;
-    raised.rlim_cur = needed;
-    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) return Status::ok_status();
-  }
-  return make_error(StatusCode::kInvalidArgument,
-                    "config key 'service.open_shard_files' = {} needs about {} open files with the daemon's own, but "
-                    "the open-files limit is {} (hard limit {}): lower the key or raise 'ulimit -n'",
-                    open_shard_files, needed, limit.rlim_cur, limit.rlim_max);
 }
 
 // `private_file`: mode 0600 (the ready file), else the umask's (e.g. Prometheus textfiles).

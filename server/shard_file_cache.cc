@@ -1,6 +1,7 @@
 #include "server/shard_file_cache.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -128,6 +129,23 @@ void ShardFileCache::insert(const std::string& path, const std::shared_ptr<const
     lru_.pop_back();
     evictions_.fetch_add(1, std::memory_order_relaxed);
   }
+}
+
+Status reserve_shard_descriptors(std::uint32_t open_shard_files) {
+  constexpr rlim_t kOwnDescriptors = 64;
+  rlimit limit{};
+  if (open_shard_files == 0 || ::getrlimit(RLIMIT_NOFILE, &limit) != 0) return Status::ok_status();
+  const rlim_t needed = open_shard_files + kOwnDescriptors;
+  if (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= needed) return Status::ok_status();
+  if (limit.rlim_max == RLIM_INFINITY || limit.rlim_max >= needed) {
+    rlimit raised = limit;
+    raised.rlim_cur = needed;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) return Status::ok_status();
+  }
+  return make_error(StatusCode::kInvalidArgument,
+                    "config key 'service.open_shard_files' = {} needs about {} open files with the daemon's own, but "
+                    "the open-files limit is {} (hard limit {}): lower the key or raise 'ulimit -n'",
+                    open_shard_files, needed, limit.rlim_cur, limit.rlim_max);
 }
 
 ShardFileCacheStats ShardFileCache::stats() const {

@@ -66,6 +66,12 @@ class ShardFile {
 // system's reason only, for the caller to put after the file name and offset.
 Result<std::shared_ptr<const ShardFile>> open_shard_file(const std::string& path);
 
+// service.open_shard_files descriptors must fit under the open-files limit next to the
+// daemon's own (trainer sockets, memfds, libfabric's; 64 assumed): raises the soft limit up
+// to the hard one if needed, else an error naming the key, so that a daemon refuses to start
+// rather than fail reads mid-job with "Too many open files". 0 = nothing to reserve.
+Status reserve_shard_descriptors(std::uint32_t open_shard_files);
+
 struct ShardFileCacheStats {
   std::uint64_t hits = 0;       // reads served by a cached descriptor
   std::uint64_t opens = 0;      // open() calls (first use, after eviction, after a change)

@@ -4,6 +4,7 @@
 // or the same error naming file and offset) whatever happened to the shard in between.
 #include "server/shard_file_cache.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <future>
 #include <string>
 #include <thread>
@@ -353,6 +355,29 @@ TEST_F(ShardFileCacheTest, TheStorageReadersReadColdShardSamplesThroughTheCache)
   const ShardFileCacheStats st = cache.stats();
   EXPECT_EQ(st.opens, 3u);
   EXPECT_EQ(st.hits + st.joined, c->size() - 3);
+}
+
+TEST(ShardDescriptorLimitTest, TheSoftOpenFilesLimitIsRaisedToFitTheCacheOrTheKeyIsNamed) {
+  rlimit original{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &original), 0);
+  if (original.rlim_max != RLIM_INFINITY && original.rlim_max < 512) GTEST_SKIP() << "hard limit too low to test";
+  rlimit low = original;
+  low.rlim_cur = 256;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  // 300 + 64 of the daemon's own do not fit under 256: raised within the hard limit.
+  Status s = reserve_shard_descriptors(300);
+  rlimit now{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &now), 0);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(now.rlim_cur, 364u);
+  // Beyond the hard limit: an error naming the key (unless there is no hard limit).
+  if (original.rlim_max != RLIM_INFINITY && original.rlim_max < std::numeric_limits<std::uint32_t>::max() - 64) {
+    s = reserve_shard_descriptors(static_cast<std::uint32_t>(original.rlim_max));
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("config key 'service.open_shard_files'"), std::string::npos) << s.message();
+  }
+  EXPECT_TRUE(reserve_shard_descriptors(0).ok());
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &original), 0);
 }
 
 // Property: whatever happens to the shards between reads (replaced with the same or other
