@@ -87,6 +87,13 @@ Result<std::shared_ptr<const ShardFile>> ShardFileCache::acquire(const std::stri
   bool opener = false;
   {
     std::lock_guard lock(mutex_);
+    if (const auto it = index_.find(path); it != index_.end()) {
+      // Another reader's open finished since this one looked: that descriptor is as fresh
+      // as an open of our own would be (the stale one, if any, was forgotten above).
+      joined_.fetch_add(1, std::memory_order_relaxed);
+      lru_.splice(lru_.begin(), lru_, it->second);
+      return it->second->file;
+    }
     if (const auto it = pending_.find(path); it != pending_.end()) {
       in_flight = it->second;
     } else {

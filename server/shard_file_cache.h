@@ -75,7 +75,7 @@ Status reserve_shard_descriptors(std::uint32_t open_shard_files);
 struct ShardFileCacheStats {
   std::uint64_t hits = 0;       // reads served by a cached descriptor
   std::uint64_t opens = 0;      // open() calls (first use, after eviction, after a change)
-  std::uint64_t joined = 0;     // misses that waited for another reader's open of the same shard
+  std::uint64_t joined = 0;     // misses served by another reader's open of the same shard (waited for, or just done)
   std::uint64_t changed = 0;    // cached descriptors dropped because the path named another file or none
   std::uint64_t evictions = 0;  // descriptors dropped to stay within the capacity
   std::int64_t open_now = 0;    // descriptors open now, evicted ones still in use included
