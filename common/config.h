@@ -83,6 +83,7 @@ struct ServiceConfig {
   std::uint64_t staging_bytes_per_trainer = 256ull << 20;  // service.staging_bytes_per_trainer
   std::uint32_t loader_threads = 4;    // service.loader_threads (also the storage readers of cold samples)
   std::uint32_t cold_readahead_batches = 8;  // service.cold_readahead_batches
+  std::uint32_t open_shard_files = 64; // service.open_shard_files: cached shard descriptors (0 = open per read)
 
   bool operator==(const ServiceConfig&) const = default;
 };

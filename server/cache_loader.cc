@@ -1,23 +1,41 @@
 #include "server/cache_loader.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/log.h"
 #include "server/sample_reader.h"
 
 namespace shardmix {
+namespace {
+
+// Ids follow (label, shard, offset), so reading in id order visits every shard once per
+// class, and a descriptor cache (service.open_shard_files) smaller than the number of shards
+// would never hit. Storage order (shard, offset) reads each shard front to back: about one
+// open per shard, and sequential reads for the file system's read-ahead. Where a sample
+// lands in the arena does not depend on when it is read.
+bool before_in_storage(const Catalog& catalog, SampleId a, SampleId b) {
+  return std::pair(catalog.shard(a), catalog.offset(a)) < std::pair(catalog.shard(b), catalog.offset(b));
+}
+
+}  // namespace
 
 Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& placement, std::uint32_t node,
                                      const DatasetConfig& dataset, std::uint32_t threads, std::uint8_t* arena,
                                      const LoadProgress& progress, const std::function<bool()>& cancelled,
-                                     std::chrono::microseconds per_sample_delay) {
-  const auto& owned = placement.cached[node];
+                                     std::chrono::microseconds per_sample_delay, ShardFileCache* open_shards) {
+  std::vector<SampleId> owned = placement.cached[node];
+  if (catalog.sharded()) {
+    std::sort(owned.begin(), owned.end(),
+              [&catalog](SampleId a, SampleId b) { return before_in_storage(catalog, a, b); });
+  }
   // Only the resident samples: cold ones are read from storage when a trainer needs them.
   const std::uint64_t total_bytes = placement.cached_bytes[node];
   auto log = log::get("loader");
@@ -35,7 +53,7 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
       if (i >= owned.size()) return;
       const SampleId id = owned[i];
       const std::uint64_t size = catalog.sample_bytes(id);
-      Status s = read_sample(catalog, dataset, id, arena + placement.arena_offset[id]);
+      Status s = read_sample(catalog, dataset, id, arena + placement.arena_offset[id], open_shards);
       if (!s.ok()) {
         std::lock_guard lock(error_mutex);
         if (first_error.ok()) first_error = s;
@@ -89,9 +107,13 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
 }
 
 Result<LoadStats> load_entering_samples(const Catalog& catalog, const DatasetConfig& dataset,
-                                        const std::vector<std::pair<SampleId, std::uint64_t>>& entering,
+                                        std::vector<std::pair<SampleId, std::uint64_t>> entering,
                                         std::uint32_t threads, std::uint8_t* arena,
-                                        const std::function<bool()>& cancelled) {
+                                        const std::function<bool()>& cancelled, ShardFileCache* open_shards) {
+  if (catalog.sharded()) {
+    std::sort(entering.begin(), entering.end(),
+              [&catalog](const auto& a, const auto& b) { return before_in_storage(catalog, a.first, b.first); });
+  }
   const auto start = std::chrono::steady_clock::now();
   std::atomic<std::size_t> next{0};
   std::atomic<std::uint64_t> bytes{0};
@@ -109,7 +131,7 @@ Result<LoadStats> load_entering_samples(const Catalog& catalog, const DatasetCon
       const std::size_t i = next.fetch_add(1);
       if (i >= entering.size()) return;
       const auto [id, offset] = entering[i];
-      Status s = read_sample(catalog, dataset, id, arena + offset);
+      Status s = read_sample(catalog, dataset, id, arena + offset, open_shards);
       if (!s.ok()) {
         std::lock_guard lock(error_mutex);
         if (first_error.ok()) first_error = s;

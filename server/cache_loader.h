@@ -1,5 +1,6 @@
 // Loads a node's resident samples (Placement::cached) from storage into its cache arena with a bounded pool of
-// reader threads, logging progress. A file that vanished, shrank or grew since the scan
+// reader threads, logging progress. Shard samples are read in storage order (shard, offset),
+// so that each shard is opened about once (service.open_shard_files). A file that vanished, shrank or grew since the scan
 // is an error naming the file and the offset (the catalog would otherwise lie).
 // Thread-safety: load() is a blocking call for the main thread; it owns its workers.
 #pragma once
@@ -14,6 +15,7 @@
 #include "common/config.h"
 #include "common/placement.h"
 #include "common/status.h"
+#include "server/shard_file_cache.h"
 
 namespace shardmix {
 
@@ -27,6 +29,7 @@ struct LoadStats {
 // `cancelled`, when given, is asked as often: true stops the load (kCancelled; the readers
 // finish the sample in hand), e.g. on SIGTERM during a long load. `per_sample_delay` is
 // fault injection (inject.load_delay): each reader sleeps that long after every sample.
+// `open_shards` (null = open per read) supplies shard descriptors (service.open_shard_files).
 using LoadProgress = std::function<void(const LoadStats& so_far, std::uint64_t total_samples,
                                         std::uint64_t total_bytes, bool done)>;
 
@@ -34,15 +37,17 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
                                      const DatasetConfig& dataset, std::uint32_t threads, std::uint8_t* arena,
                                      const LoadProgress& progress = {},
                                      const std::function<bool()>& cancelled = {},
-                                     std::chrono::microseconds per_sample_delay = {});
+                                     std::chrono::microseconds per_sample_delay = {},
+                                     ShardFileCache* open_shards = nullptr);
 
 // Cache rotation's reload (docs/decisions/0033): writes each (sample, offset) of `entering`
 // into `arena` with `threads` readers; the first error (naming file and offset) stops it.
 // `cancelled` is polled between samples (e.g. the daemon is stopping). No progress output:
 // it runs on its own thread while the daemon serves.
 Result<LoadStats> load_entering_samples(const Catalog& catalog, const DatasetConfig& dataset,
-                                        const std::vector<std::pair<SampleId, std::uint64_t>>& entering,
+                                        std::vector<std::pair<SampleId, std::uint64_t>> entering,
                                         std::uint32_t threads, std::uint8_t* arena,
-                                        const std::function<bool()>& cancelled = {});
+                                        const std::function<bool()>& cancelled = {},
+                                        ShardFileCache* open_shards = nullptr);
 
 }  // namespace shardmix

@@ -40,6 +40,7 @@
 #include "server/netns.h"
 #include "server/peer_monitor.h"
 #include "server/rotation.h"
+#include "server/shard_file_cache.h"
 #include "server/shared_region.h"
 #include "server/startup_report.h"
 #include "server/storage_reader.h"
@@ -785,14 +786,27 @@ int run_daemon(const Config& config, MpiSession& mpi) {
                               config.service.trainers_per_node, fabric.provider_name(), my_host, catalog.size(),
                               catalog.invalid_samples()});
 
-  // 5. Load owned samples into the arena.
+  // 5. Load owned samples into the arena. Shard descriptors are shared by the loader, the
+  // rotation reloads and the cold readers (docs/decisions/0037); declared here so that it
+  // outlives all of them.
+  std::unique_ptr<ShardFileCache> open_shards;
+  if (catalog.sharded() && config.service.open_shard_files > 0) {
+    s = agree(mpi, reserve_shard_descriptors(config.service.open_shard_files), "reserving shard descriptors");
+    if (!s.ok()) {
+      (void)mpi.barrier();
+      fabric.stop_progress();
+      return fail(s);
+    }
+    open_shards = std::make_unique<ShardFileCache>(config.service.open_shard_files);
+  }
   LoadReporter load_reporter(mpi, telemetry, placement);
   if (config.inject.load_delay.count() > 0) {
     log->warn("fault injection: every sample loaded costs {} us more (inject.load_delay)", config.inject.load_delay.count());
   }
   auto loaded = load_owned_samples(catalog, placement, static_cast<std::uint32_t>(rank), config.dataset,
                                    config.service.loader_threads, (*arena)->data(), std::ref(load_reporter),
-                                   [&stop] { return stop.requested(); }, config.inject.load_delay);
+                                   [&stop] { return stop.requested(); }, config.inject.load_delay,
+                                   open_shards.get());
   // SIGTERM during the load (one daemon is enough): every daemon stops here, exit 0.
   {
     const std::uint8_t stopping = stop.requested() ? 1 : 0;
@@ -857,7 +871,8 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   if (placement.total_cold_samples() > 0 || degrade) {
     storage_readers = std::make_unique<StorageReaderPool>(
         catalog, config.dataset, (*staging)->data(), config.service.loader_threads,
-        [&io](std::function<void()> f) { boost::asio::post(io, std::move(f)); }, config.inject.storage_delay);
+        [&io](std::function<void()> f) { boost::asio::post(io, std::move(f)); }, config.inject.storage_delay,
+        open_shards.get());
     if (config.inject.storage_delay.count() > 0) {
       log->warn("fault injection: each cold read holds its storage reader {} us longer (inject.storage_delay)",
                 config.inject.storage_delay.count());
@@ -1050,7 +1065,8 @@ int run_daemon(const Config& config, MpiSession& mpi) {
                 layout.generation - 1, layout.entering.size(), layout.generation);
       reload = std::async(std::launch::async, [&, entering = layout.entering] {
         return load_entering_samples(catalog, config.dataset, entering, config.service.loader_threads,
-                                     (*arena)->data(), [&stop] { return stop.requested(); });
+                                     (*arena)->data(), [&stop] { return stop.requested(); },
+                                     open_shards.get());
       });
     };
     hooks.reload_finished = [&]() -> std::optional<Status> {
@@ -1214,6 +1230,12 @@ int run_daemon(const Config& config, MpiSession& mpi) {
     const StorageReaderStats ss = storage_readers->stats();
     log->info("storage: {} cold reads, {} bytes read from storage, {} failed", ss.reads_completed, ss.bytes_read,
               ss.reads_failed);
+  }
+  if (open_shards) {
+    const ShardFileCacheStats os = open_shards->stats();
+    log->info("shard descriptors (service.open_shard_files {}): {} reads on a cached descriptor, {} opens ({} more "
+              "reads waited for one), {} dropped because the shard changed, {} evicted",
+              open_shards->capacity(), os.hits, os.opens, os.joined, os.changed, os.evictions);
   }
   log->info("fabric {}: {} reads, {} bytes read from peers, {} failed; exiting", fabric.provider_name(),
             fs.reads_completed, fs.bytes_read, fs.reads_failed);

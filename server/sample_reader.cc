@@ -51,14 +51,16 @@ namespace {
 // One preadv of [head][sample][tail] at `offset - head.size()`; head and tail are the
 // format's framing around the sample, checked by the caller. Errors name file and offset.
 Status read_framed(const std::string& path, std::uint64_t offset, std::uint64_t size, std::span<std::uint8_t> head,
-                   std::uint8_t* out, std::span<std::uint8_t> tail) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return make_error(errno == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError,
+                   std::uint8_t* out, std::span<std::uint8_t> tail, ShardFileCache* open_shards) {
+  // Held until this read is done, so an eviction meanwhile cannot close it under us.
+  auto file = open_shards != nullptr ? open_shards->acquire(path) : open_shard_file(path);
+  if (!file.ok()) {
+    return make_error(file.status().code(),
                       "{}: cannot open the shard to read the sample at offset {}: {} (it was present when the "
                       "dataset was scanned)",
-                      path, offset, std::strerror(errno));
+                      path, offset, file.status().message());
   }
+  const int fd = (*file)->fd();
   const std::uint64_t start = offset - head.size();
   const std::uint64_t total = head.size() + size + tail.size();
   std::uint64_t done = 0;
@@ -95,13 +97,13 @@ Status read_framed(const std::string& path, std::uint64_t offset, std::uint64_t 
     }
     done += static_cast<std::uint64_t>(n);
   }
-  ::close(fd);
   return status;
 }
 
 }  // namespace
 
-Status read_sample(const Catalog& catalog, const DatasetConfig& dataset, SampleId id, std::uint8_t* out) {
+Status read_sample(const Catalog& catalog, const DatasetConfig& dataset, SampleId id, std::uint8_t* out,
+                   ShardFileCache* open_shards) {
   const std::string path = sample_file_path(dataset, catalog.path(id));
   const std::uint64_t size = catalog.sample_bytes(id);
   if (!catalog.sharded()) return read_whole_file(path, size, out);
@@ -114,7 +116,7 @@ Status read_sample(const Catalog& catalog, const DatasetConfig& dataset, SampleI
     if (offset < sizeof head) {
       return make_error(StatusCode::kCorrupt, "{}: sample offset {} leaves no room for a TFRecord header", path, offset);
     }
-    SHARDMIX_RETURN_IF_ERROR(read_framed(path, offset, size, head, out, tail));
+    SHARDMIX_RETURN_IF_ERROR(read_framed(path, offset, size, head, out, tail, open_shards));
     return check_tfrecord_record(head, std::span<const std::uint8_t>(out, size), tail, path, offset);
   }
   if (dataset.format == DatasetFormat::kWebDataset) {
@@ -122,7 +124,7 @@ Status read_sample(const Catalog& catalog, const DatasetConfig& dataset, SampleI
     if (offset < sizeof head) {
       return make_error(StatusCode::kCorrupt, "{}: sample offset {} leaves no room for a tar header", path, offset);
     }
-    SHARDMIX_RETURN_IF_ERROR(read_framed(path, offset, size, head, out, {}));
+    SHARDMIX_RETURN_IF_ERROR(read_framed(path, offset, size, head, out, {}, open_shards));
     return check_tar_header_before(head, size, path, offset);
   }
   return make_error(StatusCode::kInvalidArgument,

@@ -5,9 +5,12 @@
 // never by scanning a shard at read time: one preadv of the sample and its framing (the
 // tar member header before it; the TFRecord length header and data CRC, re-verified), so a
 // shard changed since the scan is an error, not other bytes.
-// Errors name the file and the byte offset. The shard is opened on every call (no
-// descriptor cache).
-// Thread-safety: stateless; safe to call from any number of threads.
+// Errors name the file and the byte offset. A shard is opened for every read unless the
+// caller passes a ShardFileCache (service.open_shard_files), which reuses one descriptor per
+// shard and is invisible to the result (docs/decisions/0037). Whole-file formats (folder,
+// filelist) always open the file per read: each file is one sample, read once per epoch.
+// Thread-safety: stateless but for the cache, which is thread-safe; safe to call from any
+// number of threads.
 #pragma once
 
 #include <cstdint>
@@ -16,11 +19,14 @@
 #include "common/catalog.h"
 #include "common/config.h"
 #include "common/status.h"
+#include "server/shard_file_cache.h"
 
 namespace shardmix {
 
-// Reads sample `id` (catalog.sample_bytes(id) bytes) into `out`.
-Status read_sample(const Catalog& catalog, const DatasetConfig& dataset, SampleId id, std::uint8_t* out);
+// Reads sample `id` (catalog.sample_bytes(id) bytes) into `out`. `open_shards`, when given,
+// supplies shard descriptors; null = open the shard for this read only.
+Status read_sample(const Catalog& catalog, const DatasetConfig& dataset, SampleId id, std::uint8_t* out,
+                   ShardFileCache* open_shards = nullptr);
 
 // Reads exactly `length` bytes of `path` into `out`, failing if the file is shorter or longer.
 Status read_whole_file(const std::string& path, std::uint64_t length, std::uint8_t* out);

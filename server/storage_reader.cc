@@ -7,8 +7,14 @@
 namespace shardmix {
 
 StorageReaderPool::StorageReaderPool(const Catalog& catalog, const DatasetConfig& dataset, std::uint8_t* staging_base,
-                                     std::uint32_t threads, Post post, std::chrono::microseconds delay)
-    : catalog_(catalog), dataset_(dataset), staging_base_(staging_base), post_(std::move(post)), delay_(delay) {
+                                     std::uint32_t threads, Post post, std::chrono::microseconds delay,
+                                     ShardFileCache* open_shards)
+    : catalog_(catalog),
+      dataset_(dataset),
+      staging_base_(staging_base),
+      post_(std::move(post)),
+      delay_(delay),
+      open_shards_(open_shards) {
   for (std::uint32_t t = 0; t < std::max<std::uint32_t>(1, threads); ++t) threads_.emplace_back([this] { run(); });
 }
 
@@ -58,7 +64,7 @@ void StorageReaderPool::run() {
       s = make_error(StatusCode::kInternal, "cold read of sample {} with length {} does not match the catalog",
                      r.sample, r.length);
     } else {
-      s = read_sample(catalog_, dataset_, r.sample, staging_base_ + r.staging_offset);
+      s = read_sample(catalog_, dataset_, r.sample, staging_base_ + r.staging_offset, open_shards_);
       if (!s.ok()) s = s.with_context(fmt::format("reading cold sample {} from storage", r.sample));
       if (delay_.count() > 0) std::this_thread::sleep_for(delay_);  // inject.storage_delay
     }

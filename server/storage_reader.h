@@ -27,6 +27,7 @@
 
 #include "common/catalog.h"
 #include "common/config.h"
+#include "server/shard_file_cache.h"
 #include "server/trainer_scheduler.h"
 
 namespace shardmix {
@@ -44,9 +45,11 @@ class StorageReaderPool : public StorageFetcher {
   // Reads land at `staging_base + StorageRead::staging_offset`; the region, the catalog
   // and the dataset config must outlive the pool. `threads` >= 1.
   // `delay` (inject.storage_delay) holds each reader that much longer per read, emulating
-  // a parallel file system's latency.
+  // a parallel file system's latency. `open_shards` (null = open per read) supplies shard
+  // descriptors and must outlive the pool.
   StorageReaderPool(const Catalog& catalog, const DatasetConfig& dataset, std::uint8_t* staging_base,
-                    std::uint32_t threads, Post post, std::chrono::microseconds delay = {});
+                    std::uint32_t threads, Post post, std::chrono::microseconds delay = {},
+                    ShardFileCache* open_shards = nullptr);
   ~StorageReaderPool() override;  // stop()
   StorageReaderPool(const StorageReaderPool&) = delete;
   StorageReaderPool& operator=(const StorageReaderPool&) = delete;
@@ -77,6 +80,7 @@ class StorageReaderPool : public StorageFetcher {
   std::uint8_t* staging_base_;
   Post post_;
   std::chrono::microseconds delay_;
+  ShardFileCache* open_shards_;
   std::mutex mutex_;  // guards queue_ and stopping_
   std::condition_variable wake_;
   std::deque<Job> queue_;

@@ -251,6 +251,22 @@ if [[ $format != folder ]]; then
   grep -qF "dataset: skipped $invalid invalid samples" "$tmp/daemons.log" ||
     sm_die "the daemons' log does not report 'skipped $invalid invalid samples'" 1
   echo "damage reported: ${#expect_problems[@]} warning(s) naming file and offset; $invalid invalid samples counted"
+  # The shard descriptor cache (service.open_shard_files, default 64 > the shards here) is in
+  # use: each daemon opened every shard at most once and read the rest through it.
+  shards=$(find "$data" -maxdepth 1 -type f \( -name '*.tar' -o -name '*.tfrecord' \) | wc -l)
+  "$python" - "$tmp/daemons.log" "$nodes" "$shards" <<'PY'
+import re, sys
+text, nodes, shards = open(sys.argv[1]).read(), int(sys.argv[2]), int(sys.argv[3])
+found = re.findall(r"shard descriptors \(service\.open_shard_files \d+\): (\d+) reads on a cached descriptor, "
+                   r"(\d+) opens", text)
+if len(found) != nodes:
+    sys.exit(f"{len(found)} of {nodes} daemons logged their shard descriptor counts")
+for hits, opens in found:
+    if int(opens) > shards or int(hits) == 0:
+        sys.exit(f"a daemon opened shards {opens} times for {shards} shards with {hits} cached reads")
+print(f"shard descriptors: each daemon opened each of the {shards} shards at most once; cached reads "
+      + ", ".join(h for h, _ in found))
+PY
 fi
 
 if ((capacity > 0 && uneven_capacity == 0)); then
