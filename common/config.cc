@@ -135,7 +135,7 @@ const KeySpec kKeys[] = {
    "Larger batches amortise per-batch overhead (descriptors, credits) but the planned order and the label-entropy metric are measured per batch; match what the trainer uses.",
    "", 1, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(batch.size)},
   {"batch.drop_last", KeyType::kBool, "false",
-   "true: every trainer gets floor(N / (trainers x batch.size)) full batches and the leftover samples are skipped this epoch (which ones changes every epoch); false: every sample is delivered exactly once per epoch and the last batch may be short (or empty on some trainers).",
+   "true: every trainer gets floor(N / (trainers x batch.size)) full batches and the leftover samples are skipped this epoch (which ones changes every epoch); false: every sample is delivered exactly once per epoch and the last batch may be short (or empty on some trainers). Either way a batch is short by any sample whose file could not be read while serving (dataset.strict = false; Batch::skipped()).",
    "true gives every batch the same shape (simpler training step) at the cost of up to trainers x batch.size - 1 samples per epoch; false sees the whole dataset every epoch.",
    "", 0, 0, 0, 0, false,
    [](Config& c, const Value& v) { c.batch.drop_last = std::get<bool>(v); },

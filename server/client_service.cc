@@ -303,6 +303,13 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
         // and a kept copy cost every daemon ~94 bytes a sample for the whole job. Straight
         // into the reply frame: no second copy.
         std::vector<std::uint8_t> out = service_.job_.context.catalog->serialize(sizeof(proto::FrameHeader));
+        if (out.size() - sizeof(proto::FrameHeader) > proto::kMaxPayloadBytes) {
+          send_error(make_error(StatusCode::kResourceExhausted,
+                                "the catalog is {} bytes serialized, more than one frame carries ({} bytes): "
+                                "read sample paths from the dataset instead",
+                                out.size() - sizeof(proto::FrameHeader), proto::kMaxPayloadBytes));
+          return false;
+        }
         proto::finish_catalog_frame(out);
         write(std::move(out));
         return true;

@@ -909,8 +909,18 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   // Bad input found while serving (a file vanished or changed since the scan, an I/O
   // error that a retry did not cure): skip and count, as the scan does, unless strict.
   served.context.skip_unreadable_samples = !config.dataset.strict;
-  served.context.on_skipped = [log](std::uint64_t epoch, SampleId id, const Status& error) {
-    log->warn("skipping sample {} in epoch {} (dataset.strict = false): {}", id, epoch, error.to_string());
+  // One warning per skipped sample for the first kLoggedSkips, then one per 1,000: a
+  // vanished directory must not flood the log; the statistics count every one. Runs on
+  // the service thread only.
+  served.context.on_skipped = [log, skipped = std::make_shared<std::uint64_t>(0)](
+                                  std::uint64_t epoch, SampleId id, const Status& error) {
+    constexpr std::uint64_t kLoggedSkips = 100;
+    const std::uint64_t n = ++*skipped;
+    if (n <= kLoggedSkips || n % 1000 == 0) {
+      log->warn("skipping sample {} in epoch {} (dataset.strict = false): {}{}", id, epoch, error.to_string(),
+                n == kLoggedSkips ? fmt::format("; only every 1000th skip is logged from now on") : n > kLoggedSkips
+                    ? fmt::format(" ({} samples skipped so far on this node)", n) : std::string());
+    }
   };
   served.context.rerouted_samples = telemetry.rerouted_samples();
   served.context.residency = residency.get();

@@ -20,32 +20,35 @@ StorageReaderPool::StorageReaderPool(const Catalog& catalog, const DatasetConfig
 
 StorageReaderPool::~StorageReaderPool() { stop(); }
 
-void StorageReaderPool::fetch(std::vector<StorageRead> reads, std::function<void(const Status&)> done) {
+void StorageReaderPool::fetch(std::vector<StorageRead> reads, std::function<void(const StorageOutcome&)> done) {
   auto group = std::make_shared<Group>();
   group->remaining = reads.size();
   group->done = std::move(done);
   if (reads.empty()) {
-    post_([group] { group->done(Status::ok_status()); });
+    post_([group] { group->done(group->outcome); });
     return;
   }
   {
     std::lock_guard lock(mutex_);
     if (!stopping_) {
-      for (const StorageRead& r : reads) queue_.push_back({r, group});
+      for (std::size_t i = 0; i < reads.size(); ++i) queue_.push_back({reads[i], i, group});
       wake_.notify_all();
       return;
     }
   }
-  post_([group] { group->done(make_error(StatusCode::kUnavailable, "the daemon is stopping: cold reads cancelled")); });
+  const Status cancelled = make_error(StatusCode::kUnavailable, "the daemon is stopping: cold reads cancelled");
+  for (std::size_t i = 0; i < reads.size(); ++i) group->outcome.failed.emplace_back(i, cancelled);
+  post_([group] { group->done(group->outcome); });
 }
 
-void StorageReaderPool::finish(const std::shared_ptr<Group>& group, const Status& status) {
+void StorageReaderPool::finish(const Job& job, const Status& status) {
+  const std::shared_ptr<Group>& group = job.group;
   if (!status.ok()) {
     std::lock_guard lock(group->mutex);
-    if (group->first_error.ok()) group->first_error = status;
+    group->outcome.failed.emplace_back(job.index, status);
   }
   if (group->remaining.fetch_sub(1) != 1) return;
-  post_([group] { group->done(group->first_error); });
+  post_([group] { group->done(group->outcome); });
 }
 
 void StorageReaderPool::run() {
@@ -74,7 +77,7 @@ void StorageReaderPool::run() {
     } else {
       reads_failed_.fetch_add(1, std::memory_order_relaxed);
     }
-    finish(job.group, s);
+    finish(job, s);
   }
 }
 
@@ -93,7 +96,7 @@ void StorageReaderPool::stop() {
   threads_.clear();
   // Whoever waits for these groups (a scheduler freeing staging) hears of it.
   const Status cancelled = make_error(StatusCode::kUnavailable, "the daemon is stopping: cold reads cancelled");
-  for (const Job& job : left) finish(job.group, cancelled);
+  for (const Job& job : left) finish(job, cancelled);
 }
 
 StorageReaderStats StorageReaderPool::stats() const {

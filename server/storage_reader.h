@@ -54,26 +54,27 @@ class StorageReaderPool : public StorageFetcher {
   StorageReaderPool(const StorageReaderPool&) = delete;
   StorageReaderPool& operator=(const StorageReaderPool&) = delete;
 
-  void fetch(std::vector<StorageRead> reads, std::function<void(const Status&)> done) override;
-  // Joins the readers. Groups not finished by then complete (through `post`) with an
-  // error saying the daemon is stopping; later fetches complete with it at once.
+  void fetch(std::vector<StorageRead> reads, std::function<void(const StorageOutcome&)> done) override;
+  // Joins the readers. Reads of groups not finished by then fail (through `post`) with an
+  // error saying the daemon is stopping; later fetches fail with it at once.
   void stop();
   StorageReaderStats stats() const;
 
  private:
   struct Group {
     std::atomic<std::size_t> remaining{0};
-    std::mutex mutex;  // guards first_error
-    Status first_error;
-    std::function<void(const Status&)> done;
+    std::mutex mutex;  // guards outcome
+    StorageOutcome outcome;
+    std::function<void(const StorageOutcome&)> done;
   };
   struct Job {
     StorageRead read;
+    std::size_t index = 0;  // in its group's reads
     std::shared_ptr<Group> group;
   };
   void run();
   // Records one finished read of `group`; the last one posts the group's completion.
-  void finish(const std::shared_ptr<Group>& group, const Status& status);
+  void finish(const Job& job, const Status& status);
 
   const Catalog& catalog_;
   const DatasetConfig& dataset_;

@@ -385,7 +385,12 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
   for (auto& [group, group_reads] : reads) fetcher_.fetch(std::move(group_reads), completion(group));
   if (!cold_reads.empty()) {
     if (context_.storage != nullptr) {
-      context_.storage->fetch(std::move(cold_reads), completion(kStorageGroup));
+      ++p.fetches_in_flight;
+      context_.storage->fetch(std::move(cold_reads),
+                              [self = shared_from_this(), pass, where = std::move(positions[kStorageGroup]),
+                               seq = seqs.at(kStorageGroup), now](const StorageOutcome& outcome) {
+                                self->on_fetched(pass, where, seq, now, outcome.first_error(), &outcome);
+                              });
     } else {
       // Not reachable from the daemon (it always has a storage pool); a clear error
       // rather than a sample that never arrives.
@@ -445,6 +450,11 @@ bool TrainerScheduler::deliver_next() {
     if (position < plan_begin || position >= plan_begin + n) ++stats_.substituted_samples;
     if ((d.flags & proto::kSampleSkipped) != 0) {
       ++stats_.unreadable_samples;
+      auto error = p.skip_errors.find(position);
+      if (error != p.skip_errors.end()) {
+        if (context_.on_skipped) context_.on_skipped(p.epoch, d.sample_id, error->second);
+        p.skip_errors.erase(error);
+      }
       continue;
     }
     ++stats_.samples;
@@ -529,7 +539,8 @@ bool TrainerScheduler::substitute(std::uint64_t n, std::uint64_t plan_begin, std
   std::map<std::int32_t, std::deque<std::size_t>> by_label;
   std::vector<std::size_t> rest;
   for (; k < p.slots.size() && p.base + k < window_end; ++k) {
-    if (p.slots[k].state != SlotState::kReady) continue;
+    // A skipped placeholder stands in for nothing: it carries no sample.
+    if (p.slots[k].state != SlotState::kReady || (p.slots[k].descriptor.flags & proto::kSampleSkipped) != 0) continue;
     by_label[p.slots[k].descriptor.label].push_back(k);
     rest.push_back(k);
   }
@@ -557,7 +568,7 @@ bool TrainerScheduler::substitute(std::uint64_t n, std::uint64_t plan_begin, std
 
 void TrainerScheduler::on_fetched(const std::shared_ptr<Pass>& pass, const std::vector<std::uint64_t>& positions,
                                   std::uint64_t seq, std::chrono::steady_clock::time_point started,
-                                  const Status& status) {
+                                  const Status& status, const StorageOutcome* storage) {
   --pass->fetches_in_flight;
   pass->read_pins.erase(seq);  // the read has landed (or failed): it no longer touches the peer's arena
   if (pass->stale_reads.erase(seq) > 0) {
@@ -590,8 +601,7 @@ void TrainerScheduler::on_fetched(const std::shared_ptr<Pass>& pass, const std::
     reroute_to_storage(pass, positions, /*stale=*/false);
     return;
   }
-  if (!status.ok() && pass->slot(positions.front()).peer == kNoPeer &&
-      retry_or_skip_storage(pass, positions, status)) {
+  if (storage != nullptr && !storage->ok() && retry_or_skip_storage(pass, positions, *storage)) {
     pump();
     return;
   }
@@ -625,33 +635,50 @@ void TrainerScheduler::take_bytes(Pass& pass, Slot& slot,
 }
 
 bool TrainerScheduler::retry_or_skip_storage(const std::shared_ptr<Pass>& pass,
-                                             const std::vector<std::uint64_t>& positions, const Status& status) {
+                                             const std::vector<std::uint64_t>& positions,
+                                             const StorageOutcome& outcome) {
   // The group has completed: no read of it still writes into these bytes, so a retry may
-  // read into the same ones. The group reports only its first error, so which positions
-  // failed is unknown: a retry is per position, which also finds the ones that did.
-  std::vector<std::uint64_t> retry, failed;
-  for (const std::uint64_t position : positions) {
-    (pass->slot(position).storage_retried ? failed : retry).push_back(position);
+  // read into the same ones. Only the reads that failed are retried or skipped.
+  std::vector<bool> bad(positions.size(), false);
+  std::vector<std::uint64_t> retry;
+  std::vector<std::pair<std::uint64_t, const Status*>> failed;  // failed again after a retry
+  for (const auto& [index, error] : outcome.failed) {
+    if (index >= positions.size() || bad[index]) continue;
+    bad[index] = true;
+    const std::uint64_t position = positions[index];
+    if (pass->slot(position).storage_retried) {
+      failed.emplace_back(position, &error);
+    } else {
+      retry.push_back(position);
+    }
   }
-  if (!failed.empty() && !context_.skip_unreadable_samples) return false;  // the pass fails with it
+  if (!failed.empty() && !context_.skip_unreadable_samples) {
+    // dataset.strict: the pass fails at this sample, with its own error.
+    for (const std::uint64_t position : positions) pass->slot(position).state = SlotState::kReady;
+    if (pass->error.ok()) {
+      pass->error = *failed.front().second;
+      pass->error_position = failed.front().first;
+    }
+    return true;
+  }
+  for (std::size_t i = 0; i < positions.size(); ++i) {
+    if (!bad[i]) pass->slot(positions[i]).state = SlotState::kReady;
+  }
   for (const std::uint64_t position : retry) {
     pass->slot(position).storage_retried = true;
     reroute_to_storage(pass, {position}, /*stale=*/false, /*rerouted=*/false);
   }
-  if (context_.skip_unreadable_samples) {
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
-    for (const std::uint64_t position : failed) {
-      // A single read (retried ones are posted alone), so `status` is this sample's error.
-      Slot& slot = pass->slot(position);
-      take_bytes(*pass, slot, ranges);
-      slot.descriptor.flags |= proto::kSampleSkipped;
-      slot.descriptor.offset = 0;
-      slot.descriptor.length = 0;
-      slot.state = SlotState::kReady;
-      if (context_.on_skipped) context_.on_skipped(pass->epoch, slot.descriptor.sample_id, status);
-    }
-    staging_->release_all(ranges);
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+  for (const auto& [position, error] : failed) {
+    Slot& slot = pass->slot(position);
+    take_bytes(*pass, slot, ranges);
+    slot.descriptor.flags |= proto::kSampleSkipped;
+    slot.descriptor.offset = 0;
+    slot.descriptor.length = 0;
+    slot.state = SlotState::kReady;
+    pass->skip_errors.emplace(position, *error);  // reported when the placeholder is delivered
   }
+  staging_->release_all(ranges);
   return true;
 }
 
@@ -679,15 +706,18 @@ void TrainerScheduler::reroute_to_storage(const std::shared_ptr<Pass>& pass,
     }
   }
   ++pass->fetches_in_flight;
-  auto done = [self = shared_from_this(), pass, positions, seq, now = std::chrono::steady_clock::now()](
-                  const Status& s) { self->on_fetched(pass, positions, seq, now, s); };
+  const auto now = std::chrono::steady_clock::now();
   if (context_.storage == nullptr) {
-    done(make_error(StatusCode::kInternal, "sample {} of a dead peer cannot be read: this scheduler has no storage "
-                                           "reader",
-                    reads.front().sample));
+    on_fetched(pass, positions, seq, now,
+               make_error(StatusCode::kInternal,
+                          "sample {} of a dead peer cannot be read: this scheduler has no storage reader",
+                          reads.front().sample));
     return;
   }
-  context_.storage->fetch(std::move(reads), std::move(done));
+  context_.storage->fetch(std::move(reads), [self = shared_from_this(), pass, positions, seq,
+                                             now](const StorageOutcome& outcome) {
+    self->on_fetched(pass, positions, seq, now, outcome.first_error(), &outcome);
+  });
 }
 
 void TrainerScheduler::peer_dead(std::uint32_t peer) {

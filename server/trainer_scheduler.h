@@ -101,13 +101,22 @@ struct StorageRead {
   std::uint64_t staging_offset;
 };
 
+// What a group of storage reads reports: each read that failed, as its index in the
+// group's reads and its error (naming the sample, the file and the byte offset), in no
+// particular order. Per read, so that one bad file costs only its own retry.
+struct StorageOutcome {
+  std::vector<std::pair<std::size_t, Status>> failed;
+  bool ok() const { return failed.empty(); }
+  Status first_error() const { return failed.empty() ? Status::ok_status() : failed.front().second; }
+};
+
 class StorageFetcher {
  public:
   virtual ~StorageFetcher() = default;
   // Performs all `reads` (a staged batch's cold samples) and then calls `done` once, on
-  // the scheduler's thread, with the first error if any (naming the file and offset).
-  // Same contract as PeerFetcher::fetch: one completion per group; may run inline.
-  virtual void fetch(std::vector<StorageRead> reads, std::function<void(const Status&)> done) = 0;
+  // the scheduler's thread, with the reads that failed. Same contract as
+  // PeerFetcher::fetch: one completion per group; may run inline.
+  virtual void fetch(std::vector<StorageRead> reads, std::function<void(const StorageOutcome&)> done) = 0;
 };
 
 class FrameSink {
@@ -143,7 +152,8 @@ struct SchedulerContext {
   // file vanished, shrank or was rewritten since the scan; an I/O error) is skipped: its
   // batch goes out without it (a descriptor flagged kSampleSkipped stands in its place,
   // so the client's positions stay exact), the epoch's statistics count it, and
-  // `on_skipped` is told (the daemon logs the error, which names the file and offset).
+  // `on_skipped` is told when its batch goes out (the daemon logs the error, which names
+  // the file and offset).
   // false: that error fails the trainer (after the same retry).
   bool skip_unreadable_samples = false;
   std::function<void(std::uint64_t epoch, SampleId, const Status&)> on_skipped;
@@ -234,6 +244,9 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
     std::map<std::uint64_t, std::vector<std::shared_ptr<const int>>> read_pins;
     Status error;                     // first fetch error
     std::uint64_t error_position = 0;
+    // Skipped (unreadable) positions and their errors, reported (on_skipped) when their
+    // placeholders are delivered: a pass read ahead and then abandoned reports none.
+    std::map<std::uint64_t, Status> skip_errors;
 
     Slot& slot(std::uint64_t position) { return slots[position - base]; }
   };
@@ -260,19 +273,20 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   // Opportunistic composition of a batch of n samples whose plan starts at plan_begin:
   // indices into current_->slots, or false if fewer than n candidates are ready.
   bool substitute(std::uint64_t n, std::uint64_t plan_begin, std::vector<std::size_t>& chosen);
+  // `storage`: the group was read from storage; which of its reads failed.
   void on_fetched(const std::shared_ptr<Pass>& pass, const std::vector<std::uint64_t>& positions,
-                  std::uint64_t seq, std::chrono::steady_clock::time_point started, const Status& status);
+                  std::uint64_t seq, std::chrono::steady_clock::time_point started, const Status& status,
+                  const StorageOutcome* storage = nullptr);
   // Re-posts the fetching `positions` of `pass` to storage (same staging bytes) as one read
   // group; `stale`: the read they were waiting for is still in flight; `rerouted`: they
   // were a peer's (counted as rerouted samples), not a retry of failed storage reads.
   void reroute_to_storage(const std::shared_ptr<Pass>& pass, const std::vector<std::uint64_t>& positions,
                           bool stale, bool rerouted = true);
-  // A storage read group of `pass` failed: each position not retried yet is read again on
-  // its own (so one bad file cannot fail its neighbours); the others are skipped
-  // (skip_unreadable_samples) or become the pass's error. False: nothing was retried or
-  // skipped, the caller records the error.
+  // Some reads of a storage group of `pass` failed: each failed position not retried yet
+  // is read again on its own; one that failed its retry too is skipped
+  // (skip_unreadable_samples) or becomes the pass's error. The others are ready.
   bool retry_or_skip_storage(const std::shared_ptr<Pass>& pass, const std::vector<std::uint64_t>& positions,
-                             const Status& status);
+                             const StorageOutcome& outcome);
   // Moves a slot's staging bytes to `ranges`, or, while a stale read may still land there,
   // to `sent`'s stale_staging when a batch hands them to the trainer (nullptr: to quarantine).
   static void take_bytes(Pass& pass, Slot& slot, std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges,

@@ -14,7 +14,8 @@ per-trainer batch size): ``(x, y)`` with x a uint8 tensor of shape [n, *sample_s
 (or [n, nbytes] without sample_shape) and y the int64 labels; with ``with_ids=True`` a
 third tensor of sample ids. ``transform(x, y)`` (optional) maps the batch afterwards, e.g.
 to float. Every rank gets the same number of batches (the daemons guarantee it); with
-batch.drop_last = false the last one may be short or empty (n = 0).
+batch.drop_last = false the last one may be short or empty (n = 0), and any batch is short
+by the samples the daemon could not read (dataset.strict = false; Batch.skipped).
 
 Hand-over (docs/decisions/0020): the bytes are *copied once*, by Batch.copy_into (one
 memcpy per sample, GIL released), into a fresh contiguous tensor per batch (pinned when

@@ -495,10 +495,10 @@ class Checker:
             self.problems.append((kind, msg))
 
     # ---- loading
-    def load_skipped(self) -> Dict[int, List[Tuple[str, int, str]]]:
-        """epoch -> [(path, sample_id, where)] from DIR/skipped-rank-<R>.csv."""
+    def load_skipped(self) -> Dict[int, List[Tuple[str, int, str, int, int]]]:
+        """epoch -> [(path, sample_id, where, rank, batch)] from DIR/skipped-rank-<R>.csv."""
         a = self.a
-        out: Dict[int, List[Tuple[str, int, str]]] = collections.defaultdict(list)
+        out: Dict[int, List[Tuple[str, int, str, int, int]]] = collections.defaultdict(list)
         for r in range(a.trainers):
             name = "skipped-rank-%d.csv" % r
             full = os.path.join(a.trace_dir, name)
@@ -514,14 +514,14 @@ class Checker:
                 for fields in reader:
                     where = "%s:%d" % (name, reader.line_num)
                     try:
-                        epoch, rank, _batch, sid = (int(x) for x in fields[:4])
+                        epoch, rank, batch, sid = (int(x) for x in fields[:4])
                         path = fields[4]
                     except (ValueError, IndexError):
                         self.problem("format", "%s: bad row %r" % (where, fields))
                         continue
                     if rank != r:
                         self.problem("format", "%s: rank %d in rank %d's file" % (where, rank, r))
-                    out[epoch].append((path, sid, where))
+                    out[epoch].append((path, sid, where, rank, batch))
         return out
 
     def load_traces(self) -> List[Row]:
@@ -676,7 +676,11 @@ class Checker:
                                               for o in occ[:4])))
             # Skipped (unreadable) samples: with the delivered ones, each exactly once.
             skipped: Dict[str, str] = {}
-            for path, sid, where in skipped_by_epoch.get(e, []):
+            skipped_in: collections.Counter = collections.Counter()  # (rank, batch) -> skipped there
+            for path, sid, where, srank, sbatch in skipped_by_epoch.get(e, []):
+                if 0 <= srank < a.trainers:
+                    batches[srank][sbatch]  # a batch whose samples were all skipped still counts
+                    skipped_in[(srank, sbatch)] += 1
                 if path not in files:
                     self.problem("unknown", "%s: skipped path %s is not a sample of the dataset" % (where, _q(path)))
                 elif path in skipped:
@@ -692,7 +696,7 @@ class Checker:
             delivered = len(erows)
             if a.drop_last:
                 expected = (N // (a.trainers * a.batch_size)) * a.trainers * a.batch_size
-                if delivered != expected:
+                if delivered + len(skipped) != expected:
                     self.problem("count", "epoch %d: %d samples delivered, expected "
                                  "floor(%d/(%d*%d))*%d*%d = %d with drop_last"
                                  % (e, delivered, N, a.trainers, a.batch_size, a.trainers,
@@ -707,7 +711,7 @@ class Checker:
                     self.problems.append(("missing", "epoch %d: ... and %d more never delivered"
                                           % (e, len(missing) - 20)))
 
-            self._check_batches(e, batches)
+            self._check_batches(e, batches, skipped_in)
             orders[e] = {k: r.path for k, r in slots.items()}
             tiers_total.update(tiers)
             per_epoch.append({"epoch": e, "delivered": delivered, "skipped": len(skipped),
@@ -779,7 +783,8 @@ class Checker:
             self.problem("owner", "%s has owner %d at %s but %d at %s (placement must not "
                          "change)" % (_q(r.path), prev[0], prev[1], r.owner, r.loc()))
 
-    def _check_batches(self, e: int, batches: Dict[int, Dict[int, List[int]]]) -> None:
+    def _check_batches(self, e: int, batches: Dict[int, Dict[int, List[int]]],
+                       skipped_in: Optional[collections.Counter] = None) -> None:
         a = self.a
         counts = {}
         for rank in range(a.trainers):
@@ -792,10 +797,11 @@ class Checker:
                              % (e, rank, len(nums) - 1, gaps[:10]))
             for b in nums:
                 pos = sorted(bmap[b])
-                size = len(pos)
-                if pos != list(range(size)):
+                if pos != list(range(len(pos))):
                     self.problem("positions", "epoch %d rank %d batch %d: positions %s, "
-                                 "expected 0..%d" % (e, rank, b, pos[:20], size - 1))
+                                 "expected 0..%d" % (e, rank, b, pos[:20], len(pos) - 1))
+                # Skipped (unreadable) samples held their places in the batch.
+                size = len(pos) + (skipped_in[(rank, b)] if skipped_in else 0)
                 if a.batch_size:
                     if size > a.batch_size:
                         self.problem("batch-size", "epoch %d rank %d batch %d: %d samples > "

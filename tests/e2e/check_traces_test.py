@@ -266,6 +266,22 @@ class FailingTracesTest(CheckerTestBase):
         # Without the flag the skipped sample is missing.
         self.assertFailsWith(self.run_checker(), "missing", "epoch 1: " + repr(gone["path"]))
 
+    def test_a_batch_whose_samples_were_all_skipped_still_counts(self):
+        for drop_last in (False, True):
+            with self.subTest(drop_last=drop_last):
+                shutil.rmtree(self.trace, ignore_errors=True)
+                rows = plan_rows(drop_last=drop_last)
+                gone = [r for r in rows if (r["epoch"], r["rank"], r["batch"]) == (0, 1, 0)]
+                self.assertTrue(gone)
+                for r in gone:
+                    rows.remove(r)
+                write_traces(self.trace, rows)
+                self.write_skipped(gone)
+                extra = ("--skipped", "--drop-last") if drop_last else ("--skipped",)
+                rc, out, s = self.run_checker(*extra)
+                self.assertEqual(rc, 0, out)
+                self.assertEqual(s["per_epoch"][0]["skipped"], len(gone))
+
     def test_a_sample_both_skipped_and_delivered_fails(self):
         rows = plan_rows()
         row = find(rows, epoch=0, rank=2, batch=0, position=0)

@@ -128,6 +128,10 @@ for e in range(epochs):
     stats = sum(int(m) for m in re.findall(rf"rank \d+ epoch {e}: .*; (\d+) unreadable samples skipped", open(f"{tmp}/trainers.out").read()))
     if stats != len(s):
         problems.append(f"epoch {e}: the trainers' epoch statistics count {stats} unreadable samples, the traces {len(s)}")
+    # Warned when delivered (not when read ahead), once each: as many as the traces skipped.
+    warned = len(re.findall(rf"skipping sample \d+ in epoch {e} \(dataset.strict = false\)", log))
+    if warned != len(s):
+        problems.append(f"epoch {e}: {warned} daemon warnings for {len(s)} skipped samples")
 for path in sorted(skipped.get(0, set()))[:3]:
     if not re.search(r"skipping sample \d+ in epoch 0 \(dataset.strict = false\): .*" + re.escape(path), log):
         problems.append(f"no daemon warning names {path}")

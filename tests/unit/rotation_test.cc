@@ -118,10 +118,10 @@ struct Message {
   std::uint64_t generation;
 };
 
-template <typename Read>
+template <typename Read, typename Result = Status>
 struct Pending {
   std::vector<Read> reads;
-  std::function<void(const Status&)> done;
+  std::function<void(const Result&)> done;
 };
 
 struct QueuedPeers : PeerFetcher {
@@ -132,9 +132,9 @@ struct QueuedPeers : PeerFetcher {
 };
 
 struct QueuedStorage : StorageFetcher {
-  std::deque<Pending<StorageRead>> pending;
+  std::deque<Pending<StorageRead, StorageOutcome>> pending;
   std::uint64_t reads = 0;
-  void fetch(std::vector<StorageRead> r, std::function<void(const Status&)> done) override {
+  void fetch(std::vector<StorageRead> r, std::function<void(const StorageOutcome&)> done) override {
     reads += r.size();
     pending.push_back({std::move(r), std::move(done)});
   }
@@ -368,7 +368,7 @@ struct Cluster {
         auto call = std::move(nd.storage.pending[i]);
         nd.storage.pending.erase(nd.storage.pending.begin() + static_cast<std::ptrdiff_t>(i));
         for (const StorageRead& r : call.reads) write_sample(nd.staging, r.staging_offset, r.sample, r.length);
-        call.done(Status::ok_status());
+        call.done(StorageOutcome{});
         return true;
       }
       case 2: {  // the reload writes one entering sample

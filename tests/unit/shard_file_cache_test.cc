@@ -342,7 +342,7 @@ TEST_F(ShardFileCacheTest, TheStorageReadersReadColdShardSamplesThroughTheCache)
     // Completions run on the reader thread that finishes the group (the daemon posts them
     // to its io thread); the test only waits for the one completion.
     StorageReaderPool pool(*c, d, staging.data(), 3, [](std::function<void()> f) { f(); }, {}, &cache);
-    pool.fetch(reads, [&done](const Status& s) { done.set_value(s); });
+    pool.fetch(reads, [&done](const StorageOutcome& o) { done.set_value(o.first_error()); });
     auto finished = done.get_future();
     ASSERT_EQ(finished.wait_for(std::chrono::seconds(30)), std::future_status::ready);
     const Status s = finished.get();

@@ -24,10 +24,10 @@ namespace shardmix {
 namespace {
 
 // A fetcher of either kind: calls queue up until the test completes them.
-template <typename Read>
+template <typename Read, typename Result = Status>
 struct Pending {
   std::vector<Read> reads;
-  std::function<void(const Status&)> done;
+  std::function<void(const Result&)> done;
 };
 
 struct FakePeers : PeerFetcher {
@@ -38,32 +38,38 @@ struct FakePeers : PeerFetcher {
 };
 
 struct FakeStorage : StorageFetcher {
-  std::deque<Pending<StorageRead>> pending;
+  std::deque<Pending<StorageRead, StorageOutcome>> pending;
   std::vector<StorageRead> all;  // every read ever posted, in posting order
-  Status fail_with;              // every group fails with it
-  std::set<SampleId> unreadable;  // a group with one of these fails, every time
-  std::set<SampleId> flaky;       // ... fails the first time it reads one of these
+  Status fail_with;              // every read fails with it
+  std::set<SampleId> unreadable;  // these fail every time
+  std::set<SampleId> flaky;       // these fail the first time they are read
+  std::map<SampleId, int> fail_on_read;  // this sample's n-th read fails
   std::map<SampleId, int> reads_of;
-  void fetch(std::vector<StorageRead> reads, std::function<void(const Status&)> done) override {
+  void fetch(std::vector<StorageRead> reads, std::function<void(const StorageOutcome&)> done) override {
     all.insert(all.end(), reads.begin(), reads.end());
     pending.push_back({std::move(reads), std::move(done)});
   }
-  // What pending group k completes with (like StorageReaderPool: its first error).
-  Status status_of(std::size_t k) {
-    Status s = fail_with;
-    for (const StorageRead& r : pending[k].reads) {
-      const int n = ++reads_of[r.sample];
-      if (s.ok() && (unreadable.count(r.sample) > 0 || (flaky.count(r.sample) > 0 && n == 1))) {
-        s = make_error(StatusCode::kCorrupt, "/data/s{}.bin: file shrank since the scan (EOF at offset 16)", r.sample);
+  // What pending group k completes with: its failed reads, like StorageReaderPool.
+  StorageOutcome outcome_of(std::size_t k) {
+    StorageOutcome o;
+    for (std::size_t i = 0; i < pending[k].reads.size(); ++i) {
+      const SampleId id = pending[k].reads[i].sample;
+      const int n = ++reads_of[id];
+      if (!fail_with.ok()) {
+        o.failed.emplace_back(i, fail_with);
+      } else if (unreadable.count(id) > 0 || (flaky.count(id) > 0 && n == 1) ||
+                 (fail_on_read.count(id) > 0 && fail_on_read.at(id) == n)) {
+        o.failed.emplace_back(
+            i, make_error(StatusCode::kCorrupt, "/data/s{}.bin: file shrank since the scan (EOF at offset 16)", id));
       }
     }
-    return s;
+    return o;
   }
   void complete(std::size_t k) {
-    const Status s = status_of(k);
+    const StorageOutcome o = outcome_of(k);
     auto call = std::move(pending[k]);
     pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(k));
-    call.done(s);
+    call.done(o);
   }
 };
 
@@ -87,6 +93,17 @@ void complete_one(Fetcher& f, std::size_t k, const Status& s = Status::ok_status
   auto call = std::move(f.pending[k]);
   f.pending.erase(f.pending.begin() + static_cast<std::ptrdiff_t>(k));
   call.done(s);
+}
+
+// Storage: every read of group k fails with `s`, or none does.
+void complete_one(FakeStorage& f, std::size_t k, const Status& s = Status::ok_status()) {
+  auto call = std::move(f.pending[k]);
+  f.pending.erase(f.pending.begin() + static_cast<std::ptrdiff_t>(k));
+  StorageOutcome o;
+  if (!s.ok()) {
+    for (std::size_t i = 0; i < call.reads.size(); ++i) o.failed.emplace_back(i, s);
+  }
+  call.done(o);
 }
 
 // Runs one pass to its EpochEnd: completes fetches (storage ones in a seeded random order,
@@ -704,6 +721,55 @@ TEST(StorageTier, AFailedColdReadIsRetriedOnceOnItsOwn) {
   EXPECT_TRUE(staging->empty());
 }
 
+// Only the reads that failed are read again: a bad file's neighbours in its read group are
+// not, so a neighbour whose next read would fail is delivered, and the bad file costs two
+// reads. (Read per group, a neighbour read a second time would have failed and been
+// skipped.)
+TEST(StorageTier, OnlyTheFailedReadsOfAGroupAreReadAgain) {
+  FakeStorage storage;
+  ColdWorld w(200, 2, 8, 2, 0, 0.3, &storage);
+  w.context.skip_unreadable_samples = true;
+  std::vector<SampleId> reported;
+  w.context.on_skipped = [&reported](std::uint64_t, SampleId id, const Status&) { reported.push_back(id); };
+  const TrainerPlan plan = w.planner->plan_node(0, 0)[0];
+  std::vector<SampleId> first_batch_cold;
+  for (std::uint64_t i = plan.batch_begin[0]; i < plan.batch_begin[1]; ++i) {
+    if (!w.placement.is_resident(plan.order[i])) first_batch_cold.push_back(plan.order[i]);
+  }
+  ASSERT_GE(first_batch_cold.size(), 2u) << "the first batch needs two cold samples";
+  const SampleId bad = first_batch_cold[0];
+  storage.unreadable = {bad};
+  for (std::size_t i = 1; i < first_batch_cold.size(); ++i) storage.fail_on_read[first_batch_cold[i]] = 2;
+  auto staging = std::make_shared<StagingAllocator>(0, 1 << 22);
+  FakePeers peers;
+  Sink sink;
+  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, sink);
+  scheduler->start_epoch(0, 1);
+  ASSERT_FALSE(storage.pending.empty());
+  storage.complete(0);  // the first batch's cold group: `bad` fails
+  while (sink.ends.empty() && sink.errors.empty()) {
+    if (!storage.pending.empty()) {
+      storage.complete(0);
+    } else if (!peers.pending.empty()) {
+      complete_one(peers, 0);
+    } else {
+      ASSERT_FALSE(sink.batches.empty());
+      for (const auto& b : sink.batches) (void)scheduler->release(1, b.batch);
+    }
+  }
+  ASSERT_TRUE(sink.errors.empty()) << sink.errors[0].message();
+  EXPECT_EQ(storage.reads_of[bad], 2);
+  for (std::size_t i = 1; i < first_batch_cold.size(); ++i) {
+    EXPECT_EQ(storage.reads_of[first_batch_cold[i]], 1) << "neighbour " << first_batch_cold[i];
+  }
+  EXPECT_EQ(sink.ends.at(0).unreadable_samples, 1u);
+  EXPECT_EQ(reported, std::vector<SampleId>{bad});
+  scheduler->close();
+  while (!peers.pending.empty()) complete_one(peers, 0);
+  while (!storage.pending.empty()) complete_one(storage, 0);
+  EXPECT_TRUE(staging->empty());
+}
+
 // dataset.strict = false (skip_unreadable_samples): any completion order, release pattern,
 // window and share of cold samples, with some cold samples unreadable for good and some
 // failing once: every planned position goes out exactly once in a batch of its planned
@@ -725,7 +791,8 @@ RC_GTEST_PROP(StorageTier, UnreadableSamplesAreSkippedAndCountedExactlyOnce, ())
   std::multiset<SampleId> reported;
   w.context.on_skipped = [&reported](std::uint64_t epoch, SampleId id, const Status& s) {
     RC_ASSERT(s.message().find(fmt::format("/data/s{}.bin", id)) != std::string::npos);
-    if (epoch == 1) reported.insert(id);  // not the next epoch's, read ahead
+    RC_ASSERT(epoch == 1u);  // reported when delivered: never for the next epoch, only read ahead
+    reported.insert(id);
   };
   const TrainerPlan plan = w.planner->plan_node(1, 0)[0];
   Rng picks(seed ^ 0x5eed);
@@ -928,9 +995,9 @@ TEST_F(StorageReaderPoolTest, ReadsEachGroupIntoStagingAndCompletesItOnce) {
     offset += align_to_arena(catalog_.sample_bytes(id));
   }
   for (int g = 0; g < 2; ++g) {
-    pool.fetch(groups[g], [&, g](const Status& s) {
+    pool.fetch(groups[g], [&, g](const StorageOutcome& o) {
       ++completions[g];
-      results[g] = s;
+      results[g] = o.first_error();
     });
   }
   run_until([&] { return completions[0] + completions[1] == 2; });
@@ -953,12 +1020,14 @@ TEST_F(StorageReaderPoolTest, AFileThatShrankIsAnErrorNamingTheFileAndOffset) {
   std::filesystem::resize_file(root_ / std::string(catalog_.path(victim)), 5);
   std::vector<std::uint8_t> staging(1 << 20);
   StorageReaderPool pool(catalog_, dataset_, staging.data(), 2, post());
-  std::optional<Status> result;
+  std::optional<StorageOutcome> outcome;
   pool.fetch({{9, catalog_.sample_bytes(9), 0}, {victim, catalog_.sample_bytes(victim), 16384}},
-             [&](const Status& s) { result = s; });
-  run_until([&] { return result.has_value(); });
-  ASSERT_FALSE(result->ok());
-  const std::string message = result->to_string();
+             [&](const StorageOutcome& o) { outcome = o; });
+  run_until([&] { return outcome.has_value(); });
+  // Only the shrunk file's read failed, and the outcome says which one it was.
+  ASSERT_EQ(outcome->failed.size(), 1u);
+  EXPECT_EQ(outcome->failed[0].first, 1u);
+  const std::string message = outcome->failed[0].second.to_string();
   EXPECT_NE(message.find(std::string(catalog_.path(victim))), std::string::npos) << message;
   EXPECT_NE(message.find("offset 5"), std::string::npos) << message;
   EXPECT_NE(message.find("cold sample 10"), std::string::npos) << message;
@@ -969,11 +1038,11 @@ TEST_F(StorageReaderPoolTest, StopCompletesWhatIsLeftWithAnError) {
   std::vector<std::uint8_t> staging(1 << 20);
   StorageReaderPool pool(catalog_, dataset_, staging.data(), 1, post());
   pool.stop();
-  std::optional<Status> result;
-  pool.fetch({{1, catalog_.sample_bytes(1), 0}}, [&](const Status& s) { result = s; });
-  run_until([&] { return result.has_value(); });
-  EXPECT_FALSE(result->ok());
-  EXPECT_NE(result->to_string().find("stopping"), std::string::npos);
+  std::optional<StorageOutcome> outcome;
+  pool.fetch({{1, catalog_.sample_bytes(1), 0}}, [&](const StorageOutcome& o) { outcome = o; });
+  run_until([&] { return outcome.has_value(); });
+  ASSERT_EQ(outcome->failed.size(), 1u);
+  EXPECT_NE(outcome->first_error().to_string().find("stopping"), std::string::npos);
 }
 
 }  // namespace
