@@ -106,6 +106,32 @@ void complete_one(FakeStorage& f, std::size_t k, const Status& s = Status::ok_st
   call.done(o);
 }
 
+// Runs a pass (stream `stream`) until its EpochEnd or an error, for the properties: at each
+// step a seeded choice completes a random pending read (storage ones as FakeStorage says)
+// or releases the oldest batch the trainer holds; a step with neither is a hang.
+void run_pass_randomly(TrainerScheduler& scheduler, FakePeers& peers, FakeStorage& storage, Sink& sink,
+                       std::uint64_t stream, std::uint64_t seed) {
+  Rng choices(seed);
+  std::deque<std::uint64_t> held;
+  std::size_t seen = 0;
+  for (int guard = 0; sink.ends.empty() && sink.errors.empty() && guard < 100000; ++guard) {
+    for (; seen < sink.batches.size(); ++seen) held.push_back(sink.batches[seen].batch);
+    const std::size_t fetches = peers.pending.size() + storage.pending.size();
+    if (fetches > 0 && (held.empty() || choices.below(3) != 0)) {
+      const std::size_t k = choices.below(fetches);
+      if (k < peers.pending.size()) {
+        complete_one(peers, k);
+      } else {
+        storage.complete(k - peers.pending.size());
+      }
+    } else {
+      RC_ASSERT(!held.empty());  // otherwise nothing can move: a hang
+      RC_ASSERT(scheduler.release(stream, held.front()).ok());
+      held.pop_front();
+    }
+  }
+}
+
 // Runs one pass to its EpochEnd: completes fetches (storage ones in a seeded random order,
 // which W = 0 must not let change the delivered order) and releases every batch.
 std::vector<SampleId> run_pass(TrainerScheduler& scheduler, FakePeers& peers, FakeStorage& storage, Sink& sink,
@@ -214,25 +240,7 @@ RC_GTEST_PROP(StorageTier, ExactlyOnceInEitherModeWhateverReadsLandFirst, ()) {
   auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, sink);
   const TrainerPlan plan = w.planner->plan_node(1, 0)[0];
   scheduler->start_epoch(1, 3);
-  Rng choices(seed);
-  std::deque<std::uint64_t> held;
-  std::size_t seen = 0;
-  for (int guard = 0; sink.ends.empty() && guard < 100000; ++guard) {
-    for (; seen < sink.batches.size(); ++seen) held.push_back(sink.batches[seen].batch);
-    const std::size_t fetches = peers.pending.size() + storage.pending.size();
-    if (fetches > 0 && (held.empty() || choices.below(3) != 0)) {
-      const std::size_t k = choices.below(fetches);
-      if (k < peers.pending.size()) {
-        complete_one(peers, k);
-      } else {
-        complete_one(storage, k - peers.pending.size());
-      }
-    } else {
-      RC_ASSERT(!held.empty());  // otherwise nothing can move: a hang
-      RC_ASSERT(scheduler->release(3, held.front()).ok());
-      held.pop_front();
-    }
-  }
+  run_pass_randomly(*scheduler, peers, storage, sink, 3, seed);
   RC_ASSERT(sink.errors.empty());
   RC_ASSERT(sink.ends.size() == 1u);
   RC_ASSERT(sink.batches.size() == plan.num_batches());
@@ -813,25 +821,7 @@ RC_GTEST_PROP(StorageTier, UnreadableSamplesAreSkippedAndCountedExactlyOnce, ())
   Sink sink;
   auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, peers, sink);
   scheduler->start_epoch(1, 3);
-  Rng choices(seed);
-  std::deque<std::uint64_t> held;
-  std::size_t seen = 0;
-  for (int guard = 0; sink.ends.empty() && sink.errors.empty() && guard < 100000; ++guard) {
-    for (; seen < sink.batches.size(); ++seen) held.push_back(sink.batches[seen].batch);
-    const std::size_t fetches = peers.pending.size() + storage.pending.size();
-    if (fetches > 0 && (held.empty() || choices.below(3) != 0)) {
-      const std::size_t k = choices.below(fetches);
-      if (k < peers.pending.size()) {
-        complete_one(peers, k);
-      } else {
-        storage.complete(k - peers.pending.size());
-      }
-    } else {
-      RC_ASSERT(!held.empty());  // otherwise nothing can move: a hang
-      RC_ASSERT(scheduler->release(3, held.front()).ok());
-      held.pop_front();
-    }
-  }
+  run_pass_randomly(*scheduler, peers, storage, sink, 3, seed);
   RC_ASSERT(sink.errors.empty());
   RC_ASSERT(sink.ends.size() == 1u);
   RC_ASSERT(sink.batches.size() == plan.num_batches());
