@@ -106,6 +106,23 @@ void complete_one(FakeStorage& f, std::size_t k, const Status& s = Status::ok_st
   call.done(o);
 }
 
+// The trainer goes away; every read still pending lands, so staging can be checked empty.
+void close_and_drain(TrainerScheduler& scheduler, FakePeers& peers, FakeStorage& storage) {
+  scheduler.close();
+  while (!peers.pending.empty()) complete_one(peers, 0);
+  while (!storage.pending.empty()) complete_one(storage, 0);
+}
+
+// What a pass delivered, in delivery order, against its plan: W = 0 exactly the planned
+// order; with a window, the same samples in any order.
+bool matches_plan(std::vector<SampleId> order, const TrainerPlan& plan, std::uint32_t window) {
+  if (window == 0) return order == plan.order;
+  std::vector<SampleId> want = plan.order;
+  std::sort(order.begin(), order.end());
+  std::sort(want.begin(), want.end());
+  return order == want;
+}
+
 // Runs a pass (stream `stream`) until its EpochEnd or an error, for the properties: at each
 // step a seeded choice completes a random pending read (storage ones as FakeStorage says)
 // or releases the oldest batch the trainer holds; a step with neither is a hang.
@@ -213,9 +230,7 @@ TEST(StorageTier, ColdSamplesComeFromStorageInThePlannedOrder) {
     }
   }
   // Peers were asked only for resident samples.
-  scheduler->close();
-  while (!peers.pending.empty()) complete_one(peers, 0);
-  while (!storage.pending.empty()) complete_one(storage, 0);
+  close_and_drain(*scheduler, peers, storage);
   EXPECT_TRUE(staging->empty());
 }
 
@@ -261,17 +276,8 @@ RC_GTEST_PROP(StorageTier, ExactlyOnceInEitherModeWhateverReadsLandFirst, ()) {
     }
   }
   RC_ASSERT(sink.ends[0].storage_samples == cold);
-  if (window == 0) {
-    RC_ASSERT(order == plan.order);
-  } else {
-    std::sort(order.begin(), order.end());
-    std::vector<SampleId> want = plan.order;
-    std::sort(want.begin(), want.end());
-    RC_ASSERT(order == want);
-  }
-  scheduler->close();
-  while (!peers.pending.empty()) complete_one(peers, 0);
-  while (!storage.pending.empty()) complete_one(storage, 0);
+  RC_ASSERT(matches_plan(order, plan, window));
+  close_and_drain(*scheduler, peers, storage);
   RC_ASSERT(staging->empty());
 }
 
@@ -476,9 +482,7 @@ TEST(StorageTier, ADeadPeersSamplesComeFromStorageExactlyOnceInThePlannedOrder) 
   std::set<SampleId> read_once;
   for (const StorageRead& r : storage.all) EXPECT_TRUE(read_once.insert(r.sample).second) << "sample " << r.sample;
   // Every byte comes back once the stuck reads have landed (next epoch's work aside).
-  scheduler->close();
-  while (!peers.pending.empty()) complete_one(peers, 0);
-  while (!storage.pending.empty()) complete_one(storage, 0);
+  close_and_drain(*scheduler, peers, storage);
   EXPECT_EQ(staging->bytes_in_use(), 0u);
 }
 
@@ -556,9 +560,7 @@ TEST(StorageTier, AStaleReadLandingDoesNotFreeBytesTheTrainerHolds) {
     ASSERT_TRUE(sink.errors.empty()) << sink.errors[0].message();
     ASSERT_EQ(sink.ends.size(), 1u);
     EXPECT_EQ(got, plan.order);
-    scheduler->close();
-    while (!peers.pending.empty()) complete_one(peers, 0);
-    while (!storage.pending.empty()) complete_one(storage, 0);
+    close_and_drain(*scheduler, peers, storage);
     EXPECT_EQ(staging->bytes_in_use(), 0u);  // every byte back once, none twice (the allocator aborts)
   }
 }
@@ -677,9 +679,7 @@ TEST(StorageTier, AColdReadErrorReachesTheTrainerNamingTheFile) {
   EXPECT_NE(sink.errors[0].message().find("/data/c3/x.bin"), std::string::npos) << sink.errors[0].message();
   EXPECT_NE(sink.errors[0].message().find("offset 2048"), std::string::npos);
   EXPECT_NE(sink.errors[0].message().find("plan position"), std::string::npos);
-  scheduler->close();
-  while (!peers.pending.empty()) complete_one(peers, 0);
-  while (!storage.pending.empty()) complete_one(storage, 0);
+  close_and_drain(*scheduler, peers, storage);
   EXPECT_TRUE(staging->empty());
 }
 
@@ -707,9 +707,7 @@ TEST(StorageTier, AFailedColdReadIsRetriedOnceOnItsOwn) {
     EXPECT_EQ(got, plan.order);
     EXPECT_EQ(sink.ends.at(0).unreadable_samples, 0u);
     for (SampleId id : storage.flaky) EXPECT_GE(storage.reads_of[id], 2) << "sample " << id;
-    scheduler->close();
-    while (!peers.pending.empty()) complete_one(peers, 0);
-    while (!storage.pending.empty()) complete_one(storage, 0);
+    close_and_drain(*scheduler, peers, storage);
   }
   EXPECT_TRUE(staging->empty());
   // Strict: a sample that never reads fails the trainer, naming its file, after 2 reads.
@@ -723,9 +721,7 @@ TEST(StorageTier, AFailedColdReadIsRetriedOnceOnItsOwn) {
   EXPECT_NE(strict_sink.errors[0].message().find(fmt::format("/data/s{}.bin", cold[1])), std::string::npos)
       << strict_sink.errors[0].message();
   EXPECT_EQ(storage.reads_of[cold[1]], 2);
-  scheduler->close();
-  while (!peers.pending.empty()) complete_one(peers, 0);
-  while (!storage.pending.empty()) complete_one(storage, 0);
+  close_and_drain(*scheduler, peers, storage);
   EXPECT_TRUE(staging->empty());
 }
 
@@ -772,9 +768,7 @@ TEST(StorageTier, OnlyTheFailedReadsOfAGroupAreReadAgain) {
   }
   EXPECT_EQ(sink.ends.at(0).unreadable_samples, 1u);
   EXPECT_EQ(reported, std::vector<SampleId>{bad});
-  scheduler->close();
-  while (!peers.pending.empty()) complete_one(peers, 0);
-  while (!storage.pending.empty()) complete_one(storage, 0);
+  close_and_drain(*scheduler, peers, storage);
   EXPECT_TRUE(staging->empty());
 }
 
@@ -843,17 +837,8 @@ RC_GTEST_PROP(StorageTier, UnreadableSamplesAreSkippedAndCountedExactlyOnce, ())
   RC_ASSERT(std::multiset<SampleId>(want_skipped.begin(), want_skipped.end()) == reported);
   RC_ASSERT(sink.ends[0].unreadable_samples == want_skipped.size());
   RC_ASSERT(sink.ends[0].samples + sink.ends[0].unreadable_samples == plan.order.size());
-  if (window == 0) {
-    RC_ASSERT(order == plan.order);
-  } else {
-    std::sort(order.begin(), order.end());
-    std::vector<SampleId> want = plan.order;
-    std::sort(want.begin(), want.end());
-    RC_ASSERT(order == want);
-  }
-  scheduler->close();
-  while (!peers.pending.empty()) complete_one(peers, 0);
-  while (!storage.pending.empty()) complete_one(storage, 0);
+  RC_ASSERT(matches_plan(order, plan, window));
+  close_and_drain(*scheduler, peers, storage);
   RC_ASSERT(staging->empty());
 }
 
