@@ -33,9 +33,9 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "common/fabric/fabric.h"
 #include "common/log.h"
-#include "common/mpi_comm.h"
+#include "control/mpi_comm.h"
+#include "fabric/fabric.h"
 
 namespace {
 

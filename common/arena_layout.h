@@ -7,7 +7,7 @@
 // largest first, each into the smallest hole that fits (best fit decreasing). One that finds no hole stays cold for that
 // generation (fragmentation with unequal sizes; counted in `unplaced`). Because entering
 // samples are written only into holes, the bytes a reload writes never overlap a kept
-// sample: the fence (server/rotation.h) only has to wait for readers of *leaving* slots.
+// sample: the fence (common/rotation.h) only has to wait for readers of *leaving* slots.
 // Every daemon computes every node's layouts from the same inputs, so a peer still needs
 // no lookup message.
 // Thread-safety: immutable values; the functions are pure.

@@ -2,7 +2,7 @@
 // clock that cache rotation (0033) and reuse rounds share, and the next-use policy that
 // picks what each node's arena holds in every round.
 //
-// A *generation* is the unit of the rotation fence (server/rotation.h): every daemon retires
+// A *generation* is the unit of the rotation fence (common/rotation.h): every daemon retires
 // generation g of every node once one of its schedulers stages a batch of generation g+1.
 //  - cache.rotation_epochs = K: g = epoch / K (0033).
 //  - cache.reuse_rounds = R: every epoch is split into R rounds by batch number (every

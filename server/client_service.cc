@@ -19,8 +19,8 @@
 #include <thread>
 
 #include "common/log.h"
+#include "common/read_groups.h"
 #include "proto/wire.h"
-#include "server/read_groups.h"
 
 namespace shardmix {
 namespace asio = boost::asio;

@@ -21,12 +21,12 @@
 #include <string>
 #include <vector>
 
-#include "common/fabric/fabric.h"
+#include "common/staging_allocator.h"
 #include "common/status.h"
+#include "common/trainer_scheduler.h"
+#include "fabric/fabric.h"
 #include "server/shared_region.h"
-#include "server/staging_allocator.h"
 #include "server/telemetry.h"
-#include "server/trainer_scheduler.h"
 
 namespace shardmix {
 

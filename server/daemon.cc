@@ -30,16 +30,16 @@
 
 #include "common/catalog.h"
 #include "common/epoch_plan.h"
-#include "common/fabric/fabric.h"
 #include "common/job_token.h"
 #include "common/log.h"
+#include "common/peer_monitor.h"
 #include "common/placement.h"
+#include "common/rotation.h"
 #include "common/slot_reuse.h"
+#include "fabric/fabric.h"
 #include "server/cache_loader.h"
 #include "server/client_service.h"
 #include "server/netns.h"
-#include "server/peer_monitor.h"
-#include "server/rotation.h"
 #include "server/shard_file_cache.h"
 #include "server/shared_region.h"
 #include "server/startup_report.h"
@@ -743,7 +743,7 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   }
   fabric::FabricOptions fabric_options{config.fabric.provider, config.fabric.interface,
                                        config.fabric.max_outstanding_reads, config.fabric.max_read_segments};
-  // Heartbeat reads (server/peer_monitor.h) land here, one byte per peer; declared before
+  // Heartbeat reads (common/peer_monitor.h) land here, one byte per peer; declared before
   // the fabric so it outlives every read.
   std::vector<std::uint8_t> heartbeat_bytes(static_cast<std::size_t>(nodes));
   auto fabric_or = fabric::Fabric::create(fabric_options, rank, nodes);

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "common/config.h"
-#include "common/mpi_comm.h"
+#include "control/mpi_comm.h"
 
 namespace shardmix {
 

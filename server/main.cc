@@ -8,7 +8,7 @@
 
 #include "common/config.h"
 #include "common/log.h"
-#include "common/mpi_comm.h"
+#include "control/mpi_comm.h"
 #include "server/daemon.h"
 
 int main(int argc, char** argv) {

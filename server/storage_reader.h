@@ -27,8 +27,8 @@
 
 #include "common/catalog.h"
 #include "common/config.h"
+#include "common/trainer_scheduler.h"
 #include "server/shard_file_cache.h"
-#include "server/trainer_scheduler.h"
 
 namespace shardmix {
 

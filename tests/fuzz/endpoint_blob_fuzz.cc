@@ -1,4 +1,4 @@
-// Fuzz target: common/fabric/endpoint_blob, the bytes each daemon publishes to its peers
+// Fuzz target: fabric/endpoint_blob, the bytes each daemon publishes to its peers
 // over MPI (libfabric endpoint name, region address, key and length).
 //
 // Checks beyond "no crash, no UB": a decoded blob has a name of 1..kMaxEndpointNameLength
@@ -7,7 +7,7 @@
 // the publishing rank.
 #include <string>
 
-#include "common/fabric/endpoint_blob.h"
+#include "fabric/endpoint_blob.h"
 #include "tests/fuzz/fuzz.h"
 
 using namespace shardmix;

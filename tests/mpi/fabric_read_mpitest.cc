@@ -23,9 +23,9 @@
 
 #include <fmt/format.h>
 
-#include "common/fabric/fabric.h"
 #include "common/log.h"
-#include "common/mpi_comm.h"
+#include "control/mpi_comm.h"
+#include "fabric/fabric.h"
 
 namespace {
 

@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/fabric/fabric.h"
+#include "fabric/fabric.h"
 
 namespace shardmix::fabric {
 namespace {

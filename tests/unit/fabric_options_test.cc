@@ -2,8 +2,8 @@
 // fabric adapter that need no network.
 #include <gtest/gtest.h>
 
-#include "common/fabric/endpoint_blob.h"
-#include "common/fabric/provider.h"
+#include "fabric/endpoint_blob.h"
+#include "fabric/provider.h"
 
 namespace shardmix::fabric {
 namespace {

@@ -5,7 +5,7 @@
 #include <map>
 #include <vector>
 
-#include "server/peer_monitor.h"
+#include "common/peer_monitor.h"
 
 namespace shardmix {
 namespace {

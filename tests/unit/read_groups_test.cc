@@ -1,11 +1,11 @@
-// Packing a fetch's peer reads into vectored reads (server/read_groups.h).
+// Packing a fetch's peer reads into vectored reads (common/read_groups.h).
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
 #include <map>
 #include <vector>
 
-#include "server/read_groups.h"
+#include "common/read_groups.h"
 
 namespace shardmix {
 namespace {

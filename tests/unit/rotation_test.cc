@@ -20,10 +20,10 @@
 #include "common/epoch_plan.h"
 #include "common/placement.h"
 #include "common/rng.h"
+#include "common/rotation.h"
 #include "common/slot_reuse.h"
-#include "server/rotation.h"
-#include "server/staging_allocator.h"
-#include "server/trainer_scheduler.h"
+#include "common/staging_allocator.h"
+#include "common/trainer_scheduler.h"
 #include "tests/unit/scheduler_world.h"
 
 namespace shardmix {

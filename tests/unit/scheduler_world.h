@@ -14,7 +14,7 @@
 #include "common/epoch_plan.h"
 #include "common/placement.h"
 #include "common/rng.h"
-#include "server/trainer_scheduler.h"
+#include "common/trainer_scheduler.h"
 
 namespace shardmix::test_support {
 

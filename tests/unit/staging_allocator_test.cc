@@ -7,7 +7,7 @@
 #include <optional>
 #include <vector>
 
-#include "server/staging_allocator.h"
+#include "common/staging_allocator.h"
 
 namespace shardmix {
 namespace {

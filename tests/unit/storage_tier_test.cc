@@ -16,8 +16,8 @@
 #include <fmt/format.h>
 
 #include "common/rng.h"
+#include "common/trainer_scheduler.h"
 #include "server/storage_reader.h"
-#include "server/trainer_scheduler.h"
 #include "tests/unit/scheduler_world.h"
 
 namespace shardmix {

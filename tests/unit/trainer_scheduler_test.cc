@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "common/rng.h"
-#include "server/trainer_scheduler.h"
+#include "common/trainer_scheduler.h"
 #include "tests/unit/scheduler_world.h"
 
 namespace shardmix {

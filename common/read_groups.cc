@@ -1,4 +1,4 @@
-#include "server/read_groups.h"
+#include "common/read_groups.h"
 
 #include <algorithm>
 #include <map>

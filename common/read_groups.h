@@ -10,7 +10,7 @@
 #include <span>
 #include <vector>
 
-#include "server/trainer_scheduler.h"
+#include "common/trainer_scheduler.h"
 
 namespace shardmix {
 

@@ -1,4 +1,4 @@
-#include "server/peer_monitor.h"
+#include "common/peer_monitor.h"
 
 #include <algorithm>
 #include <mutex>

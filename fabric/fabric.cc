@@ -1,4 +1,4 @@
-#include "common/fabric/fabric.h"
+#include "fabric/fabric.h"
 
 #include <sys/random.h>
 
@@ -27,10 +27,10 @@
 
 #include <fmt/ranges.h>
 
-#include "common/fabric/endpoint_blob.h"
-#include "common/fabric/provider.h"
-#include "common/fabric/resource_wrapper.h"
 #include "common/log.h"
+#include "fabric/endpoint_blob.h"
+#include "fabric/provider.h"
+#include "fabric/resource_wrapper.h"
 
 namespace shardmix::fabric {
 namespace {

@@ -112,7 +112,7 @@ class Fabric {
   void read(int peer, std::uint64_t remote_offset, std::size_t length, const LocalRegion& local,
             std::size_t local_offset, ReadCallback done);
 
-  // A failure detector heartbeat (server/peer_monitor.h): like read(), but it goes to the
+  // A failure detector heartbeat (common/peer_monitor.h): like read(), but it goes to the
   // front of `peer`'s queue and is posted whatever max_outstanding_reads allows, so a live
   // peer's heartbeat never waits behind data reads (its own, or those a hung peer holds)
   // and the monitor's timeout measures the peer, not our queue. Keep it to one small read

@@ -1,4 +1,4 @@
-#include "common/fabric/endpoint_blob.h"
+#include "fabric/endpoint_blob.h"
 
 #include <cstddef>
 

@@ -66,11 +66,11 @@
 #include "common/epoch_plan.h"
 #include "common/placement.h"
 #include "common/resume_plan.h"
+#include "common/rotation.h"
 #include "common/shuffle_metrics.h"
+#include "common/staging_allocator.h"
 #include "common/status.h"
 #include "proto/wire.h"
-#include "server/rotation.h"
-#include "server/staging_allocator.h"
 
 namespace shardmix {
 

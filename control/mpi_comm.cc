@@ -1,4 +1,4 @@
-#include "common/mpi_comm.h"
+#include "control/mpi_comm.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "server/rotation.h"
+#include "common/rotation.h"
 
 #include "common/placement.h"
 

@@ -1,4 +1,4 @@
-#include "common/fabric/provider.h"
+#include "fabric/provider.h"
 
 #include <infiniband/verbs.h>
 

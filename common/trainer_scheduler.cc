@@ -1,4 +1,4 @@
-#include "server/trainer_scheduler.h"
+#include "common/trainer_scheduler.h"
 
 #include <algorithm>
 #include <limits>

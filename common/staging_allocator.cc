@@ -1,4 +1,4 @@
-#include "server/staging_allocator.h"
+#include "common/staging_allocator.h"
 
 #include <cstdio>
 #include <cstdlib>

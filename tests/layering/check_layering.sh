@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The layering rule of docs/decisions/0042, checked three ways. Fails (exit 1) naming the
+# offending file, symbol or library:
+#  1. no source of the core (common/, proto/) or of the client (client/) includes an MPI,
+#     libfabric, rdma-core or Boost.Asio header;
+#  2. the core's and the client's archives neither define nor need an MPI, libfabric,
+#     ibverbs or Asio symbol;
+#  3. a program linked against the core and the client alone (tests/layering/core_probe.cc,
+#     linked with --no-as-needed) needs no MPI, libfabric, ibverbs or Boost library.
+# So that the check itself is known to work, each probe is also run on the adapters
+# (control/ must show MPI, fabric/ must show libfabric); if it finds nothing there, the
+# check is broken and fails too.
+# Usage: check_layering.sh SOURCE_DIR CORE.a CLIENT.a CONTROL.a FABRIC.a PROBE_BINARY
+set -uo pipefail
+src=$1 core=$2 client=$3 control=$4 fabric=$5 probe=$6
+fail=0
+bad() { echo "LAYERING VIOLATION: $*"; fail=1; }
+
+headers='#[[:space:]]*include[[:space:]]*[<"](mpi\.h|rdma/|infiniband/|boost/asio)'
+if hits=$(grep -rnE "$headers" "$src/common" "$src/proto" "$src/client"); then
+  bad "transport header included by the core or the client:"; echo "$hits"
+fi
+grep -rqE "$headers" "$src/control" || bad "self-check: found no MPI include in control/ (is the header pattern broken?)"
+grep -rqE "$headers" "$src/fabric" || bad "self-check: found no libfabric include in fabric/ (is the header pattern broken?)"
+
+# Symbols: C names of MPI (MPI_*, PMPI_*, ompi_*), libfabric (fi_*), ibverbs (ibv_*), and
+# Boost.Asio's mangled namespace.
+symbols='^(P?MPI_|ompi_|fi_|ibv_)|boost4asio'
+for lib in "$core" "$client"; do
+  if hits=$(nm -P "$lib" 2>/dev/null | awk '{print $1}' | grep -E "$symbols" | sort -u | head -20) && [[ -n $hits ]]; then
+    bad "$(basename "$lib") refers to transport symbols:"; echo "$hits"
+  fi
+done
+nm -P "$control" | awk '{print $1}' | grep -qE '^P?MPI_' || bad "self-check: no MPI symbol in $(basename "$control")"
+nm -P "$fabric" | awk '{print $1}' | grep -qE '^fi_' || bad "self-check: no fi_ symbol in $(basename "$fabric")"
+
+libs='lib(mpi|open-pal|open-rte|pmix|fabric|ibverbs|rdmacm|boost)'
+needed=$(readelf -d "$probe" | awk '/NEEDED/{gsub(/[][]/, "", $5); print $5}')
+[[ -n $needed ]] || bad "self-check: the probe $probe lists no NEEDED library at all"
+if hits=$(grep -E "$libs" <<<"$needed"); then
+  bad "a program linked with the core and the client alone needs:"; echo "$hits"
+fi
+if ((fail)); then exit 1; fi
+echo "layering: core and client include, define and link no MPI, libfabric, ibverbs or Asio"
+echo "  probe needs: $(tr '\n' ' ' <<<"$needed")"
