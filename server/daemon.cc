@@ -504,115 +504,222 @@ void log_startup_report(spdlog::logger& log, int rank, const PhaseClock& phases,
   if (memory.ok()) log.info("{}", *memory);
 }
 
-}  // namespace
 
-std::string resolve_run_dir(const Config& config) {
-  if (!config.service.run_dir.empty()) return config.service.run_dir;
-  if (const char* env = std::getenv("SHARDMIX_RUN_DIR"); env != nullptr && *env != '\0') return env;
-  return "/tmp/shardmix-" + std::to_string(geteuid());
+// Runs a function when destroyed: a member that tears a part down at its place in the
+// reverse order of the members (set when the part is created).
+struct OnDestroy {
+  std::function<void()> run;
+  ~OnDestroy() {
+    if (run) run();
+  }
+};
+
+// shardmixd's parts, created in start-up order by start() and torn down in reverse by the
+// destructor: members are declared in creation order, and C++ destroys them in reverse.
+// Every start-up step that can fail on one rank is agreed by all ranks (agree()), so every
+// daemon stops with the same message naming the failed rank instead of hanging in the next
+// collective.
+// Threads: the caller's (main) thread runs start() and serve() and is the only one that
+// calls MPI; the service thread runs the Asio io_context (signals, sockets, schedulers);
+// the fabric's progress thread and the storage readers belong to their parts.
+class Daemon {
+ public:
+  Daemon(const Config& config, MpiSession& mpi)
+      : config_(config), mpi_(mpi), rank_(mpi.rank()), nodes_(mpi.size()), log_(log::get("daemon")) {}
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Start-up, in order: service thread and signals, run dir and job token, catalog,
+  // placement and plan, shared regions, fabric, load, trainer service, ready file.
+  // kCancelled: a stop signal arrived while loading (every daemon stops there; exit 0).
+  Status start();
+  // Serves until a stop signal, then drains; returns the process exit code.
+  int serve();
+
+ private:
+  Status start_service_thread();
+  Status make_run_dir_and_token();
+  Status build_catalog();
+  Status place();
+  Status create_regions();
+  Status open_fabric();
+  Status load();
+  Status start_service();
+  Status publish_ready();
+  void create_rotation();
+  void pump_rotation();
+  void on_dead_peer(const PeerMonitor::Failure& dead);
+  [[noreturn]] void stop_for_dead_peer(const PeerMonitor::Failure& dead);
+  std::string host_of(std::uint32_t rank) const { return rank < hosts_.size() ? hosts_[rank] : std::string("?"); }
+  void log_shutdown_figures();
+
+  const Config& config_;
+  MpiSession& mpi_;
+  const int rank_;
+  const int nodes_;
+  std::shared_ptr<spdlog::logger> log_;
+  // Start-up phases, logged as one "startup:" line per rank once serving (bench/startup.sh).
+  PhaseClock phases_;
+  NodeTelemetry telemetry_;
+
+  // The service thread. Signals come first, so SIGTERM during a long load still ends the
+  // process cleanly; the thread is joined after every part declared below it is gone.
+  boost::asio::io_context io_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_ = boost::asio::make_work_guard(io_);
+  StopLatch stop_;
+  boost::asio::signal_set signals_{io_, SIGINT, SIGTERM};
+  std::function<void(const boost::system::error_code&, int)> on_signal_;
+  std::thread io_thread_;
+  OnDestroy join_io_thread_;
+
+  std::string run_dir_;
+  std::uint32_t job_token_ = 0;
+
+  Catalog catalog_;
+  PlanShape shape_;
+  std::uint64_t capacity_ = kNoCapacityLimit;  // this node's cache.capacity in bytes
+  std::vector<std::uint64_t> node_capacities_;
+  Placement placement_;
+  std::unique_ptr<EpochPlanner> planner_;
+  std::uint64_t digest_ = 0;  // the plan's identity in checkpoints (docs/decisions/0022)
+  std::optional<RedealtEpoch> redealt_;
+  GenerationClock generation_clock_;
+  bool rotating_ = false;
+  std::uint64_t arena_bytes_ = 0;
+
+  std::unique_ptr<SharedRegion> arena_;
+  std::unique_ptr<SharedRegion> staging_;
+
+  std::string my_host_;
+  std::vector<std::string> hosts_;
+  // Heartbeat reads (common/peer_monitor.h) land here, one byte per peer; declared before
+  // the fabric so it outlives every read.
+  std::vector<std::uint8_t> heartbeat_bytes_;
+  std::unique_ptr<fabric::Fabric> fabric_;
+  fabric::LocalRegion staging_region_;
+  fabric::LocalRegion heartbeat_region_;
+
+  // Shard descriptors are shared by the loader, the rotation reloads and the cold readers
+  // (docs/decisions/0037): declared before all of them so that it outlives them.
+  std::unique_ptr<ShardFileCache> open_shards_;
+
+  std::unique_ptr<PeerMonitor> monitor_;
+  std::unique_ptr<FabricFetcher> fetcher_;
+  bool degrade_ = false;  // fault.peer_death = degrade
+  std::unique_ptr<StorageReaderPool> storage_readers_;
+  std::unique_ptr<ResidencyTable> residency_;
+  std::unique_ptr<ClientService> service_;
+  // On every way out from here: the service dies on its own thread (it owns Asio objects),
+  // then the progress thread stops, before `fetcher_` (used by read callbacks) goes away.
+  OnDestroy tear_down_service_;
+
+  std::string token_path_;
+  std::string ready_path_;
+  std::vector<std::string> pids_;
+  std::unique_ptr<TelemetryPump> pump_;
+  std::vector<std::uint32_t> degraded_;  // dead peers, in the order they were found
+
+  // The cache-rotation fence (main thread: MPI). The reload runs on its own thread; its
+  // future is declared after the arena, so it is joined before the arena goes.
+  std::future<Result<LoadStats>> reload_;
+  std::optional<LoadStats> last_reload_;
+  std::unique_ptr<RotationCoordinator> rotation_;
+};
+
+Status Daemon::start() {
+  for (auto step : {&Daemon::start_service_thread, &Daemon::make_run_dir_and_token, &Daemon::build_catalog,
+                    &Daemon::place, &Daemon::create_regions, &Daemon::open_fabric, &Daemon::load,
+                    &Daemon::start_service, &Daemon::publish_ready}) {
+    if (Status s = (this->*step)(); !s.ok()) return s;
+  }
+  return Status::ok_status();
 }
 
-int run_daemon(const Config& config, MpiSession& mpi) {
-  const int rank = mpi.rank();
-  const int nodes = mpi.size();
-  // Start-up phases, logged as one "startup:" line per rank once serving (bench/startup.sh).
-  PhaseClock phases;
-  log::init(rank, config.log.level, config.log.components);
-  NodeTelemetry telemetry;
-  auto log = log::get("daemon");
-  auto fail = [&](const Status& s) {
-    log->error("{}", s.to_string());
-    return 1;
-  };
-  // Signals first, so SIGTERM during a long load still ends the process cleanly.
-  boost::asio::io_context io;
-  auto work = boost::asio::make_work_guard(io);
-  StopLatch stop;
-  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+Status Daemon::start_service_thread() {
   // First signal: drain and exit cleanly. A second one: the operator insists (e.g. a peer
   // never reaches the shutdown barrier); exit at once.
-  std::function<void(const boost::system::error_code&, int)> on_signal =
-      [&](const boost::system::error_code& ec, int signo) {
-        if (ec) return;
-        if (stop.requested()) {
-          log->warn("received signal {} again, exiting without draining", signo);
-          std::_Exit(128 + signo);
-        }
-        log->info("received signal {}, shutting down", signo);
-        stop.request();
-        signals.async_wait(on_signal);
-      };
-  signals.async_wait(on_signal);
-  std::thread io_thread([&io] {
-    ::pthread_setname_np(::pthread_self(), "smx-service");  // per-thread profiles (perf, top -H)
-    io.run();
-  });
-  struct IoJoiner {
-    boost::asio::io_context& io;
-    std::thread& thread;
-    ~IoJoiner() {
-      io.stop();
-      if (thread.joinable()) thread.join();
+  on_signal_ = [this](const boost::system::error_code& ec, int signo) {
+    if (ec) return;
+    if (stop_.requested()) {
+      log_->warn("received signal {} again, exiting without draining", signo);
+      std::_Exit(128 + signo);
     }
-  } io_joiner{io, io_thread};
+    log_->info("received signal {}, shutting down", signo);
+    stop_.request();
+    signals_.async_wait(on_signal_);
+  };
+  signals_.async_wait(on_signal_);
+  io_thread_ = std::thread([this] {
+    ::pthread_setname_np(::pthread_self(), "smx-service");  // per-thread profiles (perf, top -H)
+    io_.run();
+  });
+  join_io_thread_.run = [this] {
+    io_.stop();
+    if (io_thread_.joinable()) io_thread_.join();
+  };
+  return Status::ok_status();
+}
 
-  const std::string run_dir = resolve_run_dir(config);
-  Status s = agree(mpi, make_private_dir(run_dir), "creating the run directory");
-  if (!s.ok()) return fail(s);
-  if (rank == 0) remove_stale_run_files(run_dir, mpi.hostname());
+Status Daemon::make_run_dir_and_token() {
+  run_dir_ = resolve_run_dir(config_);
+  if (Status s = agree(mpi_, make_private_dir(run_dir_), "creating the run directory"); !s.ok()) return s;
+  if (rank_ == 0) remove_stale_run_files(run_dir_, mpi_.hostname());
   // The job token (docs/decisions/0024): rank 0's, from SHARDMIX_JOB_TOKEN or random.
-  std::uint32_t job_token = rank == 0 ? job_token_from_env().value_or(random_job_token()) : 0;
-  {
-    auto tokens = mpi.allgather(std::span(reinterpret_cast<const std::uint8_t*>(&job_token), sizeof(job_token)));
-    if (!tokens.ok()) return fail(tokens.status());
-    std::memcpy(&job_token, (*tokens)[0].data(), sizeof(job_token));
-  }
-  phases.mark("setup");
+  job_token_ = rank_ == 0 ? job_token_from_env().value_or(random_job_token()) : 0;
+  auto tokens = mpi_.allgather(std::span(reinterpret_cast<const std::uint8_t*>(&job_token_), sizeof(job_token_)));
+  if (!tokens.ok()) return tokens.status();
+  std::memcpy(&job_token_, (*tokens)[0].data(), sizeof(job_token_));
+  phases_.mark("setup");
+  return Status::ok_status();
+}
 
-  // 1. Catalog: each rank scans its share, everyone merges the same catalog.
-  // As many scanning threads as loading ones: both wait on storage, one request each.
-  auto scan = scan_partition(config.dataset, rank, nodes, config.service.loader_threads);
-  s = agree(mpi, scan.status(), "scanning the dataset");
-  if (!s.ok()) return fail(s);
+Status Daemon::build_catalog() {
+  // Each rank scans its share, everyone merges the same catalog. As many scanning threads as
+  // loading ones: both wait on storage, one request each.
+  auto scan = scan_partition(config_.dataset, rank_, nodes_, config_.service.loader_threads);
+  if (Status s = agree(mpi_, scan.status(), "scanning the dataset"); !s.ok()) return s;
   {
     // Damaged shard input this rank skipped (dataset.strict = false): each rank names its
     // own files and offsets; a long list is cut, the count is complete.
     constexpr std::size_t kMaxLogged = 20;
     const auto& problems = scan->problems;
-    for (std::size_t i = 0; i < problems.size() && i < kMaxLogged; ++i) log->warn("dataset: {}", problems[i]);
+    for (std::size_t i = 0; i < problems.size() && i < kMaxLogged; ++i) log_->warn("dataset: {}", problems[i]);
     if (problems.size() > kMaxLogged) {
-      log->warn("dataset: {} more problems in this rank's shards not shown", problems.size() - kMaxLogged);
+      log_->warn("dataset: {} more problems in this rank's shards not shown", problems.size() - kMaxLogged);
     }
   }
-  phases.mark("scan");
-  auto gathered = mpi.allgather(serialize_scan(*scan));
-  if (!gathered.ok()) return fail(gathered.status());
+  phases_.mark("scan");
+  auto gathered = mpi_.allgather(serialize_scan(*scan));
+  if (!gathered.ok()) return gathered.status();
   std::vector<ScanResult> parts;
   for (const auto& bytes : *gathered) {
     auto part = deserialize_scan(bytes);
-    if (!part.ok()) return fail(part.status());
+    if (!part.ok()) return part.status();
     parts.push_back(std::move(*part));
   }
-  auto merged = merge_scans(config.dataset, std::move(parts));
-  if (!merged.ok()) return fail(merged.status());
-  const Catalog catalog = std::move(*merged);
-  phases.mark("catalog_exchange");
-  if (rank == 0) {
-    log->info("catalog: {} samples, {} classes, {:.1f} MB{}", catalog.size(), catalog.class_names().size(),
-              catalog.total_bytes() / 1e6,
-              catalog.sharded() ? fmt::format(" in {} shards", catalog.file_count()) : std::string());
-    if (catalog.invalid_samples() + catalog.invalid_shards() > 0) {
-      log->warn("dataset: skipped {} invalid samples; {} shards could not be read to their end (the scanning "
-                "ranks' warnings name each file and byte offset; every epoch delivers the {} valid samples; "
-                "dataset.strict = true makes this a start-up error)",
-                catalog.invalid_samples(), catalog.invalid_shards(), catalog.size());
+  auto merged = merge_scans(config_.dataset, std::move(parts));
+  if (!merged.ok()) return merged.status();
+  catalog_ = std::move(*merged);
+  phases_.mark("catalog_exchange");
+  if (rank_ == 0) {
+    log_->info("catalog: {} samples, {} classes, {:.1f} MB{}", catalog_.size(), catalog_.class_names().size(),
+               catalog_.total_bytes() / 1e6,
+               catalog_.sharded() ? fmt::format(" in {} shards", catalog_.file_count()) : std::string());
+    if (catalog_.invalid_samples() + catalog_.invalid_shards() > 0) {
+      log_->warn("dataset: skipped {} invalid samples; {} shards could not be read to their end (the scanning "
+                 "ranks' warnings name each file and byte offset; every epoch delivers the {} valid samples; "
+                 "dataset.strict = true makes this a start-up error)",
+                 catalog_.invalid_samples(), catalog_.invalid_shards(), catalog_.size());
     }
   }
+  return Status::ok_status();
+}
 
-  // 2. Plan shape and placement: pure functions, identical on every rank.
-  const JobShape job{static_cast<std::uint32_t>(nodes), config.service.trainers_per_node, config.batch.size,
-                     config.batch.drop_last};
-  const PlanShape shape = make_plan_shape(catalog.size(), job);
+Status Daemon::place() {
+  // Plan shape and placement: pure functions, identical on every rank.
+  const JobShape job{static_cast<std::uint32_t>(nodes_), config_.service.trainers_per_node, config_.batch.size,
+                     config_.batch.drop_last};
+  shape_ = make_plan_shape(catalog_.size(), job);
   // cache.capacity = 0 means no limit beyond RAM; otherwise each node keeps what fits
   // resident and the rest of its share is cold (placement.h).
   // The capacity is per node: the default "0.8" is a fraction of *this* node's RAM, so nodes
@@ -620,299 +727,291 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   // daemon computes every node's resident set and arena offsets, so each node's own figure
   // is gathered here and node k's layout is always computed from node k's capacity; computing
   // a peer's layout from one's own number would make fi_reads fetch another sample's bytes.
-  const std::uint64_t capacity =
-      config.cache.capacity_bytes == 0 ? kNoCapacityLimit : config.cache.capacity_bytes;
-  std::vector<std::uint64_t> node_capacities(static_cast<std::size_t>(nodes));
+  capacity_ = config_.cache.capacity_bytes == 0 ? kNoCapacityLimit : config_.cache.capacity_bytes;
+  node_capacities_.assign(static_cast<std::size_t>(nodes_), 0);
   {
     auto gathered_capacities =
-        mpi.allgather(std::span(reinterpret_cast<const std::uint8_t*>(&capacity), sizeof(capacity)));
-    if (!gathered_capacities.ok()) return fail(gathered_capacities.status());
-    for (int r = 0; r < nodes; ++r) {
+        mpi_.allgather(std::span(reinterpret_cast<const std::uint8_t*>(&capacity_), sizeof(capacity_)));
+    if (!gathered_capacities.ok()) return gathered_capacities.status();
+    for (int r = 0; r < nodes_; ++r) {
       const auto& bytes = (*gathered_capacities)[static_cast<std::size_t>(r)];
       if (bytes.size() != sizeof(std::uint64_t)) {
-        return fail(make_error(StatusCode::kInternal, "cache.capacity from rank {}: {} bytes, expected {}", r,
-                               bytes.size(), sizeof(std::uint64_t)));
+        return make_error(StatusCode::kInternal, "cache.capacity from rank {}: {} bytes, expected {}", r,
+                          bytes.size(), sizeof(std::uint64_t));
       }
-      std::memcpy(&node_capacities[static_cast<std::size_t>(r)], bytes.data(), sizeof(std::uint64_t));
+      std::memcpy(&node_capacities_[static_cast<std::size_t>(r)], bytes.data(), sizeof(std::uint64_t));
     }
   }
-  if (rank == 0 && std::adjacent_find(node_capacities.begin(), node_capacities.end(),
-                                      std::not_equal_to<>()) != node_capacities.end()) {
+  if (rank_ == 0 && std::adjacent_find(node_capacities_.begin(), node_capacities_.end(),
+                                       std::not_equal_to<>()) != node_capacities_.end()) {
     std::string listed;
-    for (int r = 0; r < nodes; ++r) {
-      const std::uint64_t c = node_capacities[static_cast<std::size_t>(r)];
+    for (int r = 0; r < nodes_; ++r) {
+      const std::uint64_t c = node_capacities_[static_cast<std::size_t>(r)];
       listed += fmt::format("{}rank {}: {}", r == 0 ? "" : ", ", r,
                             c == kNoCapacityLimit ? std::string("unlimited") : std::to_string(c));
     }
-    log->info("cache.capacity differs between nodes (bytes): {}; each node's resident set uses its own", listed);
+    log_->info("cache.capacity differs between nodes (bytes): {}; each node's resident set uses its own", listed);
   }
-  const Placement placement =
-      make_placement(catalog.sizes(), shape, config.dataset.placement, config.shuffle.seed, node_capacities);
-  const EpochPlanner planner(shape, placement, config.shuffle, catalog.labels());
+  placement_ =
+      make_placement(catalog_.sizes(), shape_, config_.dataset.placement, config_.shuffle.seed, node_capacities_);
+  planner_ = std::make_unique<EpochPlanner>(shape_, placement_, config_.shuffle, catalog_.labels());
   // Checkpoint/resume (docs/decisions/0022): the plan's identity, and an epoch re-dealt
   // from another world size's checkpoints.
-  const std::uint64_t digest =
-      plan_digest(catalog_digest(catalog), catalog.size(), job, config.shuffle, config.dataset.placement);
-  std::optional<RedealtEpoch> redealt;
-  if (!config.resume.checkpoint_dir.empty()) {
-    auto loaded_redeal = load_redealt_epoch(config.resume.checkpoint_dir, config, catalog, job, digest);
-    s = agree(mpi, loaded_redeal.status(), "re-dealing the checkpointed epoch (resume.checkpoint_dir)");
-    if (!s.ok()) return fail(s);
-    redealt = std::move(*loaded_redeal);
-    if (rank == 0) {
-      log->info("resume: epoch {} re-dealt from {} checkpoints of {} trainers: {} samples left, {} batches per "
-                "trainer{}",
-                redealt->epoch, redealt->old_world_size, redealt->old_world_size, redealt->samples,
-                redealt->batches_per_trainer,
-                redealt->skipped > 0 ? fmt::format(", {} skipped (batch.drop_last)", redealt->skipped) : "");
+  digest_ = plan_digest(catalog_digest(catalog_), catalog_.size(), job, config_.shuffle, config_.dataset.placement);
+  if (!config_.resume.checkpoint_dir.empty()) {
+    auto loaded_redeal = load_redealt_epoch(config_.resume.checkpoint_dir, config_, catalog_, job, digest_);
+    Status s = agree(mpi_, loaded_redeal.status(), "re-dealing the checkpointed epoch (resume.checkpoint_dir)");
+    if (!s.ok()) return s;
+    redealt_ = std::move(*loaded_redeal);
+    if (rank_ == 0) {
+      log_->info("resume: epoch {} re-dealt from {} checkpoints of {} trainers: {} samples left, {} batches per "
+                 "trainer{}",
+                 redealt_->epoch, redealt_->old_world_size, redealt_->old_world_size, redealt_->samples,
+                 redealt_->batches_per_trainer,
+                 redealt_->skipped > 0 ? fmt::format(", {} skipped (batch.drop_last)", redealt_->skipped) : "");
     }
   }
 
-  Status limits;
   // Cache rotation (docs/decisions/0033) only when something is cold: with everything
   // resident every generation is the whole share, so the static path is kept bit-for-bit.
   // Not under fault.peer_death = degrade: a dead daemon never sends its Done (every node's
   // reload would wait for it forever) and a send to it may never complete.
   // Slot reuse within an epoch (cache.reuse_rounds, 0035) is the same fence with a
   // generation per round, so the same holds for it.
-  const GenerationClock generation_clock =
-      GenerationClock::make(config.cache.rotation_epochs, config.cache.reuse_rounds, shape.batches_per_trainer);
-  const bool rotation_refused = generation_clock.enabled() && config.fault.peer_death == "degrade";
-  if (rotation_refused && rank == 0) {
-    log->warn("{} = {} is ignored under fault.peer_death = degrade: the rotation fence needs every daemon alive "
-              "(docs/decisions/0033); the resident set stays static",
-              config.cache.reuse_rounds > 0 ? "cache.reuse_rounds" : "cache.rotation_epochs",
-              config.cache.reuse_rounds > 0 ? config.cache.reuse_rounds : config.cache.rotation_epochs);
+  generation_clock_ =
+      GenerationClock::make(config_.cache.rotation_epochs, config_.cache.reuse_rounds, shape_.batches_per_trainer);
+  const bool rotation_refused = generation_clock_.enabled() && config_.fault.peer_death == "degrade";
+  if (rotation_refused && rank_ == 0) {
+    log_->warn("{} = {} is ignored under fault.peer_death = degrade: the rotation fence needs every daemon alive "
+               "(docs/decisions/0033); the resident set stays static",
+               config_.cache.reuse_rounds > 0 ? "cache.reuse_rounds" : "cache.rotation_epochs",
+               config_.cache.reuse_rounds > 0 ? config_.cache.reuse_rounds : config_.cache.rotation_epochs);
   }
-  const bool rotating = generation_clock.enabled() && placement.total_cold_samples() > 0 && !rotation_refused;
+  rotating_ = generation_clock_.enabled() && placement_.total_cold_samples() > 0 && !rotation_refused;
+  const auto me = static_cast<std::size_t>(rank_);
   // A rotating arena is sized to the capacity, not to the first generation's packed set.
-  const std::uint64_t arena_bytes =
-      rotating ? rotating_arena_bytes(catalog.sizes(), placement, static_cast<std::uint32_t>(rank), capacity)
-               : placement.arena_bytes[rank];
-  if (placement.cold_samples[rank] > 0) {
+  arena_bytes_ = rotating_ ? rotating_arena_bytes(catalog_.sizes(), placement_, static_cast<std::uint32_t>(rank_),
+                                                  capacity_)
+                           : placement_.arena_bytes[me];
+  if (placement_.cold_samples[me] > 0) {
     // Exact figures: tests/e2e/check_storage.py checks them against the traces.
-    log->info("cache: {} of {} owned samples resident ({} of {} bytes, arena {} bytes; cache.capacity {} = {} "
-              "bytes); {} cold samples ({} bytes) are read from storage when a trainer needs them",
-              placement.cached[rank].size(), placement.owned[rank].size(), placement.cached_bytes[rank],
-              placement.sample_bytes[rank], arena_bytes, config.cache.capacity_text, config.cache.capacity_bytes,
-              placement.cold_samples[rank], placement.cold_bytes[rank]);
+    log_->info("cache: {} of {} owned samples resident ({} of {} bytes, arena {} bytes; cache.capacity {} = {} "
+               "bytes); {} cold samples ({} bytes) are read from storage when a trainer needs them",
+               placement_.cached[me].size(), placement_.owned[me].size(), placement_.cached_bytes[me],
+               placement_.sample_bytes[me], arena_bytes_, config_.cache.capacity_text, config_.cache.capacity_bytes,
+               placement_.cold_samples[me], placement_.cold_bytes[me]);
   }
-  if (rank == 0 && placement.total_cold_samples() > 0) {
+  if (rank_ == 0 && placement_.total_cold_samples() > 0) {
     std::uint64_t cold_bytes = 0;
-    for (std::uint64_t b : placement.cold_bytes) cold_bytes += b;
-    log->info("storage tier: {} of {} samples ({:.1f}%, {:.1f} MB) fit in no node's cache.capacity and are read "
-              "from storage every epoch; service.cold_readahead_batches {}, {} storage readers per node",
-              placement.total_cold_samples(), catalog.size(),
-              100.0 * static_cast<double>(placement.total_cold_samples()) / static_cast<double>(catalog.size()),
-              cold_bytes / 1e6, config.service.cold_readahead_batches, config.service.loader_threads);
+    for (std::uint64_t b : placement_.cold_bytes) cold_bytes += b;
+    log_->info("storage tier: {} of {} samples ({:.1f}%, {:.1f} MB) fit in no node's cache.capacity and are read "
+               "from storage every epoch; service.cold_readahead_batches {}, {} storage readers per node",
+               placement_.total_cold_samples(), catalog_.size(),
+               100.0 * static_cast<double>(placement_.total_cold_samples()) / static_cast<double>(catalog_.size()),
+               cold_bytes / 1e6, config_.service.cold_readahead_batches, config_.service.loader_threads);
   }
   // Staging holds every non-local sample of a staged batch (peer or cold): it must hold the
   // largest possible batch, or a trainer could never be served.
-  const std::uint64_t batch_bound = largest_batch_bytes(catalog, config.batch.size);
-  if (batch_bound > config.service.staging_bytes_per_trainer) {
+  Status limits;
+  const std::uint64_t batch_bound = largest_batch_bytes(catalog_, config_.batch.size);
+  if (batch_bound > config_.service.staging_bytes_per_trainer) {
     limits = make_error(StatusCode::kInvalidArgument,
                         "service.staging_bytes_per_trainer ({}) is smaller than the largest possible batch ({} bytes: "
                         "the {} largest samples); raise it or lower batch.size",
-                        config.service.staging_bytes_per_trainer, batch_bound, config.batch.size);
+                        config_.service.staging_bytes_per_trainer, batch_bound, config_.batch.size);
   }
-  s = agree(mpi, limits, "checking memory limits");
-  if (!s.ok()) return fail(s);
-  phases.mark("placement");
+  if (Status s = agree(mpi_, limits, "checking memory limits"); !s.ok()) return s;
+  phases_.mark("placement");
+  return Status::ok_status();
+}
 
-  // 3. Shared regions: the arena every local trainer maps, and per-trainer staging.
-  auto arena = SharedRegion::create("shardmix-arena", arena_bytes);
-  auto staging = arena.ok() ? SharedRegion::create("shardmix-staging", std::uint64_t{config.service.trainers_per_node} *
-                                                                           config.service.staging_bytes_per_trainer)
+Status Daemon::create_regions() {
+  // The arena every local trainer maps, and per-trainer staging.
+  auto arena = SharedRegion::create("shardmix-arena", arena_bytes_);
+  auto staging = arena.ok() ? SharedRegion::create("shardmix-staging", std::uint64_t{config_.service.trainers_per_node} *
+                                                                           config_.service.staging_bytes_per_trainer)
                             : Result<std::unique_ptr<SharedRegion>>(arena.status());
-  s = agree(mpi, staging.status(), "allocating the cache arena");
-  if (!s.ok()) return fail(s);
-  phases.mark("regions");
+  if (Status s = agree(mpi_, staging.status(), "allocating the cache arena"); !s.ok()) return s;
+  arena_ = std::move(*arena);
+  staging_ = std::move(*staging);
+  phases_.mark("regions");
+  return Status::ok_status();
+}
 
-  // 4. Fabric: expose the arena once; exchange addresses and keys over MPI. An emulated
-  //    node first joins its network namespace (server/netns.h: this thread and the threads
-  //    it starts from here on, such as the fabric's progress thread).
-  s = agree(mpi, join_netns(config.fabric.netns, rank), "joining the network namespace (fabric.netns)");
-  if (!s.ok()) return fail(s);
-  const std::string my_host = mpi.hostname();
-  auto hosts = mpi.allgather(to_bytes(my_host));
-  if (!hosts.ok()) return fail(hosts.status());
-  const bool single_host = std::all_of(hosts->begin(), hosts->end(),
-                                       [&](const auto& h) { return to_string(h) == my_host; });
-  if (single_host && config.fabric.interface.empty() && config.fabric.netns.empty()) {
+Status Daemon::open_fabric() {
+  // Expose the arena once; exchange addresses and keys over MPI. An emulated node first
+  // joins its network namespace (server/netns.h: this thread and the threads it starts from
+  // here on, such as the fabric's progress thread).
+  Status s = agree(mpi_, join_netns(config_.fabric.netns, rank_), "joining the network namespace (fabric.netns)");
+  if (!s.ok()) return s;
+  my_host_ = mpi_.hostname();
+  auto hosts = mpi_.allgather(to_bytes(my_host_));
+  if (!hosts.ok()) return hosts.status();
+  for (const auto& h : *hosts) hosts_.push_back(to_string(h));
+  const bool single_host = std::all_of(hosts_.begin(), hosts_.end(), [&](const auto& h) { return h == my_host_; });
+  if (single_host && config_.fabric.interface.empty() && config_.fabric.netns.empty()) {
     ::setenv("FI_TCP_IFACE", "lo", 0);  // all daemons on one host: keep tcp on loopback
   }
-  fabric::FabricOptions fabric_options{config.fabric.provider, config.fabric.interface,
-                                       config.fabric.max_outstanding_reads, config.fabric.max_read_segments};
-  // Heartbeat reads (common/peer_monitor.h) land here, one byte per peer; declared before
-  // the fabric so it outlives every read.
-  std::vector<std::uint8_t> heartbeat_bytes(static_cast<std::size_t>(nodes));
-  auto fabric_or = fabric::Fabric::create(fabric_options, rank, nodes);
+  fabric::FabricOptions fabric_options{config_.fabric.provider, config_.fabric.interface,
+                                       config_.fabric.max_outstanding_reads, config_.fabric.max_read_segments};
+  heartbeat_bytes_.assign(static_cast<std::size_t>(nodes_), 0);
+  auto fabric_or = fabric::Fabric::create(fabric_options, rank_, nodes_);
   Status fabric_status = fabric_or.status();
-  fabric::LocalRegion staging_region;
+  if (fabric_status.ok()) fabric_ = std::move(*fabric_or);
   // The whole region (at least a page): a node whose arena holds nothing (capacity 0)
   // still exposes a valid, non-empty memory region.
-  if (fabric_status.ok()) fabric_status = (*fabric_or)->expose((*arena)->data(), (*arena)->length());
+  if (fabric_status.ok()) fabric_status = fabric_->expose(arena_->data(), arena_->length());
   if (fabric_status.ok()) {
-    auto local = (*fabric_or)->register_local((*staging)->data(), (*staging)->length());
+    auto local = fabric_->register_local(staging_->data(), staging_->length());
     fabric_status = local.status();
-    if (local.ok()) staging_region = *local;
+    if (local.ok()) staging_region_ = *local;
   }
-  fabric::LocalRegion heartbeat_region;
   if (fabric_status.ok()) {
-    auto local = (*fabric_or)->register_local(heartbeat_bytes.data(), heartbeat_bytes.size());
+    auto local = fabric_->register_local(heartbeat_bytes_.data(), heartbeat_bytes_.size());
     fabric_status = local.status();
-    if (local.ok()) heartbeat_region = *local;
+    if (local.ok()) heartbeat_region_ = *local;
   }
-  if (fabric_status.ok() && !config.fabric.netns.empty() && (*fabric_or)->domain_name() == "lo") {
+  if (fabric_status.ok() && !config_.fabric.netns.empty() && fabric_->domain_name() == "lo") {
     // Each namespace has its own loopback: peers would never answer (a hang at the first
     // read), e.g. with FI_TCP_IFACE=lo left in the environment.
     fabric_status = make_error(StatusCode::kInvalidArgument,
                                "fabric.netns = \"{}\" but the fabric picked the loopback interface 'lo', which "
                                "peers in other namespaces cannot reach; set fabric.interface to the namespace's "
                                "link (e.g. \"smxeth\") or unset FI_TCP_IFACE",
-                               config.fabric.netns);
+                               config_.fabric.netns);
   }
-  s = agree(mpi, fabric_status, "opening the fabric");
-  if (!s.ok()) return fail(s);
-  fabric::Fabric& fabric = **fabric_or;
-  auto blobs = mpi.allgather(fabric.endpoint_blob());
-  if (!blobs.ok()) return fail(blobs.status());
-  s = agree(mpi, fabric.connect_peers(*blobs), "connecting fabric peers");
-  if (!s.ok()) return fail(s);
-  fabric.start_progress();
-  if (rank == 0) log->info("fabric: provider {}, domain {}", fabric.provider_name(), fabric.domain_name());
-  phases.mark("fabric");
-  telemetry.set_info(NodeInfo{static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(nodes),
-                              config.service.trainers_per_node, fabric.provider_name(), my_host, catalog.size(),
-                              catalog.invalid_samples()});
+  if (s = agree(mpi_, fabric_status, "opening the fabric"); !s.ok()) return s;
+  auto blobs = mpi_.allgather(fabric_->endpoint_blob());
+  if (!blobs.ok()) return blobs.status();
+  if (s = agree(mpi_, fabric_->connect_peers(*blobs), "connecting fabric peers"); !s.ok()) return s;
+  fabric_->start_progress();
+  if (rank_ == 0) log_->info("fabric: provider {}, domain {}", fabric_->provider_name(), fabric_->domain_name());
+  phases_.mark("fabric");
+  telemetry_.set_info(NodeInfo{static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(nodes_),
+                               config_.service.trainers_per_node, fabric_->provider_name(), my_host_, catalog_.size(),
+                               catalog_.invalid_samples()});
+  return Status::ok_status();
+}
 
-  // 5. Load owned samples into the arena. Shard descriptors are shared by the loader, the
-  // rotation reloads and the cold readers (docs/decisions/0037); declared here so that it
-  // outlives all of them.
-  std::unique_ptr<ShardFileCache> open_shards;
-  if (catalog.sharded() && config.service.open_shard_files > 0) {
-    s = agree(mpi, reserve_shard_descriptors(config.service.open_shard_files), "reserving shard descriptors");
-    if (!s.ok()) {
-      (void)mpi.barrier();
-      fabric.stop_progress();
-      return fail(s);
-    }
-    open_shards = std::make_unique<ShardFileCache>(config.service.open_shard_files);
+Status Daemon::load() {
+  // After the fabric started, a failing step first waits for every peer (they may still be
+  // reading this arena), with the fabric progressing, then stops the progress thread.
+  auto fail_after_fabric = [this](Status why) {
+    (void)mpi_.barrier();
+    fabric_->stop_progress();
+    return why;
+  };
+  if (catalog_.sharded() && config_.service.open_shard_files > 0) {
+    Status s = agree(mpi_, reserve_shard_descriptors(config_.service.open_shard_files), "reserving shard descriptors");
+    if (!s.ok()) return fail_after_fabric(s);
+    open_shards_ = std::make_unique<ShardFileCache>(config_.service.open_shard_files);
   }
-  LoadReporter load_reporter(mpi, telemetry, placement);
-  if (config.inject.load_delay.count() > 0) {
-    log->warn("fault injection: every sample loaded costs {} us more (inject.load_delay)", config.inject.load_delay.count());
+  LoadReporter load_reporter(mpi_, telemetry_, placement_);
+  if (config_.inject.load_delay.count() > 0) {
+    log_->warn("fault injection: every sample loaded costs {} us more (inject.load_delay)",
+               config_.inject.load_delay.count());
   }
-  auto loaded = load_owned_samples(catalog, placement, static_cast<std::uint32_t>(rank), config.dataset,
-                                   config.service.loader_threads, (*arena)->data(), std::ref(load_reporter),
-                                   [&stop] { return stop.requested(); }, config.inject.load_delay,
-                                   open_shards.get());
+  auto loaded = load_owned_samples(catalog_, placement_, static_cast<std::uint32_t>(rank_), config_.dataset,
+                                   config_.service.loader_threads, arena_->data(), std::ref(load_reporter),
+                                   [this] { return stop_.requested(); }, config_.inject.load_delay,
+                                   open_shards_.get());
   // SIGTERM during the load (one daemon is enough): every daemon stops here, exit 0.
   {
-    const std::uint8_t stopping = stop.requested() ? 1 : 0;
-    s = agree(mpi, loaded.ok() || stopping != 0 ? Status::ok_status() : loaded.status(), "loading samples");
-    auto stops = s.ok() ? mpi.allgather(std::span(&stopping, 1))
-                        : Result<std::vector<std::vector<std::uint8_t>>>(s);
-    if (!stops.ok()) {
-      (void)mpi.barrier();
-      fabric.stop_progress();
-      return fail(stops.status());
-    }
+    const std::uint8_t stopping = stop_.requested() ? 1 : 0;
+    Status s = agree(mpi_, loaded.ok() || stopping != 0 ? Status::ok_status() : loaded.status(), "loading samples");
+    auto stops = s.ok() ? mpi_.allgather(std::span(&stopping, 1)) : Result<std::vector<std::vector<std::uint8_t>>>(s);
+    if (!stops.ok()) return fail_after_fabric(stops.status());
     std::string stopped_ranks;
-    for (int r = 0; r < nodes; ++r) {
+    for (int r = 0; r < nodes_; ++r) {
       if (!(*stops)[static_cast<std::size_t>(r)].empty() && (*stops)[static_cast<std::size_t>(r)][0] != 0) {
         stopped_ranks += (stopped_ranks.empty() ? "" : ", ") + std::to_string(r);
       }
     }
     if (!stopped_ranks.empty()) {
-      (void)mpi.barrier();
-      fabric.stop_progress();
-      log->info("stopped during loading ({}; signal on daemon rank(s) {}); exiting",
-                loaded.ok() ? "load complete" : loaded.status().message(), stopped_ranks);
-      return 0;
+      return fail_after_fabric(make_error(StatusCode::kCancelled, "stopped during loading ({}; signal on daemon rank(s) {})",
+                                          loaded.ok() ? "load complete" : loaded.status().message(), stopped_ranks));
     }
   }
-  log->info("loaded {} samples, {:.1f} MB in {:.2f} s ({:.0f} MB/s)", loaded->samples, loaded->bytes / 1e6,
-            loaded->seconds, loaded->seconds > 0 ? loaded->bytes / 1e6 / loaded->seconds : 0.0);
+  log_->info("loaded {} samples, {:.1f} MB in {:.2f} s ({:.0f} MB/s)", loaded->samples, loaded->bytes / 1e6,
+             loaded->seconds, loaded->seconds > 0 ? loaded->bytes / 1e6 / loaded->seconds : 0.0);
   {
     // The skew of the load across nodes: who held everyone up.
     const double mine = loaded->seconds;
-    auto times = mpi.allgather(std::span(reinterpret_cast<const std::uint8_t*>(&mine), sizeof(mine)));
-    if (times.ok() && rank == 0) {
+    auto times = mpi_.allgather(std::span(reinterpret_cast<const std::uint8_t*>(&mine), sizeof(mine)));
+    if (times.ok() && rank_ == 0) {
       std::vector<double> t(times->size());
       for (std::size_t r = 0; r < t.size(); ++r) std::memcpy(&t[r], (*times)[r].data(), sizeof(double));
       const auto slow = std::max_element(t.begin(), t.end()) - t.begin();
       const auto fast = std::min_element(t.begin(), t.end()) - t.begin();
-      log->info("all {} nodes loaded {:.1f} MB in {:.2f} s; slowest node {} ({:.2f} s), fastest node {} ({:.2f} s)",
-                nodes, catalog.total_bytes() / 1e6, t[static_cast<std::size_t>(slow)], slow,
-                t[static_cast<std::size_t>(slow)], fast, t[static_cast<std::size_t>(fast)]);
+      log_->info("all {} nodes loaded {:.1f} MB in {:.2f} s; slowest node {} ({:.2f} s), fastest node {} ({:.2f} s)",
+                 nodes_, catalog_.total_bytes() / 1e6, t[static_cast<std::size_t>(slow)], slow,
+                 t[static_cast<std::size_t>(slow)], fast, t[static_cast<std::size_t>(fast)]);
     }
   }
+  phases_.mark("load");
+  return Status::ok_status();
+}
 
-  phases.mark("load");
-
-  // 6. Serve trainers.
-  SlowPeer slow_peer{config.inject.slow_peer_rank, config.inject.slow_peer_delay};
+Status Daemon::start_service() {
+  SlowPeer slow_peer{config_.inject.slow_peer_rank, config_.inject.slow_peer_delay};
   if (slow_peer.rank >= 0 && slow_peer.delay.count() > 0) {
-    log->warn("fault injection: fetches from rank {} complete {} us late (inject.slow_peer_*)", slow_peer.rank,
-              slow_peer.delay.count());
+    log_->warn("fault injection: fetches from rank {} complete {} us late (inject.slow_peer_*)", slow_peer.rank,
+               slow_peer.delay.count());
   }
   // Peer failure detection while serving and draining (docs/decisions/0025, 0026).
-  PeerMonitor monitor(static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(nodes), config.fault.peer_timeout,
-                      [&fabric, heartbeat_region](std::uint32_t peer, std::function<void(const Status&)> done) {
-                        fabric.heartbeat_read(static_cast<int>(peer), 0, 1, heartbeat_region, peer, std::move(done));
-                      });
-  FabricFetcher fetcher(io, fabric, staging_region, slow_peer);
+  monitor_ = std::make_unique<PeerMonitor>(
+      static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(nodes_), config_.fault.peer_timeout,
+      [fabric = fabric_.get(), region = heartbeat_region_](std::uint32_t peer, std::function<void(const Status&)> done) {
+        fabric->heartbeat_read(static_cast<int>(peer), 0, 1, region, peer, std::move(done));
+      });
+  fetcher_ = std::make_unique<FabricFetcher>(io_, *fabric_, staging_region_, slow_peer);
   // The storage tier: cold samples are read by the daemon whose trainer needs them (the
   // dataset is on a file system every node sees), with completions on the io thread.
   // fault.peer_death = degrade needs it too: a dead peer's samples are read from storage.
-  const bool degrade = config.fault.peer_death == "degrade";
-  std::unique_ptr<StorageReaderPool> storage_readers;
-  if (placement.total_cold_samples() > 0 || degrade) {
-    storage_readers = std::make_unique<StorageReaderPool>(
-        catalog, config.dataset, (*staging)->data(), config.service.loader_threads,
-        [&io](std::function<void()> f) { boost::asio::post(io, std::move(f)); }, config.inject.storage_delay,
-        open_shards.get());
-    if (config.inject.storage_delay.count() > 0) {
-      log->warn("fault injection: each cold read holds its storage reader {} us longer (inject.storage_delay)",
-                config.inject.storage_delay.count());
+  degrade_ = config_.fault.peer_death == "degrade";
+  if (placement_.total_cold_samples() > 0 || degrade_) {
+    storage_readers_ = std::make_unique<StorageReaderPool>(
+        catalog_, config_.dataset, staging_->data(), config_.service.loader_threads,
+        [this](std::function<void()> f) { boost::asio::post(io_, std::move(f)); }, config_.inject.storage_delay,
+        open_shards_.get());
+    if (config_.inject.storage_delay.count() > 0) {
+      log_->warn("fault injection: each cold read holds its storage reader {} us longer (inject.storage_delay)",
+                 config_.inject.storage_delay.count());
     }
   }
-  fetcher.on_peer_error([&monitor](std::uint32_t peer, const Status& status) { monitor.report(peer, status); });
-  // Where every node's samples are now (cache rotation); outlives the service's schedulers.
-  std::unique_ptr<ResidencyTable> residency;
-  if (rotating) {
+  fetcher_->on_peer_error([this](std::uint32_t peer, const Status& status) { monitor_->report(peer, status); });
+  if (rotating_) {
     std::vector<ArenaLayout> initial;
-    for (int r = 0; r < nodes; ++r) {
+    for (int r = 0; r < nodes_; ++r) {
       const auto k = static_cast<std::uint32_t>(r);
-      initial.push_back(
-          initial_arena_layout(placement, k, rotating_arena_bytes(catalog.sizes(), placement, k, node_capacities[k])));
+      initial.push_back(initial_arena_layout(
+          placement_, k, rotating_arena_bytes(catalog_.sizes(), placement_, k, node_capacities_[k])));
     }
-    residency = std::make_unique<ResidencyTable>(std::move(initial), generation_clock);
-    if (rank == 0 && generation_clock.rounds > 0) {
-      log->info("cache slot reuse: {} rounds per epoch of {} batches per trainer (cache.reuse_rounds {}); every "
-                "round each node's resident set is re-chosen from the plans (decision 0035), samples in slots being "
-                "reloaded are read from storage meanwhile",
-                generation_clock.rounds, shape.batches_per_trainer, config.cache.reuse_rounds);
-    } else if (rank == 0) {
-      log->info("cache rotation: a new resident set every {} epoch(s) (cache.rotation_epochs); samples in slots "
-                "being reloaded are read from storage meanwhile",
-                config.cache.rotation_epochs);
+    residency_ = std::make_unique<ResidencyTable>(std::move(initial), generation_clock_);
+    if (rank_ == 0 && generation_clock_.rounds > 0) {
+      log_->info("cache slot reuse: {} rounds per epoch of {} batches per trainer (cache.reuse_rounds {}); every "
+                 "round each node's resident set is re-chosen from the plans (decision 0035), samples in slots being "
+                 "reloaded are read from storage meanwhile",
+                 generation_clock_.rounds, shape_.batches_per_trainer, config_.cache.reuse_rounds);
+    } else if (rank_ == 0) {
+      log_->info("cache rotation: a new resident set every {} epoch(s) (cache.rotation_epochs); samples in slots "
+                 "being reloaded are read from storage meanwhile",
+                 config_.cache.rotation_epochs);
     }
   }
   ServedJob served;
-  served.context = SchedulerContext{&catalog, &placement, &planner, static_cast<std::uint32_t>(rank),
-                                    config.service.prefetch, config.shuffle.window, catalog.num_classes(),
-                                    storage_readers.get(), config.service.cold_readahead_batches};
-  served.context.redealt = redealt ? &*redealt : nullptr;
-  served.context.degrade_dead_peers = degrade;
+  served.context = SchedulerContext{&catalog_, &placement_, planner_.get(), static_cast<std::uint32_t>(rank_),
+                                    config_.service.prefetch, config_.shuffle.window, catalog_.num_classes(),
+                                    storage_readers_.get(), config_.service.cold_readahead_batches};
+  served.context.redealt = redealt_ ? &*redealt_ : nullptr;
+  served.context.degrade_dead_peers = degrade_;
   // Bad input found while serving (a file vanished or changed since the scan, an I/O
   // error that a retry did not cure): skip and count, as the scan does, unless strict.
-  served.context.skip_unreadable_samples = !config.dataset.strict;
+  served.context.skip_unreadable_samples = !config_.dataset.strict;
   // One warning per skipped sample for the first kLoggedSkips, then one per 1,000: a
   // vanished directory must not flood the log; the statistics count every one. Runs on
   // the service thread only.
-  served.context.on_skipped = [log, skipped = std::make_shared<std::uint64_t>(0)](
+  served.context.on_skipped = [log = log_, skipped = std::make_shared<std::uint64_t>(0)](
                                   std::uint64_t epoch, SampleId id, const Status& error) {
     constexpr std::uint64_t kLoggedSkips = 100;
     const std::uint64_t n = ++*skipped;
@@ -922,287 +1021,282 @@ int run_daemon(const Config& config, MpiSession& mpi) {
                     ? fmt::format(" ({} samples skipped so far on this node)", n) : std::string());
     }
   };
-  served.context.rerouted_samples = telemetry.rerouted_samples();
-  served.context.residency = residency.get();
-  served.plan_digest = digest;
-  served.seed = config.shuffle.seed;
-  served.shape = &shape;
-  served.nodes = static_cast<std::uint32_t>(nodes);
-  served.trainers_per_node = config.service.trainers_per_node;
-  served.arena = arena->get();
-  served.staging = staging->get();
-  served.staging_per_trainer = config.service.staging_bytes_per_trainer;
-  served.fetcher = &fetcher;
-  served.telemetry = &telemetry;
-  served.job_token = job_token;
-  const std::string socket_path = run_dir + "/d" + std::to_string(rank) + ".sock";
-  auto service = std::make_unique<ClientService>(io, std::move(served), socket_path);
-  // On every way out from here: the service dies on its own thread (it owns Asio objects),
-  // then the progress thread stops, before `fetcher` (used by read callbacks) goes away.
-  struct ServiceTeardown {
-    boost::asio::io_context& io;
-    std::unique_ptr<ClientService>& service;
-    fabric::Fabric& fabric;
-    StorageReaderPool* storage;
-    ~ServiceTeardown() {
-      if (service) {
-        std::promise<void> destroyed;
-        boost::asio::post(io, [&] {
-          service.reset();
-          destroyed.set_value();
-        });
-        destroyed.get_future().wait();
-      }
-      fabric.stop_progress();
-      if (storage != nullptr) storage->stop();  // no reader writes into staging after this
+  served.context.rerouted_samples = telemetry_.rerouted_samples();
+  served.context.residency = residency_.get();
+  served.plan_digest = digest_;
+  served.seed = config_.shuffle.seed;
+  served.shape = &shape_;
+  served.nodes = static_cast<std::uint32_t>(nodes_);
+  served.trainers_per_node = config_.service.trainers_per_node;
+  served.arena = arena_.get();
+  served.staging = staging_.get();
+  served.staging_per_trainer = config_.service.staging_bytes_per_trainer;
+  served.fetcher = fetcher_.get();
+  served.telemetry = &telemetry_;
+  served.job_token = job_token_;
+  const std::string socket_path = run_dir_ + "/d" + std::to_string(rank_) + ".sock";
+  service_ = std::make_unique<ClientService>(io_, std::move(served), socket_path);
+  tear_down_service_.run = [this] {
+    if (service_) {
+      std::promise<void> destroyed;
+      boost::asio::post(io_, [&] {
+        service_.reset();
+        destroyed.set_value();
+      });
+      destroyed.get_future().wait();
     }
-  } teardown{io, service, fabric, storage_readers.get()};
+    fabric_->stop_progress();
+    if (storage_readers_ != nullptr) storage_readers_->stop();  // no reader writes into staging after this
+  };
   Status listen_status;
   {
     std::promise<Status> listened;
-    boost::asio::post(io, [&] { listened.set_value(service->listen()); });
+    boost::asio::post(io_, [&] { listened.set_value(service_->listen()); });
     listen_status = listened.get_future().get();
   }
-  s = agree(mpi, listen_status, "opening the trainer socket");
-  if (!s.ok()) {
-    (void)mpi.barrier();
-    return fail(s);
+  if (Status s = agree(mpi_, listen_status, "opening the trainer socket"); !s.ok()) {
+    (void)mpi_.barrier();
+    return s;
   }
+  return Status::ok_status();
+}
 
-  // 7. Ready: every daemon serves; rank 0 publishes the layout for trainers and launchers.
-  //    Every daemon writes the job token into its run dir first (run dirs are often
-  //    node-local; the allgather below orders it before rank 0's ready file).
-  const std::string token_path = run_dir + "/" + kJobTokenFile;
-  s = write_job_token_file(token_path, job_token);
-  if (!s.ok()) log->error("{}", s.to_string());
-  auto pids = mpi.allgather(to_bytes(std::to_string(::getpid())));
-  if (!pids.ok()) return fail(pids.status());
-  const std::string ready_path = run_dir + "/ready";
-  if (rank == 0) {
-    std::string text = "daemons=" + std::to_string(nodes) + "\ntrainers_per_node=" +
-                       std::to_string(config.service.trainers_per_node) + "\n";
-    for (int r = 0; r < nodes; ++r) text += "host." + std::to_string(r) + "=" + to_string((*hosts)[r]) + "\n";
-    for (int r = 0; r < nodes; ++r) text += "pid." + std::to_string(r) + "=" + to_string((*pids)[r]) + "\n";
-    s = write_file_atomically(ready_path, text, /*private_file=*/true);
-    if (!s.ok()) log->error("{}", s.to_string());
-    log->info("ready: {} daemons serving {} samples ({:.1f} MB), {} batches of {} per trainer per epoch; run dir {}",
-              nodes, catalog.size(), catalog.total_bytes() / 1e6, shape.batches_per_trainer, config.batch.size,
-              run_dir);
-  }
-
-  phases.mark("serve_setup");
-  log_startup_report(*log, rank, phases, catalog, placement, (*arena)->length(), (*staging)->length());
-
-  telemetry.set_serving(true);
-  TelemetryPump pump(config, mpi, telemetry, static_cast<std::uint32_t>(nodes) * config.service.trainers_per_node,
-                     catalog.size(), catalog.invalid_samples(), job_id(to_string((*pids)[0])));
-  // fault.peer_death = stop: every trainer of this daemon gets the reason, the run files
-  // go, and the daemon exits 1 without MPI_Finalize (which would wait for the dead rank).
-  auto stop_for_dead_peer = [&](const PeerMonitor::Failure& dead) {
-    const std::string host = dead.rank < hosts->size() ? to_string((*hosts)[dead.rank]) : "?";
-    const Status why = make_error(StatusCode::kUnavailable,
-                                  "daemon rank {} (host {}) is dead or unreachable: {}; stopping the job "
-                                  "(fault.peer_death = stop)",
-                                  dead.rank, host, dead.reason);
-    log->error("{}", why.message());
-    service->stop(why);
-    if (!service->wait_all_closed(std::chrono::seconds(5))) {
-      log->warn("not every trainer took the error within 5 s; closing their connections");
+Status Daemon::publish_ready() {
+  // Every daemon serves; rank 0 publishes the layout for trainers and launchers. Every
+  // daemon writes the job token into its run dir first (run dirs are often node-local; the
+  // allgather below orders it before rank 0's ready file).
+  token_path_ = run_dir_ + "/" + kJobTokenFile;
+  if (Status s = write_job_token_file(token_path_, job_token_); !s.ok()) log_->error("{}", s.to_string());
+  auto pids = mpi_.allgather(to_bytes(std::to_string(::getpid())));
+  if (!pids.ok()) return pids.status();
+  for (const auto& p : *pids) pids_.push_back(to_string(p));
+  ready_path_ = run_dir_ + "/ready";
+  if (rank_ == 0) {
+    std::string text = "daemons=" + std::to_string(nodes_) + "\ntrainers_per_node=" +
+                       std::to_string(config_.service.trainers_per_node) + "\n";
+    for (int r = 0; r < nodes_; ++r) text += "host." + std::to_string(r) + "=" + hosts_[r] + "\n";
+    for (int r = 0; r < nodes_; ++r) text += "pid." + std::to_string(r) + "=" + pids_[r] + "\n";
+    if (Status s = write_file_atomically(ready_path_, text, /*private_file=*/true); !s.ok()) {
+      log_->error("{}", s.to_string());
     }
-    if (rank == 0) ::unlink(ready_path.c_str());
-    ::unlink(token_path.c_str());
-    log->error("exiting with status 1: daemon rank {} failed", dead.rank);
-    spdlog::apply_all([](const std::shared_ptr<spdlog::logger>& l) { l->flush(); });
-    std::fflush(nullptr);
-    std::_Exit(1);
-  };
-  // fault.peer_death = degrade: report each death once and keep serving (decisions 0026,
-  // 0032): the fabric stops reading the dead peer (tcp;ofi_rxm would answer -FI_EAGAIN to
-  // every read of it forever), every scheduler reads its samples from storage, and the
-  // detector goes on watching the others.
-  std::vector<std::uint32_t> degraded;  // dead peers, in the order they were found
-  auto on_dead_peer = [&](const PeerMonitor::Failure& dead) {
-    if (!degrade) stop_for_dead_peer(dead);
-    const std::string host = dead.rank < hosts->size() ? to_string((*hosts)[dead.rank]) : "?";
-    log->error("daemon rank {} (host {}) is dead or unreachable: {}; degraded mode: its samples are read from "
-               "storage from now on and its trainers are gone (fault.peer_death = degrade)",
-               dead.rank, host, dead.reason);
-    degraded.push_back(dead.rank);
-    fabric.fail_peer(static_cast<int>(dead.rank),
+    log_->info("ready: {} daemons serving {} samples ({:.1f} MB), {} batches of {} per trainer per epoch; run dir {}",
+               nodes_, catalog_.size(), catalog_.total_bytes() / 1e6, shape_.batches_per_trainer, config_.batch.size,
+               run_dir_);
+  }
+  phases_.mark("serve_setup");
+  log_startup_report(*log_, rank_, phases_, catalog_, placement_, arena_->length(), staging_->length());
+  telemetry_.set_serving(true);
+  pump_ = std::make_unique<TelemetryPump>(config_, mpi_, telemetry_,
+                                          static_cast<std::uint32_t>(nodes_) * config_.service.trainers_per_node,
+                                          catalog_.size(), catalog_.invalid_samples(), job_id(pids_[0]));
+  return Status::ok_status();
+}
+
+// fault.peer_death = stop: every trainer of this daemon gets the reason, the run files go,
+// and the daemon exits 1 without MPI_Finalize (which would wait for the dead rank).
+void Daemon::stop_for_dead_peer(const PeerMonitor::Failure& dead) {
+  const Status why = make_error(StatusCode::kUnavailable,
+                                "daemon rank {} (host {}) is dead or unreachable: {}; stopping the job "
+                                "(fault.peer_death = stop)",
+                                dead.rank, host_of(dead.rank), dead.reason);
+  log_->error("{}", why.message());
+  service_->stop(why);
+  if (!service_->wait_all_closed(std::chrono::seconds(5))) {
+    log_->warn("not every trainer took the error within 5 s; closing their connections");
+  }
+  if (rank_ == 0) ::unlink(ready_path_.c_str());
+  ::unlink(token_path_.c_str());
+  log_->error("exiting with status 1: daemon rank {} failed", dead.rank);
+  spdlog::apply_all([](const std::shared_ptr<spdlog::logger>& l) { l->flush(); });
+  std::fflush(nullptr);
+  std::_Exit(1);
+}
+
+// fault.peer_death = degrade: report each death once and keep serving (decisions 0026,
+// 0032): the fabric stops reading the dead peer (tcp;ofi_rxm would answer -FI_EAGAIN to
+// every read of it forever), every scheduler reads its samples from storage, and the
+// detector goes on watching the others.
+void Daemon::on_dead_peer(const PeerMonitor::Failure& dead) {
+  if (!degrade_) stop_for_dead_peer(dead);
+  log_->error("daemon rank {} (host {}) is dead or unreachable: {}; degraded mode: its samples are read from "
+              "storage from now on and its trainers are gone (fault.peer_death = degrade)",
+              dead.rank, host_of(dead.rank), dead.reason);
+  degraded_.push_back(dead.rank);
+  fabric_->fail_peer(static_cast<int>(dead.rank),
                      make_error(StatusCode::kUnavailable, "daemon rank {} was declared dead: {}", dead.rank,
                                 dead.reason));
-    monitor.forget(dead.rank);
-    telemetry.peer_degraded(dead.rank);
-    pump.peer_dead(static_cast<int>(dead.rank));
-    service->peer_dead(dead.rank);
+  monitor_->forget(dead.rank);
+  telemetry_.peer_degraded(dead.rank);
+  pump_->peer_dead(static_cast<int>(dead.rank));
+  service_->peer_dead(dead.rank);
+}
+
+void Daemon::create_rotation() {
+  // Non-blocking (MPI_Isend, completed by pump_rotation each tick): this thread also runs
+  // the failure detector, which a blocking send to a slow rank would stall.
+  auto send = [this](int to, int tag, std::uint32_t node, std::uint64_t generation) {
+    const RotationMessage m{node, 0, generation};
+    const auto* raw = reinterpret_cast<const std::uint8_t*>(&m);
+    Status sent = mpi_.post_send(to, tag, std::vector<std::uint8_t>(raw, raw + sizeof(m)));
+    if (!sent.ok()) {
+      log_->error("cache rotation: {} for generation {} of node {} could not be sent to daemon rank {}: {}; node "
+                  "{}'s reloads cannot complete, so its changing samples stay on storage",
+                  tag == kTagRotationDone ? "Done" : "Readable", generation, node, to, sent.to_string(), node);
+    }
   };
-  // The main thread is idle while serving: it carries the telemetry (MPI stays on it) and
-  // the failure detector.
-  log->info("watching {} peer daemons: a heartbeat every {} ms, dead after {:.1f} s without an answer "
-            "(fault.peer_timeout), fault.peer_death = {}",
-            nodes - 1, std::chrono::duration_cast<std::chrono::milliseconds>(monitor.interval()).count(),
-            std::chrono::duration<double>(monitor.timeout()).count(), config.fault.peer_death);
-  // The cache-rotation fence, on this thread too (MPI). The reload runs on its own thread;
-  // `reload` is declared after the arena, so it is joined before the arena goes.
-  std::future<Result<LoadStats>> reload;
-  std::optional<LoadStats> last_reload;
-  std::unique_ptr<RotationCoordinator> rotation;
-  if (rotating) {
-    // Non-blocking (MPI_Isend, completed by pump_rotation each tick): this thread also runs
-    // the failure detector, which a blocking send to a slow rank would stall.
-    auto send = [&mpi, &log](int to, int tag, std::uint32_t node, std::uint64_t generation) {
-      const RotationMessage m{node, 0, generation};
-      const auto* raw = reinterpret_cast<const std::uint8_t*>(&m);
-      Status sent = mpi.post_send(to, tag, std::vector<std::uint8_t>(raw, raw + sizeof(m)));
-      if (!sent.ok()) {
-        log->error("cache rotation: {} for generation {} of node {} could not be sent to daemon rank {}: {}; node "
-                   "{}'s reloads cannot complete, so its changing samples stay on storage",
-                   tag == kTagRotationDone ? "Done" : "Readable", generation, node, to, sent.to_string(), node);
-      }
-    };
-    RotationCoordinator::Hooks hooks;
-    hooks.send_done = [send](std::uint32_t node, std::uint64_t g) {
-      send(static_cast<int>(node), kTagRotationDone, node, g);
-    };
-    hooks.announce_readable = [send, rank, nodes](std::uint64_t g) {
-      for (int r = 0; r < nodes; ++r) {
-        if (r != rank) send(r, kTagRotationReadable, static_cast<std::uint32_t>(rank), g);
-      }
-    };
-    hooks.start_reload = [&](const ArenaLayout& layout) {
-      log->info("cache rotation: every daemon is done with generation {} of this node; loading the {} samples "
-                "that enter generation {}",
-                layout.generation - 1, layout.entering.size(), layout.generation);
-      reload = std::async(std::launch::async, [&, entering = layout.entering] {
-        return load_entering_samples(catalog, config.dataset, entering, config.service.loader_threads,
-                                     (*arena)->data(), [&stop] { return stop.requested(); },
-                                     open_shards.get());
-      });
-    };
-    hooks.reload_finished = [&]() -> std::optional<Status> {
-      if (!reload.valid() || reload.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-        return std::nullopt;
-      }
-      auto done = reload.get();
-      if (!done.ok()) return done.status();
-      last_reload = *done;
-      return Status::ok_status();
-    };
-    // Reuse rounds: the round in which each sample is consumed, per epoch, from every
-    // trainer's plan (pure, the same on every daemon), computed once per epoch. 4 bytes
-    // per sample per epoch kept: a generation needs its epoch, the one before and the two
-    // after, and nodes' generations stay within about an epoch of each other, so epochs
-    // more than two before the one asked for are dropped before the lookups.
-    auto consumption = std::make_shared<std::map<std::uint64_t, std::vector<std::uint32_t>>>();
-    auto rounds_of = [&, consumption](std::uint64_t epoch) -> const std::vector<std::uint32_t>& {
-      auto it = consumption->find(epoch);
-      if (it == consumption->end()) {
-        it = consumption->emplace(epoch, consumption_rounds(planner.plan_all(epoch), catalog.size(), generation_clock))
-                 .first;
-      }
-      return it->second;
-    };
-    hooks.wanted = [&, rounds_of, consumption](std::uint32_t node, std::uint64_t g, const ArenaLayout& current) {
-      if (generation_clock.rounds == 0) {
-        return choose_resident(catalog.sizes(), placement.owned[node], node_capacities[node], config.shuffle.seed,
-                               node, g);
-      }
-      const std::uint64_t epoch = g / generation_clock.rounds;
-      if (epoch >= 3) consumption->erase(consumption->begin(), consumption->lower_bound(epoch - 2));
-      const std::vector<std::uint32_t>* after_next = &rounds_of(epoch + 2);
-      const std::vector<std::uint32_t>* next = &rounds_of(epoch + 1);
-      const std::vector<std::uint32_t>* now = &rounds_of(epoch);
-      const std::vector<std::uint32_t>* before = epoch > 0 ? &rounds_of(epoch - 1) : nullptr;
-      return choose_by_next_use(catalog.sizes(), placement.owned[node], current.arena_bytes, current,
-                                {before, now, next, after_next}, generation_clock, g, config.shuffle.seed);
-    };
-    rotation = std::make_unique<RotationCoordinator>(static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(nodes),
-                                                     catalog.sizes(), *residency, std::move(hooks));
+  RotationCoordinator::Hooks hooks;
+  hooks.send_done = [send](std::uint32_t node, std::uint64_t g) {
+    send(static_cast<int>(node), kTagRotationDone, node, g);
+  };
+  hooks.announce_readable = [send, rank = rank_, nodes = nodes_](std::uint64_t g) {
+    for (int r = 0; r < nodes; ++r) {
+      if (r != rank) send(r, kTagRotationReadable, static_cast<std::uint32_t>(rank), g);
+    }
+  };
+  hooks.start_reload = [this](const ArenaLayout& layout) {
+    log_->info("cache rotation: every daemon is done with generation {} of this node; loading the {} samples "
+               "that enter generation {}",
+               layout.generation - 1, layout.entering.size(), layout.generation);
+    reload_ = std::async(std::launch::async, [this, entering = layout.entering] {
+      return load_entering_samples(catalog_, config_.dataset, entering, config_.service.loader_threads,
+                                   arena_->data(), [this] { return stop_.requested(); }, open_shards_.get());
+    });
+  };
+  hooks.reload_finished = [this]() -> std::optional<Status> {
+    if (!reload_.valid() || reload_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      return std::nullopt;
+    }
+    auto done = reload_.get();
+    if (!done.ok()) return done.status();
+    last_reload_ = *done;
+    return Status::ok_status();
+  };
+  // Reuse rounds: the round in which each sample is consumed, per epoch, from every
+  // trainer's plan (pure, the same on every daemon), computed once per epoch. 4 bytes
+  // per sample per epoch kept: a generation needs its epoch, the one before and the two
+  // after, and nodes' generations stay within about an epoch of each other, so epochs
+  // more than two before the one asked for are dropped before the lookups.
+  auto consumption = std::make_shared<std::map<std::uint64_t, std::vector<std::uint32_t>>>();
+  auto rounds_of = [this, consumption](std::uint64_t epoch) -> const std::vector<std::uint32_t>& {
+    auto it = consumption->find(epoch);
+    if (it == consumption->end()) {
+      it = consumption
+               ->emplace(epoch, consumption_rounds(planner_->plan_all(epoch), catalog_.size(), generation_clock_))
+               .first;
+    }
+    return it->second;
+  };
+  hooks.wanted = [this, rounds_of, consumption](std::uint32_t node, std::uint64_t g, const ArenaLayout& current) {
+    if (generation_clock_.rounds == 0) {
+      return choose_resident(catalog_.sizes(), placement_.owned[node], node_capacities_[node], config_.shuffle.seed,
+                             node, g);
+    }
+    const std::uint64_t epoch = g / generation_clock_.rounds;
+    if (epoch >= 3) consumption->erase(consumption->begin(), consumption->lower_bound(epoch - 2));
+    const std::vector<std::uint32_t>* after_next = &rounds_of(epoch + 2);
+    const std::vector<std::uint32_t>* next = &rounds_of(epoch + 1);
+    const std::vector<std::uint32_t>* now = &rounds_of(epoch);
+    const std::vector<std::uint32_t>* before = epoch > 0 ? &rounds_of(epoch - 1) : nullptr;
+    return choose_by_next_use(catalog_.sizes(), placement_.owned[node], current.arena_bytes, current,
+                              {before, now, next, after_next}, generation_clock_, g, config_.shuffle.seed);
+  };
+  rotation_ = std::make_unique<RotationCoordinator>(static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(nodes_),
+                                                    catalog_.sizes(), *residency_, std::move(hooks));
+}
+
+void Daemon::pump_rotation() {
+  if (!rotation_) return;
+  if (Status sends = mpi_.test_sends(); !sends.ok()) {
+    log_->error("cache rotation: {}; that daemon's fence waits for a message that never came, so the samples "
+                "changing there stay on storage",
+                sends.to_string());
   }
-  auto pump_rotation = [&] {
-    if (!rotation) return;
-    if (Status sends = mpi.test_sends(); !sends.ok()) {
-      log->error("cache rotation: {}; that daemon's fence waits for a message that never came, so the samples "
-                 "changing there stay on storage",
-                 sends.to_string());
-    }
-    for (const int tag : {kTagRotationDone, kTagRotationReadable}) {
-      for (;;) {
-        auto m = mpi.try_receive(tag);
-        if (!m.ok()) {
-          log->error("cache rotation: receiving: {}", m.status().to_string());
-          break;
-        }
-        if (!m->has_value()) break;
-        const MpiSession::Message& msg = **m;
-        RotationMessage r;
-        if (msg.bytes.size() != sizeof(r) || msg.source < 0 || msg.source >= nodes) {
-          log->warn("cache rotation: ignoring a {}-byte message from rank {}", msg.bytes.size(), msg.source);
-          continue;
-        }
-        std::memcpy(&r, msg.bytes.data(), sizeof(r));
-        if (tag == kTagRotationDone) {
-          rotation->on_done(static_cast<std::uint32_t>(msg.source), r.node, r.generation);
-        } else {
-          rotation->on_readable(r.node, r.generation);
-        }
+  for (const int tag : {kTagRotationDone, kTagRotationReadable}) {
+    for (;;) {
+      auto m = mpi_.try_receive(tag);
+      if (!m.ok()) {
+        log_->error("cache rotation: receiving: {}", m.status().to_string());
+        break;
       }
-    }
-    const std::uint64_t before = rotation->generation(static_cast<std::uint32_t>(rank));
-    Status polled = rotation->poll();
-    if (!polled.ok()) {
-      if (polled.code() == StatusCode::kCancelled && stop.requested()) {
-        // A normal shutdown stopped a reload (often the last rotation, triggered by the
-        // read-ahead into an epoch no trainer asks for): nothing is wrong.
-        log->info("cache rotation: {} (shutting down)", polled.to_string());
+      if (!m->has_value()) break;
+      const MpiSession::Message& msg = **m;
+      RotationMessage r;
+      if (msg.bytes.size() != sizeof(r) || msg.source < 0 || msg.source >= nodes_) {
+        log_->warn("cache rotation: ignoring a {}-byte message from rank {}", msg.bytes.size(), msg.source);
+        continue;
+      }
+      std::memcpy(&r, msg.bytes.data(), sizeof(r));
+      if (tag == kTagRotationDone) {
+        rotation_->on_done(static_cast<std::uint32_t>(msg.source), r.node, r.generation);
       } else {
-        log->error("cache rotation: {}; this node's changing samples stay on storage", polled.to_string());
+        rotation_->on_readable(r.node, r.generation);
       }
     }
-    const std::uint64_t now = rotation->generation(static_cast<std::uint32_t>(rank));
-    if (now != before && last_reload) {
-      log->info("cache rotation: generation {} readable: {} entering samples ({:.1f} MB) loaded in {:.2f} s",
-                now, last_reload->samples, last_reload->bytes / 1e6, last_reload->seconds);
+  }
+  const std::uint64_t before = rotation_->generation(static_cast<std::uint32_t>(rank_));
+  Status polled = rotation_->poll();
+  if (!polled.ok()) {
+    if (polled.code() == StatusCode::kCancelled && stop_.requested()) {
+      // A normal shutdown stopped a reload (often the last rotation, triggered by the
+      // read-ahead into an epoch no trainer asks for): nothing is wrong.
+      log_->info("cache rotation: {} (shutting down)", polled.to_string());
+    } else {
+      log_->error("cache rotation: {}; this node's changing samples stay on storage", polled.to_string());
     }
-  };
+  }
+  const std::uint64_t now = rotation_->generation(static_cast<std::uint32_t>(rank_));
+  if (now != before && last_reload_) {
+    log_->info("cache rotation: generation {} readable: {} entering samples ({:.1f} MB) loaded in {:.2f} s", now,
+               last_reload_->samples, last_reload_->bytes / 1e6, last_reload_->seconds);
+  }
+}
+
+int Daemon::serve() {
+  // The main thread is idle while serving: it carries the telemetry (MPI stays on it), the
+  // failure detector and the cache-rotation fence.
+  log_->info("watching {} peer daemons: a heartbeat every {} ms, dead after {:.1f} s without an answer "
+             "(fault.peer_timeout), fault.peer_death = {}",
+             nodes_ - 1, std::chrono::duration_cast<std::chrono::milliseconds>(monitor_->interval()).count(),
+             std::chrono::duration<double>(monitor_->timeout()).count(), config_.fault.peer_death);
+  if (rotating_) create_rotation();
   // With rotation the fence's round trips (retire, Done, reload, Readable) each wait for
   // this loop: a finer tick shortens the reload windows in which changing samples come
   // from storage. MPI_Iprobe every 10 ms costs nothing measurable.
-  const auto tick = rotation ? std::chrono::milliseconds(10) : std::chrono::milliseconds(100);
-  while (!stop.wait_for(tick)) {
-    while (auto dead = monitor.poll()) on_dead_peer(*dead);  // degrade: forget() clears it
-    pump.pump();
+  const auto tick = rotation_ ? std::chrono::milliseconds(10) : std::chrono::milliseconds(100);
+  while (!stop_.wait_for(tick)) {
+    while (auto dead = monitor_->poll()) on_dead_peer(*dead);  // degrade: forget() clears it
+    pump_->pump();
     pump_rotation();
   }
   // A stop signal may follow a peer's death (mpirun stops the job when a rank dies): then
   // the trainers are told which rank died, not only that we were stopped.
-  while (auto dead = monitor.poll()) on_dead_peer(*dead);
+  while (auto dead = monitor_->poll()) on_dead_peer(*dead);
 
-  // 8. Drain: stop serving, then wait for every peer while still progressing the fabric,
-  //    so no peer's read of our arena is left hanging.
-  service->stop(make_error(StatusCode::kCancelled, "the daemon of node {} is shutting down (it received a stop "
-                                                  "signal); no more batches",
-                          rank));
+  // Drain: stop serving, then wait for every peer while still progressing the fabric, so
+  // no peer's read of our arena is left hanging.
+  service_->stop(make_error(StatusCode::kCancelled,
+                            "the daemon of node {} is shutting down (it received a stop signal); no more batches",
+                            rank_));
   {
     // stop() closes the connections on the io thread (which records passes that ended);
     // a task posted after it runs once that is done.
     std::promise<void> stopped;
-    boost::asio::post(io, [&] { stopped.set_value(); });
+    boost::asio::post(io_, [&] { stopped.set_value(); });
     stopped.get_future().wait();
   }
-  if (rank == 0) ::unlink(ready_path.c_str());
-  ::unlink(token_path.c_str());
-  pump.finish(std::chrono::seconds(10));
-  if (!degraded.empty()) {
+  if (rank_ == 0) ::unlink(ready_path_.c_str());
+  ::unlink(token_path_.c_str());
+  pump_->finish(std::chrono::seconds(10));
+  if (!degraded_.empty()) {
     // A dead rank never reaches the shutdown barrier, and MPI_Finalize would wait for it:
     // a degraded daemon leaves without either. A surviving peer still reading our arena
     // then sees its reads fail and reads those samples from storage (degraded mode).
     // Exit status 0: every trainer of ours was served; the death is reported above, in
     // telemetry (shardmix_degraded_peers) and by mpirun's own status for the dead rank.
-    log->error("exiting with status 0 in degraded mode: daemon rank{} {} died; {} samples were read from storage "
-               "instead of a dead peer",
-               degraded.size() > 1 ? "s" : "", fmt::join(degraded, ", "), telemetry.rerouted_samples()->load());
-    if (storage_readers) storage_readers->stop();
+    log_->error("exiting with status 0 in degraded mode: daemon rank{} {} died; {} samples were read from storage "
+                "instead of a dead peer",
+                degraded_.size() > 1 ? "s" : "", fmt::join(degraded_, ", "), telemetry_.rerouted_samples()->load());
+    if (storage_readers_) storage_readers_->stop();
     spdlog::apply_all([](const std::shared_ptr<spdlog::logger>& l) { l->flush(); });
     std::fflush(nullptr);
     std::_Exit(0);
@@ -1211,46 +1305,76 @@ int run_daemon(const Config& config, MpiSession& mpi) {
   // failure must persist for a second, so a peer that left the barrier first and closed
   // its endpoint is not mistaken for a dead one.
   std::optional<std::chrono::steady_clock::time_point> failing_since;
-  Status drained = mpi.barrier_unless([&]() -> Status {
-    auto dead = monitor.poll();
+  Status drained = mpi_.barrier_unless([&]() -> Status {
+    auto dead = monitor_->poll();
     if (!dead) return Status::ok_status();
     const auto now = std::chrono::steady_clock::now();
     if (!failing_since) failing_since = now;
     if (now - *failing_since < std::chrono::seconds(1)) return Status::ok_status();
-    if (degrade) {
+    if (degrade_) {
       // A peer that died after we stopped serving: no trainer of ours needs it any more.
-      log->error("daemon rank {} died during shutdown: {}; leaving without the barrier (fault.peer_death = "
-                 "degrade), exit status 0",
-                 dead->rank, dead->reason);
+      log_->error("daemon rank {} died during shutdown: {}; leaving without the barrier (fault.peer_death = "
+                  "degrade), exit status 0",
+                  dead->rank, dead->reason);
       spdlog::apply_all([](const std::shared_ptr<spdlog::logger>& l) { l->flush(); });
       std::fflush(nullptr);
       std::_Exit(0);
     }
     stop_for_dead_peer(*dead);
-    return Status::ok_status();
   });
-  const fabric::FabricStats fs = fabric.stats();
-  if (rotation) {
-    const RotationCoordinator::Stats rs = rotation->stats();
-    log->info("cache rotation: {} generations loaded here, {} entering samples written, {} chosen samples found "
-              "no hole (stayed cold); {} unexpected fence messages",
-              rs.generations_loaded, rs.samples_loaded, rs.samples_unplaced, rs.unexpected_messages);
+  log_shutdown_figures();
+  if (!drained.ok()) {
+    log_->error("{}", drained.to_string());
+    return 1;
   }
-  if (storage_readers) {
-    const StorageReaderStats ss = storage_readers->stats();
-    log->info("storage: {} cold reads, {} bytes read from storage, {} failed", ss.reads_completed, ss.bytes_read,
-              ss.reads_failed);
-  }
-  if (open_shards) {
-    const ShardFileCacheStats os = open_shards->stats();
-    log->info("shard descriptors (service.open_shard_files {}): {} reads on a cached descriptor, {} opens ({} more "
-              "reads waited for one), {} dropped because the shard changed, {} evicted",
-              open_shards->capacity(), os.hits, os.opens, os.joined, os.changed, os.evictions);
-  }
-  log->info("fabric {}: {} reads, {} bytes read from peers, {} failed; exiting", fabric.provider_name(),
-            fs.reads_completed, fs.bytes_read, fs.reads_failed);
-  if (!drained.ok()) return fail(drained);
   return 0;
+}
+
+void Daemon::log_shutdown_figures() {
+  if (rotation_) {
+    const RotationCoordinator::Stats rs = rotation_->stats();
+    log_->info("cache rotation: {} generations loaded here, {} entering samples written, {} chosen samples found "
+               "no hole (stayed cold); {} unexpected fence messages",
+               rs.generations_loaded, rs.samples_loaded, rs.samples_unplaced, rs.unexpected_messages);
+  }
+  if (storage_readers_) {
+    const StorageReaderStats ss = storage_readers_->stats();
+    log_->info("storage: {} cold reads, {} bytes read from storage, {} failed", ss.reads_completed, ss.bytes_read,
+               ss.reads_failed);
+  }
+  if (open_shards_) {
+    const ShardFileCacheStats os = open_shards_->stats();
+    log_->info("shard descriptors (service.open_shard_files {}): {} reads on a cached descriptor, {} opens ({} more "
+               "reads waited for one), {} dropped because the shard changed, {} evicted",
+               open_shards_->capacity(), os.hits, os.opens, os.joined, os.changed, os.evictions);
+  }
+  const fabric::FabricStats fs = fabric_->stats();
+  log_->info("fabric {}: {} reads, {} bytes read from peers, {} failed; exiting", fabric_->provider_name(),
+             fs.reads_completed, fs.bytes_read, fs.reads_failed);
+}
+
+}  // namespace
+
+std::string resolve_run_dir(const Config& config) {
+  if (!config.service.run_dir.empty()) return config.service.run_dir;
+  if (const char* env = std::getenv("SHARDMIX_RUN_DIR"); env != nullptr && *env != '\0') return env;
+  return "/tmp/shardmix-" + std::to_string(geteuid());
+}
+
+int run_daemon(const Config& config, MpiSession& mpi) {
+  log::init(mpi.rank(), config.log.level, config.log.components);
+  auto log = log::get("daemon");
+  Daemon daemon(config, mpi);
+  Status started = daemon.start();
+  if (started.code() == StatusCode::kCancelled) {
+    log->info("{}; exiting", started.message());
+    return 0;
+  }
+  if (!started.ok()) {
+    log->error("{}", started.to_string());
+    return 1;
+  }
+  return daemon.serve();
 }
 
 }  // namespace shardmix

@@ -5,6 +5,10 @@
 // -> drain (barrier while the fabric keeps progressing) -> clean exit.
 // Any rank's startup failure is shared with all ranks (named by rank) so every daemon
 // exits with the same message instead of hanging in a collective.
+// run_daemon assembles a Daemon (daemon.cc): the core's parts (catalog, placement, planner,
+// schedulers) with the adapters (MPI control plane, libfabric, Asio service, storage
+// readers) as members declared in creation order, built step by step by Daemon::start()
+// and destroyed in reverse, so every way out tears down what was built and nothing more.
 #pragma once
 
 #include <string>
