@@ -37,7 +37,7 @@ while (($#)); do
   esac
   shift
 done
-# A quick run must not replace the full run's figures the README quotes.
+# A quick run must not replace the full run's figures docs/performance.md quotes.
 [[ -n $out_dir ]] || { if ((quick)); then out_dir=$repo/bench/results/quick; else out_dir=$repo/bench/results; fi; }
 for tool in server/shardmixd tools/shardmix-consume tools/shardmix-gen bench/shardmix-bench-memcpy \
             bench/shardmix-bench-fabric-read bench/shardmix-bench-posix-reader bench/shardmix-bench-inplace; do
