@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cost benchmark (issue 8 item 4): 4 daemons (tcp on lo) + 4 trainers, global shuffle
+# Cost benchmark: 4 daemons (tcp on lo) + 4 trainers, global shuffle
 # (shuffle.exchange_fraction = 1), trainers copying every sample (--touch copy).
 #  - daemon CPU seconds per GB delivered: utime + stime of the 4 shardmixd processes, read
 #    from /proc/PID/stat by trainer rank 0 just before the trainers start (the daemons have

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Summaries and Markdown for bench/stall.sh, bench/cost.sh and bench/startup.sh (issue 8
-items 2, 4, 5). The shell scripts run the programs and collect raw JSON lines; this file
+"""Summaries and Markdown for bench/stall.sh, bench/cost.sh and bench/startup.sh
+(stall, cost, start-up). The shell scripts run the programs and collect raw JSON lines; this file
 turns them into figures, so that the arithmetic is tested on fixtures
 (tests/e2e/costs_report_test.py) instead of only trusted.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where the CPU goes in peer delivery (issue 2): one raw fi_read run and one ShardMix run
+# Where the CPU goes in peer delivery (target: >= 70% of raw fi_read): one raw fi_read run and one ShardMix run
 # (4 daemons + 4 trainers, shuffle.exchange_fraction 1, trainers taking views only), back
 # to back, each with per-thread CPU seconds and context switches over its steady state
 # (bench/thread_cpu.py), and the figures that do not need a quiet machine:
@@ -8,7 +8,7 @@
 #   - fabric-thread cores (the share of the 2 cores the copying threads got);
 #   - involuntary context switches of the fabric threads per second (on shm, a preempted
 #     thread may hold the provider's region spinlock while the others spin on it).
-# Decision 0034 explains why these, not wall-clock rates alone, were used.
+# bench/results/peer-delivery-bound.md explains why these, not wall-clock rates alone, were used.
 #
 #   flock /tmp/shardmix-bench.lock bash bench/peer_profile.sh [--provider shm|tcp] [--epochs 4]
 #         [--out DIR] [--set SECTION.KEY=VALUE ...]

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Prints the README's delivery results block from bench/results/delivery-latest.json.
+"""Prints the delivery results block of docs/performance.md from bench/results/delivery-latest.json.
 
     python3 bench/readme_table.py [bench/results/delivery-latest.json]
 
-The README embeds this output verbatim, so its figures are the ones the benchmark wrote.
+docs/performance.md embeds this output verbatim (the script kept its old name), so its figures are the ones the benchmark wrote.
 """
 import json
 import sys

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark suite of issue 8, in one run on one machine (docs/decisions/0028):
+# The benchmark suite, in one run on one machine (docs/decisions/0028):
 #   1. delivered throughput, 16,384 samples (median 112 KiB): ShardMix (1, 2, 4 daemons with
 #      one trainer each; tcp and shm; shuffle.exchange_fraction 0 and 1) against the PyTorch
 #      DataLoader (bench/torch_loader.py: num_workers 0/1/2 x default/concat collate, 1/2/4
@@ -37,7 +37,7 @@ while (($#)); do
   esac
   shift
 done
-# A quick run must not replace the full run's figures the README quotes.
+# A quick run must not replace the full run's figures docs/performance.md quotes.
 [[ -n $out_dir ]] || { if ((quick)); then out_dir=$repo/bench/results/quick; else out_dir=$repo/bench/results; fi; }
 for tool in server/shardmixd tools/shardmix-consume tools/shardmix-gen bench/shardmix-bench-memcpy \
             bench/shardmix-bench-fabric-read bench/shardmix-bench-posix-reader bench/shardmix-bench-inplace; do
@@ -219,7 +219,7 @@ for spec in "small 4" "large 1024"; do
   nodes_list=$limits_nodes
 done
 
-# ---- the colleagues' parts (issue 8 items 2, 4, 5), when present on this branch
+# ---- the stall, cost and start-up parts, when present on this branch
 parts=()
 for part in stall cost startup; do
   if ((reuse_parts)); then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Data stall benchmark (issue 8 item 2), DS-Analyzer's method (Mohan et al., VLDB 2021):
+# Data stall benchmark (target: stall < 1% at 80% of the peak), DS-Analyzer's method (Mohan et al., VLDB 2021):
 # a trainer spends a fixed compute time per batch; it runs once fed by the loader and once
 # fed by synthetic in-memory batches of the same size; the difference in epoch time is
 # stall, reported as a fraction of the fed epoch's time. The compute is a sleep (a GPU's

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Start-up benchmark (issue 8 item 5): time from mpirun to every trainer's first batch for
+# Start-up benchmark: time from mpirun to every trainer's first batch for
 # 16,384 and 1,000,000 small samples (folder layout, median 2 KiB, log-normal sigma 0.5),
 # 4 daemons (tcp on lo) + 4 trainers, page cache dropped before every run. The phases are
 # the daemons' own "startup:" log lines (server/startup_report.h); the launch before them

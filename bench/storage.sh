@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Slow shared storage (issue 3). A dataset twice the total cache capacity is served by a
+# Slow shared storage. A dataset twice the total cache capacity is served by a
 # slow shared file system (bench/slowfs: FUSE, per-read latency + a bandwidth cap; see
 # docs/decisions/0027), and in one run this script measures:
 #   bound      the storage's own rate for the bytes that must come from it: N threads

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Figures and tables of bench/storage.sh (slow shared storage, issue 3).
+"""Figures and tables of bench/storage.sh (slow shared storage).
 
     python3 bench/storage_report.py [bench/results/storage-latest.json]     # tables again
     python3 bench/storage_report.py --raw RAW.jsonl --out OUT.json --meta '{...}'  # (storage.sh)

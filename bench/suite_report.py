@@ -13,7 +13,7 @@ run is a warm-up and is left out; the remaining epochs are the repetitions, repo
 median with min and max. memcpy and in-place copying report the median of their passes,
 raw fi_read one timed phase per run.
 
-Targets (issue 8), each a ratio of two figures of the same run, printed met/missed:
+Targets, each a ratio of two figures of the same run, printed met/missed:
   local_vs_memcpy    ShardMix Q=0 (1 node, 1 trainer copying) GB/s >= 0.8 x memcpy 1 thread
   peer_vs_fi_read    ShardMix Q=1 views-only peer GB/s >= 0.9 x raw fi_read, N ranks, N >= 2
   cold_vs_dataloader ShardMix Q=1 (page cache dropped every epoch, epochs >= 1) samples/s

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Entropy versus locality on an emulated cluster (issue 7). 4 daemons, each in its own
+# Entropy versus locality on an emulated cluster. 4 daemons, each in its own
 # network namespace linked to a bridge at 1 Gbit/s each way (deploy/netns-cluster.sh),
 # 4 trainers (one per node, in the root namespace, --compute-ms per batch), 3 epochs per
 # run, traced. Two scenarios:

@@ -2,7 +2,7 @@
 """Aggregates, tabulates and plots bench/sweep.sh (entropy versus locality).
 
     python3 bench/sweep_report.py [--json bench/results/sweep-latest.json] [--png OUT.png]
-        prints the README block (Markdown tables) from an existing result; with --png,
+        prints the docs/performance.md block (Markdown tables) from an existing result; with --png,
         redraws the plot too.
     python3 bench/sweep_report.py --raw RAW.jsonl --meta META.json --json OUT.json --png OUT.png
         (what sweep.sh runs) aggregates the raw lines, writes OUT.json, prints the tables

@@ -71,7 +71,7 @@ _sm_test_cleanup() {
   if [[ ${SHARDMIX_E2E_KEEP:-0} == 1 ]]; then sm_log "kept $SM_TMP"; else rm -rf -- "$SM_TMP"; fi
 }
 
-# mpirun and the flags that work on the development machines (shared/machine-notes.md).
+# mpirun and the flags that work on the development machines (docs/performance.md).
 # SHARDMIX_MPIRUN overrides the command; SHARDMIX_MPIRUN_FLAGS (split on whitespace)
 # replaces the default flags, e.g. on a cluster: SHARDMIX_MPIRUN_FLAGS="--bind-to none".
 sm_mpirun_init() {

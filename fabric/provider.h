@@ -28,7 +28,7 @@ int count_rdma_devices();
 enum class CqWaitMode {
   // CQ opened with wait_obj=FI_WAIT_UNSPEC; sleep in fi_cq_sread with a short timeout,
   // woken early by fi_cq_signal when a read is queued. Measured to run at full speed
-  // on tcp/net (machine-notes.md); verbs wakes on its completion channel.
+  // on tcp/net on the development machine; verbs wakes on its completion channel.
   kBlockingSread,
   // CQ opened with FI_WAIT_NONE; poll fi_cq_read with exponential backoff. Required for
   // shm, whose fi_cq_sread ignores its timeout and never returns; the safe default for

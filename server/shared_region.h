@@ -1,6 +1,6 @@
 // Anonymous shared memory (memfd) mapped read-write by the daemon. Trainers receive a
 // read-only descriptor of it over the Unix socket (SCM_RIGHTS): no file in /dev/shm, so a
-// crashed daemon leaves nothing behind (pain 7 in shared/reference/peers.md), and a
+// crashed daemon leaves nothing behind (unlike a named /dev/shm file), and a
 // trainer can neither write the cache nor resize it (the size is sealed: a shrink would
 // make the daemon's own accesses fault with SIGBUS).
 // Thread-safety: the mapping itself is plain memory; the object is not synchronised.

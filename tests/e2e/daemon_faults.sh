@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end fault tests of the daemons (issue 5; docs/operations.md "Faults"). Each case
+# End-to-end fault tests of the daemons (docs/operations.md "Faults"). Each case
 # provokes one fault on a 2-daemon job on this machine and checks what everyone sees:
 #   load       SIGTERM while the daemons load (inject.load_delay makes the load long):
 #              both exit 0 without serving; no socket, ready or token file is left.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end bad input while serving (issue 3): files of the dataset vanish after the
+# End-to-end bad input while serving: files of the dataset vanish after the
 # daemons have scanned and loaded it, with half the dataset cold (read from storage every
 # epoch). Two runs over the same dataset and files:
 #  - dataset.strict = false (the default): every trainer finishes every epoch; the cold

@@ -443,7 +443,7 @@ TEST_F(ConfigTest, PrintedConfigReadsBackToTheSameConfig) {
       "service.loader_threads=1",
       "log.level=trace",
       "log.components=fabric=debug,service=warn",
-      "telemetry.stats_file=/shared/stats-{job}.jsonl",
+      "telemetry.stats_file=/scratch/stats-{job}.jsonl",
       "telemetry.prometheus_file=/var/lib/node_exporter/shardmix-{rank}.prom",
       "telemetry.interval=2500ms",
   };
