@@ -25,7 +25,10 @@
 # SHARDMIX_TEST_STAGES=release,asan,tsan,fuzz (the default) picks stages, e.g.
 # SHARDMIX_TEST_STAGES=asan,fuzz. Build dirs: $SHARDMIX_BUILD_DIR (default build) and
 # <that>-asan, <that>-tsan. Sanitizer suppressions (each with its reason) are in
-# tests/sanitizers/. Each stage prints its wall time.
+# tests/sanitizers/. Each stage prints its wall time and how many tests it ran and skipped.
+# A skipped test fails its stage unless tests/skip-allowlist.txt names it with the reason
+# (run_ctest below); the release stage also fails if the Python module cannot be built
+# (SHARDMIX_REQUIRE_PYTHON), since its tests would otherwise not be registered at all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,9 +57,43 @@ begin_stage() {
 }
 end_stage() {
   local took=$((SECONDS - stage_start))
-  summary+=("$current_stage: $((took / 60)) min $((took % 60)) s")
-  echo "==================== test stage $current_stage passed in $((took / 60)) min $((took % 60)) s ===================="
+  local tally="$stage_ran tests run, $stage_skipped skipped"
+  summary+=("$current_stage: $((took / 60)) min $((took % 60)) s, $tally")
+  echo "==================== test stage $current_stage passed in $((took / 60)) min $((took % 60)) s: $tally ===================="
   current_stage=""
+  stage_ran=0
+  stage_skipped=0
+}
+
+# Every ctest call goes through run_ctest: it keeps the output, adds what ran and what was
+# skipped to the stage's tally, and fails (after ctest's own verdict) when a test was
+# skipped that tests/skip-allowlist.txt does not name, or when the call ran no test at all.
+# A skipped test is not a passed one: without this, a test that quietly stopped running
+# (a missing tool, running as root) would leave CI green.
+stage_ran=0
+stage_skipped=0
+allowed_skips=$(sed -e 's/#.*//' tests/skip-allowlist.txt | awk 'NF {print $1}')
+run_ctest() {
+  local log rc=0 total skipped name bad=()
+  log=$(mktemp)
+  ctest "$@" 2>&1 | tee "$log" || rc=$?
+  total=$(sed -n 's/.* tests failed out of \([0-9][0-9]*\)$/\1/p' "$log" | tail -n 1)
+  mapfile -t skipped < <(sed -n 's/^[[:space:]]*[0-9][0-9]* - \(.*\) (\(Skipped\|Disabled\|Not Run\))$/\1/p' "$log")
+  rm -f "$log"
+  if [[ -z $total || $total -eq 0 ]]; then
+    echo "test.sh: ctest $* ran no test" >&2
+    return 1
+  fi
+  stage_ran=$((stage_ran + total - ${#skipped[@]}))
+  stage_skipped=$((stage_skipped + ${#skipped[@]}))
+  for name in "${skipped[@]}"; do
+    grep -qxF -- "$name" <<<"$allowed_skips" || bad+=("$name")
+  done
+  if ((${#bad[@]} > 0)); then
+    echo "test.sh: skipped, and not in tests/skip-allowlist.txt (a skipped test is not a passed one): ${bad[*]}" >&2
+    ((rc != 0)) || rc=1
+  fi
+  return "$rc"
 }
 on_exit() {
   local rc=$?
@@ -71,11 +108,11 @@ trap on_exit EXIT
 if want release; then
   begin_stage release
   # shellcheck disable=SC2086  # SHARDMIX_CMAKE_ARGS is a list of arguments
-  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release ${SHARDMIX_CMAKE_ARGS:-}
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSHARDMIX_REQUIRE_PYTHON=ON ${SHARDMIX_CMAKE_ARGS:-}
   cmake --build "$build_dir" -j "$jobs"
   # The end-to-end and Python-in-a-job tests are RUN_SERIAL in CMake, so -j only overlaps
   # the cheap ones (unit, the 4-rank MPI tests).
-  ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 900
+  run_ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 900
   end_stage
 fi
 
@@ -110,14 +147,14 @@ if want asan; then
   # the rotation property test take 95 of its 120 s under load (measured).
   # Both calls run even if the first fails, so one CI run shows every failure of the stage.
   asan_rc=0
-  ASAN_OPTIONS=$asan_options ctest --test-dir "$build_dir-asan" --output-on-failure -j "$jobs" --timeout 900 \
+  ASAN_OPTIONS=$asan_options run_ctest --test-dir "$build_dir-asan" --output-on-failure -j "$jobs" --timeout 900 \
     -L unit -LE fuzzing -E "$soak" || asan_rc=$?
   # Everything else runs processes under Open MPI, which leaves what MPI_Init allocates for
   # process exit (tests/sanitizers/lsan.supp). Matching those suppressions needs whole
   # stacks through Open MPI, which has no frame pointers (slow unwinding), and its plugins
   # still loaded at exit (no dlclose).
   ASAN_OPTIONS="$asan_options:fast_unwind_on_malloc=0" OMPI_MCA_mca_base_component_disable_dlclose=1 \
-    ctest --test-dir "$build_dir-asan" --output-on-failure -j "$jobs" --timeout 900 -LE 'fuzzing|unit' -E "$soak" ||
+    run_ctest --test-dir "$build_dir-asan" --output-on-failure -j "$jobs" --timeout 900 -LE 'fuzzing|unit' -E "$soak" ||
     asan_rc=$?
   ((asan_rc == 0)) || exit "$asan_rc"
   end_stage
@@ -133,7 +170,7 @@ if want tsan; then
   cmake --build "$build_dir-tsan" -j "$jobs"
   # Label unit only (no mpirun). Left out: the tests that bound the daemon's RSS growth,
   # which TSan's shadow memory multiplies several times over.
-  ctest --test-dir "$build_dir-tsan" --output-on-failure -j "$jobs" --timeout 900 -L unit \
+  run_ctest --test-dir "$build_dir-tsan" --output-on-failure -j "$jobs" --timeout 900 -L unit \
     -E '^ServiceTest[.](ATrainerThatDoesNotReadItsRepliesIsThrottled|SoakManyEpochsKeepsMemoryAndOpenFilesFlat)$'
   end_stage
 fi
@@ -143,7 +180,7 @@ if want fuzz; then
   begin_stage fuzz
   configure_asan -DSHARDMIX_FUZZ_SECONDS="${SHARDMIX_FUZZ_SECONDS:-20}"
   cmake --build "$build_dir-asan" -j "$jobs" --target shardmix_fuzzers
-  ASAN_OPTIONS=$asan_options ctest --test-dir "$build_dir-asan" --output-on-failure -j "$jobs" -L fuzzing
+  ASAN_OPTIONS=$asan_options run_ctest --test-dir "$build_dir-asan" --output-on-failure -j "$jobs" -L fuzzing
   end_stage
 fi
 
