@@ -19,6 +19,8 @@
 
 #include <fmt/format.h>
 
+#include "control/app_context.h"
+
 namespace shardmix {
 namespace {
 
@@ -58,21 +60,12 @@ int create_app_communicator() {
   int* appnum = nullptr;
   int flag = 0;
   if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_APPNUM, &appnum, &flag) != MPI_SUCCESS || !flag) return MPI_SUCCESS;
-  const char* ctx = std::getenv("OMPI_APP_CTX_NUM_PROCS");
-  if (ctx == nullptr) return MPI_SUCCESS;
-  std::vector<int> apps;
-  for (const char* p = ctx; *p != '\0';) {
-    char* end = nullptr;
-    const long n = std::strtol(p, &end, 10);
-    if (end == p) break;
-    apps.push_back(static_cast<int>(n));
-    p = end;
-  }
-  if (apps.size() <= 1 || *appnum < 0 || *appnum >= static_cast<int>(apps.size())) return MPI_SUCCESS;
-  int first = 0;
-  for (int a = 0; a < *appnum; ++a) first += apps[static_cast<std::size_t>(a)];
+  int world = 0;
+  if (int rc = MPI_Comm_size(MPI_COMM_WORLD, &world); rc != MPI_SUCCESS) return rc;
+  const auto app = app_context_range(std::getenv("OMPI_APP_CTX_NUM_PROCS"), *appnum);
+  if (!app || app->count == world) return MPI_SUCCESS;  // one app context: the world is ours
   MPI_Group world_group = MPI_GROUP_NULL, app_group = MPI_GROUP_NULL;
-  int range[1][3] = {{first, first + apps[static_cast<std::size_t>(*appnum)] - 1, 1}};
+  int range[1][3] = {{app->first, app->first + app->count - 1, 1}};
   int rc = MPI_Comm_group(MPI_COMM_WORLD, &world_group);
   if (rc == MPI_SUCCESS) rc = MPI_Group_range_incl(world_group, 1, range, &app_group);
   if (rc == MPI_SUCCESS) rc = MPI_Comm_create_group(MPI_COMM_WORLD, app_group, 0, &g_comm);

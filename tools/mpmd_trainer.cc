@@ -28,6 +28,8 @@
 
 #include <mpi.h>
 
+#include "control/app_context.h"
+
 namespace {
 
 volatile std::sig_atomic_t g_child = 0;
@@ -78,24 +80,11 @@ int main(int argc, char** argv) {
   int* appnum = nullptr;
   int flag = 0;
   MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_APPNUM, &appnum, &flag);
-  std::vector<int> apps;
-  if (const char* ctx = std::getenv("OMPI_APP_CTX_NUM_PROCS"); ctx != nullptr) {
-    for (const char* p = ctx; *p != '\0';) {
-      char* end = nullptr;
-      const long n = std::strtol(p, &end, 10);
-      if (end == p) break;
-      apps.push_back(static_cast<int>(n));
-      p = end;
-    }
-  }
-  const int app = flag ? *appnum : 0;
-  int begin = 0, world = 0;
+  int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  int count = world;
-  if (app < static_cast<int>(apps.size())) {
-    for (int a = 0; a < app; ++a) begin += apps[static_cast<std::size_t>(a)];
-    count = apps[static_cast<std::size_t>(app)];
-  }
+  const auto app = shardmix::app_context_range(std::getenv("OMPI_APP_CTX_NUM_PROCS"), flag ? *appnum : 0);
+  const int begin = app ? app->first : 0;
+  const int count = app ? app->count : world;
   MPI_Group world_group, app_group;
   MPI_Comm_group(MPI_COMM_WORLD, &world_group);
   int range[1][3] = {{begin, begin + count - 1, 1}};
