@@ -152,20 +152,29 @@ void EpochPlanner::node_slice(const EpochTables& t, std::uint64_t epoch, std::ui
   const std::uint64_t kept = t.kept[node];
   const std::uint64_t first_slot = t.slot_begin[node];
   const Permutation tau = Permutation::for_stream(shape_.node_quota[node], shuffle_.seed, {epoch, kStreamNode, node});
+  // Two passes per chunk: first where each sample id lives (pure arithmetic), then the
+  // loads. Received samples sit in other nodes' owned lists, i.e. anywhere in O(N) memory;
+  // issued back to back the cache misses overlap instead of waiting on the bijections.
+  constexpr std::uint64_t kChunk = 256;
+  const SampleId* where[kChunk];
   out.reserve(out.size() + (end - begin));
-  for (std::uint64_t m = begin; m < end; ++m) {
-    const std::uint64_t i = tau(m);
-    if (i < kept) {
-      out.push_back(owned[keep(i)]);
-      continue;
+  for (std::uint64_t chunk = begin; chunk < end; chunk += kChunk) {
+    const std::uint64_t count = std::min(kChunk, end - chunk);
+    for (std::uint64_t c = 0; c < count; ++c) {
+      const std::uint64_t i = tau(chunk + c);
+      if (i < kept) {
+        where[c] = &owned[keep(i)];
+        continue;
+      }
+      const std::uint64_t pool_index = t.pool(first_slot + (i - kept));
+      // The source node: the last whose exchanged samples start at or before pool_index
+      // (nodes that exchange nothing have empty ranges and are skipped by upper_bound).
+      const auto source = static_cast<std::uint32_t>(
+          std::upper_bound(t.pool_begin.begin(), t.pool_begin.end(), pool_index) - t.pool_begin.begin() - 1);
+      const std::uint64_t position = t.kept[source] + (pool_index - t.pool_begin[source]);
+      where[c] = &placement_.owned[source][t.keep[source](position)];
     }
-    const std::uint64_t pool_index = t.pool(first_slot + (i - kept));
-    // The source node: the last whose exchanged samples start at or before pool_index
-    // (nodes that exchange nothing have empty ranges and are skipped by upper_bound).
-    const auto source = static_cast<std::uint32_t>(
-        std::upper_bound(t.pool_begin.begin(), t.pool_begin.end(), pool_index) - t.pool_begin.begin() - 1);
-    const std::uint64_t position = t.kept[source] + (pool_index - t.pool_begin[source]);
-    out.push_back(placement_.owned[source][t.keep[source](position)]);
+    for (std::uint64_t c = 0; c < count; ++c) out.push_back(*where[c]);
   }
 }
 
