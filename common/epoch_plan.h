@@ -21,7 +21,8 @@
 //    node exactly as many samples as its trainers consume, see placement.h).
 //
 // How (docs/decisions/0040): no step materialises or permutes all N samples. Each random
-// order above is a seeded bijection (permutation.h) evaluated only at the positions a
+// order above is a seeded bijection (a keyed pseudo-random permutation, permutation.h;
+// "uniformly random" above means as uniform as that family) evaluated only at the positions a
 // node needs: sigma_k over node k's owned list (stream {epoch, keep, k}; the kept samples
 // are its first kept[k] positions), pi over the pool (stream {epoch, pool}; the pool is
 // the nodes' exchanged positions concatenated in node order, and node k receives pool
@@ -33,7 +34,7 @@
 // O(N log P) and for tests and tools only. Measured (bench/README.md, shardmix-bench-
 // plan-scaling, one thread, 8 trainers per node, Q = 1): 16 ms CPU per node per epoch at
 // 16 nodes x 100,000 samples, 28 ms at 1,024 nodes x 100,000; the old planner took 0.06 s
-// and 10 s per trainer.
+// and 10 s per trainer (so 8 times that per node).
 //
 // Entropy-aware mode (shuffle.min_entropy > 0; docs/shuffle-quality.md, decisions/0010):
 // the configured exchange_fraction becomes a ceiling, and each epoch e uses Q_e = the first
