@@ -1,10 +1,13 @@
 #include "server/trainer_scheduler.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <limits>
 
 #include <fmt/format.h>
 
+#include "common/metadata_footprint.h"
 #include "proto/checkpoint.h"
 
 namespace shardmix {
@@ -24,8 +27,28 @@ TrainerPlan TrainerScheduler::plan_of(std::uint64_t epoch) const {
 std::shared_ptr<TrainerScheduler::Pass> TrainerScheduler::new_pass(std::uint64_t epoch) {
   auto pass = std::make_shared<Pass>();
   pass->epoch = epoch;
-  pass->plan = plan_of(epoch);
+  if (context_.on_plan_cpu) {
+    timespec begin{};
+    timespec end{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &begin);
+    pass->plan = plan_of(epoch);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &end);
+    const std::int64_t ns = (end.tv_sec - begin.tv_sec) * 1'000'000'000LL + (end.tv_nsec - begin.tv_nsec);
+    context_.on_plan_cpu(epoch, static_cast<std::uint64_t>(std::max<std::int64_t>(ns, 0)));
+  } else {
+    pass->plan = plan_of(epoch);
+  }
   return pass;
+}
+
+std::uint64_t TrainerScheduler::metadata_bytes() const {
+  std::uint64_t bytes = sizeof(*this) + received_.capacity() / 8 + received_before_.capacity() / 8;
+  for (const auto& pass : {current_, ahead_}) {
+    if (!pass) continue;
+    bytes += sizeof(Pass) + plan_memory_bytes(pass->plan) + pass->slots.size() * sizeof(Slot) +
+             pass->planned_position.capacity() * sizeof(std::uint64_t);
+  }
+  return bytes;
 }
 
 std::uint64_t TrainerScheduler::staged_samples() const {

@@ -164,6 +164,9 @@ struct SchedulerContext {
   // not locate (cold, or in a slot being rewritten) is read from `storage`, which must be
   // set. Null: the static placement.
   ResidencyTable* residency = nullptr;
+  // Told the thread CPU time (CLOCK_THREAD_CPUTIME_ID, nanoseconds) each plan of this
+  // trainer took to compute, and for which epoch (the simulator's plan-cost figure); or empty.
+  std::function<void(std::uint64_t epoch, std::uint64_t cpu_ns)> on_plan_cpu;
 };
 
 class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
@@ -196,6 +199,9 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   // Samples staged (fetched or being fetched, or local and ready) and not yet delivered,
   // next epoch's included (for tests and telemetry).
   std::uint64_t staged_samples() const;
+  // Bytes of metadata this scheduler holds now: the plans of the current and the staged-ahead
+  // pass, its slots and the per-epoch received-sample indexes (node_metadata_bytes).
+  std::uint64_t metadata_bytes() const;
 
  private:
   static constexpr std::uint32_t kNoPeer = ~std::uint32_t{0};
