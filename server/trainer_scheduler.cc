@@ -42,7 +42,8 @@ std::shared_ptr<TrainerScheduler::Pass> TrainerScheduler::new_pass(std::uint64_t
 }
 
 std::uint64_t TrainerScheduler::metadata_bytes() const {
-  std::uint64_t bytes = sizeof(*this) + received_.capacity() / 8 + received_before_.capacity() / 8;
+  std::uint64_t bytes =
+      sizeof(*this) + (received_.capacity() + received_before_.capacity()) * sizeof(SampleId);
   for (const auto& pass : {current_, ahead_}) {
     if (!pass) continue;
     bytes += sizeof(Pass) + plan_memory_bytes(pass->plan) + pass->slots.size() * sizeof(Slot) +
@@ -134,7 +135,7 @@ void TrainerScheduler::begin_pass(std::shared_ptr<Pass> pass, std::uint64_t epoc
   stats_.window = context_.window;
   stats_.exchange_fraction = context_.planner->choice(epoch).exchange_fraction;
   label_entropy_.emplace(context_.num_classes);
-  received_.assign(context_.catalog->size(), false);
+  received_.clear();
   received_again_ = 0;
   pump();
 }
@@ -496,10 +497,10 @@ bool TrainerScheduler::deliver_next() {
     if ((d.flags & proto::kSampleSkipped) != 0) continue;  // not received
     labels_scratch_.push_back(d.label);
     if (!previous_epoch_ || *previous_epoch_ + 1 != p.epoch) continue;
-    if (received_before_[d.sample_id]) ++received_again_;
+    if (std::binary_search(received_before_.begin(), received_before_.end(), d.sample_id)) ++received_again_;
   }
   for (const auto& d : frame.samples) {
-    if ((d.flags & proto::kSampleSkipped) == 0) received_[d.sample_id] = true;
+    if ((d.flags & proto::kSampleSkipped) == 0) received_.push_back(d.sample_id);
   }
   label_entropy_->add_batch(labels_scratch_);
   p.undelivered -= n;
@@ -525,7 +526,9 @@ void TrainerScheduler::finish_quality_figures() {
   stats_.affinity = has_previous && stats_.samples > 0
                         ? static_cast<double>(received_again_) / static_cast<double>(stats_.samples)
                         : std::numeric_limits<double>::quiet_NaN();
+  std::sort(received_.begin(), received_.end());
   received_before_.swap(received_);
+  received_.clear();
   previous_epoch_ = current_->epoch;
 }
 
