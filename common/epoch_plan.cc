@@ -4,6 +4,7 @@
 #include <cmath>
 #include <span>
 
+#include "common/permutation.h"
 #include "common/placement.h"
 #include "common/rng.h"
 #include "common/shuffle_metrics.h"
@@ -16,15 +17,16 @@ namespace {
 constexpr std::uint64_t kStreamKeep = 1;
 constexpr std::uint64_t kStreamPool = 2;
 constexpr std::uint64_t kStreamNode = 3;
+constexpr std::uint64_t kStreamEntropyNodes = 4;
+
+constexpr double kExchangeGrid[] = {0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0};
+
+}  // namespace
 
 std::uint64_t kept_count(std::uint64_t node_quota, double exchange_fraction) {
   const double keep = std::llround((1.0 - exchange_fraction) * static_cast<double>(node_quota));
   return std::min<std::uint64_t>(node_quota, static_cast<std::uint64_t>(std::max(0.0, keep)));
 }
-
-constexpr double kExchangeGrid[] = {0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0};
-
-}  // namespace
 
 std::vector<double> exchange_candidates(double ceiling) {
   ceiling = std::isnan(ceiling) ? 1.0 : std::clamp(ceiling, 0.0, 1.0);
@@ -102,97 +104,131 @@ EpochPlanner::EpochPlanner(const PlanShape& shape, const Placement& placement,
   }
 }
 
-std::vector<std::vector<SampleId>> EpochPlanner::node_streams(std::uint64_t epoch, std::int64_t only_node,
-                                                              double q) const {
+std::shared_ptr<const EpochPlanner::EpochTables> EpochPlanner::make_tables(std::uint64_t epoch, double q) const {
   const std::uint32_t nodes = shape_.job.nodes;
-  std::vector<std::vector<SampleId>> streams(nodes);
-  std::vector<SampleId> pool;
-  pool.reserve(shape_.num_samples);
-  std::vector<std::uint64_t> kept(nodes, 0);
-
-  // 1. Each node keeps a seeded (1-Q) share of its quota; the rest goes to the pool.
+  auto t = std::make_shared<EpochTables>();
+  t->exchange_fraction = q;
+  t->kept.resize(nodes);
+  t->pool_begin.resize(nodes + 1, 0);
+  t->slot_begin.resize(nodes + 1, 0);
+  t->keep.resize(nodes);
   for (std::uint32_t k = 0; k < nodes; ++k) {
-    const auto& owned = placement_.owned[k];
-    kept[k] = kept_count(shape_.node_quota[k], q);
-    if (kept[k] == 0) {
-      pool.insert(pool.end(), owned.begin(), owned.end());
-      continue;
-    }
-    std::vector<SampleId> mine(owned.begin(), owned.end());
-    Rng rng = Rng::for_stream(shuffle_.seed, {epoch, kStreamKeep, k});
-    // Partial Fisher-Yates: the first kept[k] positions become a uniform random subset.
-    for (std::uint64_t i = 0; i < kept[k]; ++i) {
-      std::swap(mine[i], mine[i + rng.below(mine.size() - i)]);
-    }
-    if (only_node < 0 || only_node == k) {
-      streams[k].assign(mine.begin(), mine.begin() + static_cast<std::ptrdiff_t>(kept[k]));
-    }
-    pool.insert(pool.end(), mine.begin() + static_cast<std::ptrdiff_t>(kept[k]), mine.end());
+    const std::uint64_t owned = placement_.owned[k].size();
+    t->kept[k] = kept_count(shape_.node_quota[k], q);
+    // sigma_k: node k keeps the first kept[k] of its owned samples in this order and puts
+    // the rest into the pool.
+    t->keep[k] = Permutation::for_stream(owned, shuffle_.seed, {epoch, kStreamKeep, k});
+    t->pool_begin[k + 1] = t->pool_begin[k] + (owned - t->kept[k]);
+    t->slot_begin[k + 1] = t->slot_begin[k] + (shape_.node_quota[k] - t->kept[k]);
   }
-
-  // 2. One global permutation of the pool, dealt to nodes in node order by their deficit.
-  //    drop_last leftovers are whatever remains at the end of the pool.
-  Rng pool_rng = Rng::for_stream(shuffle_.seed, {epoch, kStreamPool});
-  shuffle(std::span<SampleId>(pool), pool_rng);
-  std::uint64_t cursor = 0;
-  for (std::uint32_t k = 0; k < nodes; ++k) {
-    const std::uint64_t need = shape_.node_quota[k] - kept[k];
-    if (only_node < 0 || only_node == k) {
-      streams[k].insert(streams[k].end(), pool.begin() + static_cast<std::ptrdiff_t>(cursor),
-                        pool.begin() + static_cast<std::ptrdiff_t>(cursor + need));
-    }
-    cursor += need;
-  }
-  return streams;
+  // pi: pool slot s holds pool index pi(s); slots past slot_begin[nodes] are the drop_last
+  // leftovers of this epoch.
+  t->pool = Permutation::for_stream(t->pool_begin[nodes], shuffle_.seed, {epoch, kStreamPool});
+  return t;
 }
 
-void EpochPlanner::shuffle_node(std::uint64_t epoch, std::uint32_t node, std::vector<SampleId>& samples) const {
-  Rng rng = Rng::for_stream(shuffle_.seed, {epoch, kStreamNode, node});
-  shuffle(std::span<SampleId>(samples), rng);
+std::shared_ptr<const EpochPlanner::EpochTables> EpochPlanner::tables(std::uint64_t epoch) const {
+  const double q = choice(epoch).exchange_fraction;
+  {
+    std::lock_guard<std::mutex> lock(memo_mutex_);
+    if (auto it = tables_memo_.find(epoch); it != tables_memo_.end()) return it->second;
+  }
+  // Built outside the lock, like a choice: O(P), and equal whoever builds it.
+  std::shared_ptr<const EpochTables> built = make_tables(epoch, q);
+  std::lock_guard<std::mutex> lock(memo_mutex_);
+  tables_memo_.emplace(epoch, built);
+  // The epoch just added may itself be the oldest and go at once: `built` stays valid.
+  while (tables_memo_.size() > kMemoisedEpochs) tables_memo_.erase(tables_memo_.begin());
+  return built;
 }
 
-std::vector<TrainerPlan> EpochPlanner::deal_to_trainers(std::uint64_t epoch, std::uint32_t node,
-                                                        std::vector<SampleId> samples) const {
-  // 3. Mix kept and received samples, then give each local trainer a contiguous slice.
-  shuffle_node(epoch, node, samples);
-  const std::uint32_t per_node = shape_.job.trainers_per_node;
-  std::vector<TrainerPlan> plans(per_node);
-  std::uint64_t cursor = 0;
-  for (std::uint32_t local = 0; local < per_node; ++local) {
-    const std::uint32_t trainer = shape_.job.first_trainer_of_node(node) + local;
-    TrainerPlan& plan = plans[local];
-    const std::uint64_t quota = shape_.trainer_quota[trainer];
-    plan.order.assign(samples.begin() + static_cast<std::ptrdiff_t>(cursor),
-                      samples.begin() + static_cast<std::ptrdiff_t>(cursor + quota));
-    cursor += quota;
-    plan.batch_begin.reserve(shape_.batches_per_trainer + 1);
-    std::uint64_t begin = 0;
-    plan.batch_begin.push_back(0);
-    for (std::uint64_t b = 0; b < shape_.batches_per_trainer; ++b) {
-      begin += shape_.batch_length(trainer, b);
-      plan.batch_begin.push_back(begin);
+void EpochPlanner::node_slice(const EpochTables& t, std::uint64_t epoch, std::uint32_t node, std::uint64_t begin,
+                              std::uint64_t end, std::vector<SampleId>& out) const {
+  // Node k's stream, before mixing: its kept samples (positions 0..kept-1), then the pool
+  // slots it receives. tau_k mixes the stream; the trainers take contiguous slices of the
+  // mixed order.
+  const std::vector<SampleId>& owned = placement_.owned[node];
+  const Permutation& keep = t.keep[node];
+  const std::uint64_t kept = t.kept[node];
+  const std::uint64_t first_slot = t.slot_begin[node];
+  const Permutation tau = Permutation::for_stream(shape_.node_quota[node], shuffle_.seed, {epoch, kStreamNode, node});
+  // Two passes per chunk: first where each sample id lives (pure arithmetic), then the
+  // loads. Received samples sit in other nodes' owned lists, i.e. anywhere in O(N) memory;
+  // issued back to back the cache misses overlap instead of waiting on the bijections.
+  constexpr std::uint64_t kChunk = 256;
+  const SampleId* where[kChunk];
+  out.reserve(out.size() + (end - begin));
+  for (std::uint64_t chunk = begin; chunk < end; chunk += kChunk) {
+    const std::uint64_t count = std::min(kChunk, end - chunk);
+    for (std::uint64_t c = 0; c < count; ++c) {
+      const std::uint64_t i = tau(chunk + c);
+      if (i < kept) {
+        where[c] = &owned[keep(i)];
+        continue;
+      }
+      const std::uint64_t pool_index = t.pool(first_slot + (i - kept));
+      // The source node: the last whose exchanged samples start at or before pool_index
+      // (nodes that exchange nothing have empty ranges and are skipped by upper_bound).
+      const auto source = static_cast<std::uint32_t>(
+          std::upper_bound(t.pool_begin.begin(), t.pool_begin.end(), pool_index) - t.pool_begin.begin() - 1);
+      const std::uint64_t position = t.kept[source] + (pool_index - t.pool_begin[source]);
+      where[c] = &placement_.owned[source][t.keep[source](position)];
     }
+    for (std::uint64_t c = 0; c < count; ++c) out.push_back(*where[c]);
   }
-  return plans;
+}
+
+TrainerPlan EpochPlanner::trainer_plan(const EpochTables& t, std::uint64_t epoch, std::uint32_t trainer) const {
+  const std::uint32_t node = shape_.job.node_of_trainer(trainer);
+  std::uint64_t begin = 0;
+  for (std::uint32_t other = shape_.job.first_trainer_of_node(node); other < trainer; ++other) {
+    begin += shape_.trainer_quota[other];
+  }
+  TrainerPlan plan;
+  node_slice(t, epoch, node, begin, begin + shape_.trainer_quota[trainer], plan.order);
+  plan.batch_begin.reserve(shape_.batches_per_trainer + 1);
+  std::uint64_t batch_begin = 0;
+  plan.batch_begin.push_back(0);
+  for (std::uint64_t b = 0; b < shape_.batches_per_trainer; ++b) {
+    batch_begin += shape_.batch_length(trainer, b);
+    plan.batch_begin.push_back(batch_begin);
+  }
+  return plan;
+}
+
+std::vector<std::uint32_t> EpochPlanner::entropy_scored_nodes(std::uint64_t epoch) const {
+  const std::uint32_t nodes = shape_.job.nodes;
+  std::vector<std::uint32_t> out;
+  if (nodes <= kEntropyScoredNodes) {
+    for (std::uint32_t k = 0; k < nodes; ++k) out.push_back(k);
+    return out;
+  }
+  const Permutation pick = Permutation::for_stream(nodes, shuffle_.seed, {epoch, kStreamEntropyNodes});
+  for (std::uint32_t i = 0; i < kEntropyScoredNodes; ++i) out.push_back(static_cast<std::uint32_t>(pick(i)));
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 EpochChoice EpochPlanner::choose(std::uint64_t epoch) const {
   const bool have_labels = class_of_.size() == shape_.num_samples;
   EpochChoice out;
   out.entropy_aware = true;
+  const std::vector<std::uint32_t> scored = entropy_scored_nodes(epoch);
   std::vector<std::uint32_t> class_count(num_classes_, 0);  // per batch, reset after use
   std::vector<std::uint32_t> touched;                       // classes present in the batch
   std::vector<std::uint64_t> counts;                        // their counts
+  std::vector<SampleId> samples;                            // one node's mixed stream
   for (double q : candidates_) {
-    // Plan every node at q exactly as plan_all does, then score each planned micro-batch
-    // (the trainer slices of deal_to_trainers) without building TrainerPlans.
+    // Plan the scored nodes at q exactly as plan_node does, then score each planned
+    // micro-batch (the trainer slices of the node's mixed stream) without building
+    // TrainerPlans.
     LabelEntropySummary summary;
     if (have_labels) {
       BatchLabelEntropy scorer(num_classes_);
-      auto streams = node_streams(epoch, -1, q);
-      for (std::uint32_t k = 0; k < shape_.job.nodes; ++k) {
-        std::vector<SampleId>& samples = streams[k];
-        shuffle_node(epoch, k, samples);
+      const auto t = make_tables(epoch, q);
+      for (std::uint32_t k : scored) {
+        samples.clear();
+        node_slice(*t, epoch, k, 0, shape_.node_quota[k], samples);
         std::uint64_t cursor = 0;
         for (std::uint32_t local = 0; local < shape_.job.trainers_per_node; ++local) {
           const std::uint32_t trainer = shape_.job.first_trainer_of_node(k) + local;
@@ -248,17 +284,26 @@ EpochChoice EpochPlanner::choice(std::uint64_t epoch) const {
   return chosen;
 }
 
+TrainerPlan EpochPlanner::plan_trainer(std::uint64_t epoch, std::uint32_t trainer) const {
+  return trainer_plan(*tables(epoch), epoch, trainer);
+}
+
 std::vector<TrainerPlan> EpochPlanner::plan_node(std::uint64_t epoch, std::uint32_t node) const {
-  auto streams = node_streams(epoch, node, choice(epoch).exchange_fraction);
-  return deal_to_trainers(epoch, node, std::move(streams[node]));
+  const auto t = tables(epoch);
+  std::vector<TrainerPlan> plans;
+  plans.reserve(shape_.job.trainers_per_node);
+  for (std::uint32_t local = 0; local < shape_.job.trainers_per_node; ++local) {
+    plans.push_back(trainer_plan(*t, epoch, shape_.job.first_trainer_of_node(node) + local));
+  }
+  return plans;
 }
 
 std::vector<TrainerPlan> EpochPlanner::plan_all(std::uint64_t epoch) const {
-  auto streams = node_streams(epoch, -1, choice(epoch).exchange_fraction);
+  const auto t = tables(epoch);
   std::vector<TrainerPlan> all;
   all.reserve(shape_.job.trainers());
-  for (std::uint32_t k = 0; k < shape_.job.nodes; ++k) {
-    for (auto& plan : deal_to_trainers(epoch, k, std::move(streams[k]))) all.push_back(std::move(plan));
+  for (std::uint32_t trainer = 0; trainer < shape_.job.trainers(); ++trainer) {
+    all.push_back(trainer_plan(*t, epoch, trainer));
   }
   return all;
 }

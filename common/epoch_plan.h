@@ -2,7 +2,8 @@
 // A pure, deterministic function of (sample count, labels, placement, job shape, shuffle
 // config, epoch). Every daemon computes it for its own trainers; no messages are exchanged.
 //
-// Guarantees (property-tested in tests/unit/epoch_plan_test.cc and entropy_policy_test.cc):
+// Guarantees (property-tested in tests/unit/epoch_plan_test.cc, plan_slices_test.cc and
+// entropy_policy_test.cc):
 //  - every trainer gets the same number of batches, every batch has at most batch.size
 //    samples and only the last batch of an epoch may be smaller;
 //  - drop_last = false: every sample is delivered exactly once per epoch. Batches 0..nb-2
@@ -10,32 +11,53 @@
 //    possible (a trainer may get an empty last batch when R < #trainers; counts stay equal);
 //  - drop_last = true: floor(N / (T*B)) full batches per trainer; the N mod (T*B) leftover
 //    samples are skipped this epoch (which ones changes every epoch); none repeats;
-//  - exchange_fraction Q: node k keeps a seeded (1-Q) share of its node quota from the
-//    samples it caches for its own trainers; all other samples are dealt by one global
-//    permutation. Q = 0 means no sample crosses the network (placement gives each node
-//    exactly as many samples as its trainers consume, see placement.h).
+//  - exchange_fraction Q: node k keeps a seeded uniformly random subset of
+//    kept_count(node_quota[k], Q) (the (1-Q) share) of its owned samples; all its other
+//    owned samples form the pool, which one uniformly random global permutation deals to
+//    the nodes in node order, each taking its deficit node_quota[k] - kept; the drop_last
+//    leftovers are what remains at the pool's end. Then each node's kept and received
+//    samples are mixed by a per-node random permutation and dealt to its trainers as
+//    contiguous slices. Q = 0 means no sample crosses the network (placement gives each
+//    node exactly as many samples as its trainers consume, see placement.h).
+//
+// How (docs/decisions/0040): no step materialises or permutes all N samples. Each random
+// order above is a seeded bijection (permutation.h) evaluated only at the positions a
+// node needs: sigma_k over node k's owned list (stream {epoch, keep, k}; the kept samples
+// are its first kept[k] positions), pi over the pool (stream {epoch, pool}; the pool is
+// the nodes' exchanged positions concatenated in node order, and node k receives pool
+// slots [slot_begin[k], slot_begin[k+1])), tau_k over node k's stream (stream
+// {epoch, node, k}). A received slot is traced to its source node by binary search in an
+// O(P) prefix-sum table. Cost of plan_trainer: O(P) to build the epoch's tables (once per
+// epoch, memoised) plus O(quota x log P) bijection evaluations; plan_node: O(N/P x log P)
+// plus the tables; memory O(P) for the tables plus the plans themselves. plan_all is
+// O(N log P) and for tests and tools only.
 //
 // Entropy-aware mode (shuffle.min_entropy > 0; docs/shuffle-quality.md, decisions/0010):
 // the configured exchange_fraction becomes a ceiling, and each epoch e uses Q_e = the first
 // candidate of exchange_candidates(ceiling) (ascending) whose plan has a mean per-trainer
 // micro-batch label entropy (shuffle-quality.md §1, C = distinct labels in `labels`) of at
-// least min_entropy; if none does, Q_e = ceiling and choice(e).floor_reached is false. The
-// figure is computed on the planned batches with the same code as compute_epoch_metrics, so
-// with shuffle.window = 0 it is exactly what the trainers' delivery will measure. Q_e is a
-// pure function of the inputs above, hence identical on every daemon. With min_entropy = 0
-// nothing is evaluated and plans are bit-identical to those of a plain exchange_fraction.
-// Cost of a choice: one plan-and-score of the whole job per candidate tried, stopping at
-// the first that reaches the floor; no TrainerPlan is built and a batch is scored by
-// counting dense class indices. Measured on the development machine (AMD EPYC, one thread,
-// RelWithDebInfo) for 1.28 M samples, 1000 classes, 16 nodes x 4 trainers, batch 32,
-// class-sorted placement: about 35 ms CPU per candidate; 0.03 s when Q = 0 suffices,
-// 0.32 s for floor 0.95 (Q = 0.3, 9 candidates), 0.46 s worst case (13 candidates, floor
-// not reachable); wall time was about twice that with the 2 cores shared. Memory: 4 bytes
-// per sample for the class indices, plus about 3 x 4 bytes per sample while choosing.
-// A choice is memoised for the most recent kMemoisedEpochs epochs; the first plan_node of
-// an epoch pays for it, so a daemon may call choice(e + 1) early from any thread.
+// least min_entropy; if none does, Q_e = ceiling and choice(e).floor_reached is false.
+// With at most kEntropyScoredNodes nodes every node's micro-batches are scored: the figure
+// is computed on the planned batches with the same code as compute_epoch_metrics, so with
+// shuffle.window = 0 it is exactly what the trainers' delivery will measure. With more
+// nodes only the micro-batches of kEntropyScoredNodes nodes are scored
+// (entropy_scored_nodes(e): a seeded subset, stream {epoch, entropy-nodes}, a new one every
+// epoch), so mean and p5 are estimates of the whole job's figures from that subset's
+// batches (p5 is the 5th percentile of the same scored batches the mean averages). Q_e is
+// a pure function of the inputs above, hence identical on every daemon. With
+// min_entropy = 0 nothing is evaluated and plans are bit-identical to those of a plain
+// exchange_fraction.
+// Cost of a choice: per candidate tried (stopping at the first that reaches the floor),
+// O(P) for the tables and the plan of at most kEntropyScoredNodes nodes, i.e.
+// O(min(P, 16) x N/P); no TrainerPlan is built and a batch is scored by counting dense
+// class indices. Memory: class_of_, 4 bytes per sample of the whole dataset (the catalog's
+// labels are still global; making them owner-side is a later step), plus one node's
+// stream while choosing.
+// A choice and its epoch's tables are memoised for the most recent kMemoisedEpochs epochs;
+// the first plan of an epoch pays for them, so a daemon may call choice(e + 1) early from
+// any thread.
 //
-// Thread-safety: EpochPlanner is immutable after construction except for that memo, which
+// Thread-safety: EpochPlanner is immutable after construction except for those memos, which
 // one internal mutex (memo_mutex_) guards; plan_*, choice and candidates are const and safe
 // to call concurrently. Not copyable or movable.
 #pragma once
@@ -43,12 +65,14 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <vector>
 
 #include "common/catalog.h"
 #include "common/config.h"
+#include "common/permutation.h"
 
 namespace shardmix {
 
@@ -91,6 +115,10 @@ struct TrainerPlan {
 
 struct Placement;
 
+// Samples node k keeps from its own share at exchange fraction q when its trainers consume
+// node_quota per epoch: round((1 - q) * node_quota), clamped to [0, node_quota].
+std::uint64_t kept_count(std::uint64_t node_quota, double exchange_fraction);
+
 // The exchange fractions entropy-aware mode tries, in this order, for a ceiling Q:
 // the fixed grid {0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1}
 // below Q, then Q itself (so Q is always the last candidate). Fine near 0, where label
@@ -103,7 +131,8 @@ struct EpochChoice {
   // The exchange fraction this epoch's plan uses.
   double exchange_fraction = 1.0;
   // Mean and 5th percentile of the per-trainer micro-batch label entropy of this epoch's
-  // plan (shuffle-quality.md §1). NaN when not evaluated (min_entropy = 0) or when no
+  // plan (shuffle-quality.md §1), over the batches of EpochPlanner::entropy_scored_nodes
+  // (every node's when there are at most 16, else an estimate). NaN when not evaluated (min_entropy = 0) or when no
   // batch can be scored (batches of 1, a single class, no labels).
   double planned_label_entropy_mean = std::numeric_limits<double>::quiet_NaN();
   double planned_label_entropy_p5 = std::numeric_limits<double>::quiet_NaN();
@@ -120,6 +149,8 @@ class EpochPlanner {
  public:
   // Epoch choices kept in the memo (the scheduler asks for the current and the next epoch).
   static constexpr std::size_t kMemoisedEpochs = 8;
+  // Nodes whose micro-batches entropy-aware mode scores per candidate (all when fewer).
+  static constexpr std::uint32_t kEntropyScoredNodes = 16;
 
   // `labels`: the label of each sample id (Catalog::labels()), size shape.num_samples. Only
   // read when shuffle.min_entropy > 0 (then copied as dense class indices, 4 bytes per
@@ -131,8 +162,10 @@ class EpochPlanner {
   EpochPlanner(const EpochPlanner&) = delete;
   EpochPlanner& operator=(const EpochPlanner&) = delete;
 
-  // Plans of the trainers of `node` (index = local trainer), for `epoch`, with
-  // choice(epoch).exchange_fraction.
+  // The plan of global trainer rank `trainer` for `epoch`, with
+  // choice(epoch).exchange_fraction: O(its quota x log P) plus the epoch's O(P) tables.
+  TrainerPlan plan_trainer(std::uint64_t epoch, std::uint32_t trainer) const;
+  // Plans of the trainers of `node` (index = local trainer): plan_trainer of each.
   std::vector<TrainerPlan> plan_node(std::uint64_t epoch, std::uint32_t node) const;
   // Plans of all trainers (index = global trainer rank). For tests and tools.
   std::vector<TrainerPlan> plan_all(std::uint64_t epoch) const;
@@ -143,31 +176,46 @@ class EpochPlanner {
   EpochChoice choice(std::uint64_t epoch) const;
   // exchange_candidates(shuffle.exchange_fraction).
   const std::vector<double>& candidates() const { return candidates_; }
+  // The nodes whose micro-batches choice(epoch) scores, ascending: all nodes when there are
+  // at most kEntropyScoredNodes, else a seeded subset of that many.
+  std::vector<std::uint32_t> entropy_scored_nodes(std::uint64_t epoch) const;
   // C used for the label entropy: distinct values in `labels` (0 when min_entropy = 0).
   std::uint64_t num_classes() const { return num_classes_; }
 
   const PlanShape& shape() const { return shape_; }
 
  private:
-  // Samples each node's trainers consume this epoch at exchange fraction q, before the
-  // per-node shuffle.
-  std::vector<std::vector<SampleId>> node_streams(std::uint64_t epoch, std::int64_t only_node, double q) const;
-  // Mixes a node's kept and received samples (the per-node shuffle, in place).
-  void shuffle_node(std::uint64_t epoch, std::uint32_t node, std::vector<SampleId>& samples) const;
-  std::vector<TrainerPlan> deal_to_trainers(std::uint64_t epoch, std::uint32_t node,
-                                            std::vector<SampleId> samples) const;
+  // The O(P) tables of one epoch at one exchange fraction.
+  struct EpochTables {
+    double exchange_fraction = 1.0;
+    std::vector<std::uint64_t> kept;        // node -> samples it keeps
+    std::vector<std::uint64_t> pool_begin;  // node -> first pool index of its exchanged samples; P + 1 entries
+    std::vector<std::uint64_t> slot_begin;  // node -> first pool slot it receives; P + 1 entries
+    std::vector<Permutation> keep;          // node -> sigma_k over its owned list
+    Permutation pool;                       // pi: pool slot -> pool index
+  };
+  std::shared_ptr<const EpochTables> make_tables(std::uint64_t epoch, double q) const;
+  // The tables of `epoch` at choice(epoch).exchange_fraction, memoised.
+  std::shared_ptr<const EpochTables> tables(std::uint64_t epoch) const;
+  // Appends positions [begin, end) of node's mixed stream to `out`.
+  void node_slice(const EpochTables& t, std::uint64_t epoch, std::uint32_t node, std::uint64_t begin,
+                  std::uint64_t end, std::vector<SampleId>& out) const;
+  TrainerPlan trainer_plan(const EpochTables& t, std::uint64_t epoch, std::uint32_t trainer) const;
   // Evaluates candidates for `epoch` (no memo).
   EpochChoice choose(std::uint64_t epoch) const;
 
   const PlanShape& shape_;
   const Placement& placement_;
   ShuffleConfig shuffle_;
-  std::vector<std::uint32_t> class_of_;  // sample -> dense class index; empty = no labels
+  // sample -> dense class index; empty = no labels. Still one entry per sample of the whole
+  // dataset (O(N)), like the catalog it comes from.
+  std::vector<std::uint32_t> class_of_;
   std::uint64_t num_classes_ = 0;
   std::vector<double> candidates_;
 
   mutable std::mutex memo_mutex_;
   mutable std::map<std::uint64_t, EpochChoice> memo_;  // epoch -> choice; guarded by memo_mutex_
+  mutable std::map<std::uint64_t, std::shared_ptr<const EpochTables>> tables_memo_;  // guarded by memo_mutex_
 };
 
 }  // namespace shardmix

@@ -129,6 +129,7 @@ std::uint64_t plan_digest(std::uint64_t catalog_digest, std::uint64_t num_sample
   h = mix(h, shuffle.exchange_fraction);
   h = mix(h, shuffle.min_entropy);
   h = mix(h, static_cast<std::uint32_t>(placement));
+  h = mix(h, kPlanAlgorithm);
   return h;
 }
 

@@ -56,8 +56,12 @@ std::vector<TrainerPlan> redeal_epoch(std::vector<SampleId> remaining, const Job
                                       std::uint64_t epoch);
 
 // Identity of the plans of (catalog, shuffle config except window, placement policy, job
-// shape): equal digests mean equal plans for every epoch. `catalog_digest` is
-// catalog_digest(catalog).
+// shape) and of the planning algorithm (kPlanAlgorithm): equal digests mean equal plans for
+// every epoch. `catalog_digest` is catalog_digest(catalog).
+// The planning algorithm's version, part of plan_digest: a checkpoint taken by a build whose
+// planner dealt differently (version 1: before decision 0040) is refused, not resumed
+// against the wrong plan. Bump it whenever the same inputs give other plans.
+inline constexpr std::uint64_t kPlanAlgorithm = 2;
 std::uint64_t plan_digest(std::uint64_t catalog_digest, std::uint64_t num_samples, const JobShape& job,
                           const ShuffleConfig& shuffle, PlacementPolicy placement);
 std::uint64_t catalog_digest(const Catalog& catalog);

@@ -17,11 +17,10 @@ TrainerScheduler::TrainerScheduler(const SchedulerContext& context, std::uint32_
     : context_(context), local_trainer_(local_trainer), staging_(std::move(staging)), fetcher_(fetcher), sink_(sink) {}
 
 TrainerPlan TrainerScheduler::plan_of(std::uint64_t epoch) const {
-  if (context_.redealt != nullptr && context_.redealt->epoch == epoch) {
-    const std::uint32_t trainer = context_.planner->shape().job.first_trainer_of_node(context_.node) + local_trainer_;
-    return context_.redealt->plans[trainer];
-  }
-  return std::move(context_.planner->plan_node(epoch, context_.node)[local_trainer_]);
+  const std::uint32_t trainer = context_.planner->shape().job.first_trainer_of_node(context_.node) + local_trainer_;
+  if (context_.redealt != nullptr && context_.redealt->epoch == epoch) return context_.redealt->plans[trainer];
+  // Only this trainer's slice: O(its quota), never the other trainers' or nodes' plans.
+  return context_.planner->plan_trainer(epoch, trainer);
 }
 
 std::shared_ptr<TrainerScheduler::Pass> TrainerScheduler::new_pass(std::uint64_t epoch) {
