@@ -262,7 +262,9 @@ TEST(PlanSlices, EntropySubsetIsEveryNodeUpToSixteenAndChangesWithTheEpoch) {
       EXPECT_EQ(planner.entropy_scored_nodes(1), e0);
     } else {
       EXPECT_EQ(e0.size(), EpochPlanner::kEntropyScoredNodes);
-      if (nodes > 100) EXPECT_NE(planner.entropy_scored_nodes(1), e0);  // 1024 choose 16: never equal
+      if (nodes > 100) {
+        EXPECT_NE(planner.entropy_scored_nodes(1), e0);  // 1024 choose 16: never equal
+      }
     }
   }
 }

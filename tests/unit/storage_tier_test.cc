@@ -479,8 +479,16 @@ TEST(StorageTier, ADeadPeersSamplesComeFromStorageExactlyOnceInThePlannedOrder) 
   EXPECT_EQ(sink.ends[0].storage_samples, from_storage);
   EXPECT_EQ(scheduler->rerouted_samples(), storage.all.size());
   EXPECT_EQ(rerouted.load(), storage.all.size());
-  std::set<SampleId> read_once;
-  for (const StorageRead& r : storage.all) EXPECT_TRUE(read_once.insert(r.sample).second) << "sample " << r.sample;
+  // Once per epoch: the scheduler also reads ahead into epoch 1, whose plan may hold a
+  // sample of rank 1 that epoch 0's plan holds too (so it is read twice, once per epoch).
+  std::map<SampleId, int> reads;
+  for (const StorageRead& r : storage.all) ++reads[r.sample];
+  const TrainerPlan next = w.planner->plan_node(1, 0)[0];
+  const std::set<SampleId> in_epoch0(plan.order.begin(), plan.order.end());
+  const std::set<SampleId> in_epoch1(next.order.begin(), next.order.end());
+  for (const auto& [sample, count] : reads) {
+    EXPECT_LE(count, static_cast<int>(in_epoch0.count(sample) + in_epoch1.count(sample))) << "sample " << sample;
+  }
   // Every byte comes back once the stuck reads have landed (next epoch's work aside).
   close_and_drain(*scheduler, peers, storage);
   EXPECT_EQ(staging->bytes_in_use(), 0u);
