@@ -552,6 +552,32 @@ Result<Catalog> Catalog::from_entries(std::vector<CatalogEntry> entries, std::ve
   return c;
 }
 
+Result<Catalog> Catalog::synthetic(std::vector<std::uint64_t> sizes, std::vector<std::int32_t> labels) {
+  if (sizes.size() != labels.size()) {
+    return make_error(StatusCode::kInvalidArgument, "synthetic catalog: {} sizes but {} labels", sizes.size(),
+                      labels.size());
+  }
+  if (sizes.size() > std::numeric_limits<SampleId>::max()) {
+    return make_error(StatusCode::kResourceExhausted, "{} samples do not fit 32-bit sample ids", sizes.size());
+  }
+  for (std::size_t i = 0; i < labels.size(); ++i) {
+    if (labels[i] < 0 || (i > 0 && labels[i] < labels[i - 1])) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "synthetic catalog: label {} of sample {} is negative or below its predecessor's (ids must be "
+                        "in label order)",
+                        labels[i], i);
+    }
+  }
+  Catalog c;
+  for (const std::uint64_t size : sizes) {
+    c.total_bytes_ += size;
+    c.max_sample_bytes_ = std::max(c.max_sample_bytes_, size);
+  }
+  c.sizes_ = std::move(sizes);
+  c.labels_ = std::move(labels);
+  return c;
+}
+
 Result<Catalog> Catalog::from_shard_entries(std::vector<std::string> shards, std::vector<CatalogEntry> entries,
                                             std::vector<std::string> class_names) {
   if (entries.size() > std::numeric_limits<SampleId>::max()) {
@@ -631,6 +657,7 @@ Result<Catalog> Catalog::from_shard_entries(std::vector<std::string> shards, std
 }
 
 std::string Catalog::location(SampleId id) const {
+  if (path_offsets_.empty()) return fmt::format("synthetic:{}", id);
   if (!sharded_) return std::string(path(id));
   return fmt::format("{}@{}", path(id), offsets_[id]);
 }

@@ -46,6 +46,12 @@ class Catalog {
   static Result<Catalog> from_shard_entries(std::vector<std::string> shards, std::vector<CatalogEntry> entries,
                                             std::vector<std::string> class_names);
 
+  // A catalog without files (the simulator's synthetic dataset): sample i has sizes[i] and
+  // labels[i]; labels must be non-negative and ascending (ids in label order, as a scan
+  // assigns them). Compact: 12 bytes per sample, no paths; file_count() is 0, path() is
+  // empty and location() is "synthetic:<id>". The two vectors must have the same length.
+  static Result<Catalog> synthetic(std::vector<std::uint64_t> sizes, std::vector<std::int32_t> labels);
+
   std::size_t size() const { return sizes_.size(); }
   bool empty() const { return sizes_.empty(); }
   // True for shard formats: samples live at offsets inside shard files.
@@ -56,7 +62,10 @@ class Catalog {
     return std::string_view(paths_).substr(path_offsets_[index], path_offsets_[index + 1] - path_offsets_[index]);
   }
   // The file holding sample `id`'s bytes, relative to the dataset (sample_file_path resolves it).
-  std::string_view path(SampleId id) const { return file_path(sharded_ ? shards_[id] : id); }
+  // Empty for a synthetic catalog (no files).
+  std::string_view path(SampleId id) const {
+    return path_offsets_.empty() ? std::string_view() : file_path(sharded_ ? shards_[id] : id);
+  }
   // Byte offset of the sample in that file (0 for whole-file formats).
   std::uint64_t offset(SampleId id) const { return sharded_ ? offsets_[id] : 0; }
   std::uint32_t shard(SampleId id) const { return sharded_ ? shards_[id] : 0; }

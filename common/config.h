@@ -129,6 +129,28 @@ struct LogConfig {
   bool operator==(const LogConfig&) const = default;
 };
 
+// The simulator's models (shardmix-sim, docs/simulator.md); the daemon ignores this section.
+// Defaults follow the reference figures of the development and 16-core machines where there
+// is one (see each key's doc in config.cc).
+struct SimConfig {
+  double link_gbps = 72.0;              // sim.link_gbps: per-node NIC, gigabits/s, each direction
+  double link_latency_us = 15.0;        // sim.link_latency_us: one read group's round trip
+  double storage_gbps = 11.0;           // sim.storage_gbps: per-node storage read bandwidth, gigabits/s
+  double storage_iops = 12000.0;        // sim.storage_iops: per-node storage reads/s
+  double trainer_samples_per_s = 2500.0;  // sim.trainer_samples_per_s: compute rate of one trainer
+  double straggler_fraction = 0.0;      // sim.straggler_fraction: share of trainers that are slow
+  double straggler_factor = 1.0;        // sim.straggler_factor: their compute time multiplier
+  std::int64_t fault_node = -1;         // sim.fault_node: node that dies (-1 = none)
+  double fault_time_s = 0.0;            // sim.fault_time_s: when it dies (simulated seconds)
+  std::int64_t slow_link_node = -1;     // sim.slow_link_node: node whose link is slow (-1 = none)
+  double slow_link_factor = 1.0;        // sim.slow_link_factor: its link bandwidth is divided by this
+  std::uint32_t classes = 1000;         // sim.classes: labels of the synthetic dataset
+  double size_sigma = 0.5;              // sim.size_sigma: sigma of ln(sample size)
+  std::uint64_t dataset_seed = 1;       // sim.dataset_seed: seed of the synthetic sizes and labels
+
+  bool operator==(const SimConfig&) const = default;
+};
+
 struct Config {
   DatasetConfig dataset;
   BatchConfig batch;
@@ -141,6 +163,7 @@ struct Config {
   TelemetryConfig telemetry;
   ResumeConfig resume;
   LogConfig log;
+  SimConfig sim;
 
   bool operator==(const Config&) const = default;
 };

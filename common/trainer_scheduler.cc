@@ -1,10 +1,13 @@
 #include "common/trainer_scheduler.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <limits>
 
 #include <fmt/format.h>
 
+#include "common/metadata_footprint.h"
 #include "proto/checkpoint.h"
 
 namespace shardmix {
@@ -23,8 +26,29 @@ TrainerPlan TrainerScheduler::plan_of(std::uint64_t epoch) const {
 std::shared_ptr<TrainerScheduler::Pass> TrainerScheduler::new_pass(std::uint64_t epoch) {
   auto pass = std::make_shared<Pass>();
   pass->epoch = epoch;
-  pass->plan = plan_of(epoch);
+  if (context_.on_plan_cpu) {
+    timespec begin{};
+    timespec end{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &begin);
+    pass->plan = plan_of(epoch);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &end);
+    const std::int64_t ns = (end.tv_sec - begin.tv_sec) * 1'000'000'000LL + (end.tv_nsec - begin.tv_nsec);
+    context_.on_plan_cpu(epoch, static_cast<std::uint64_t>(std::max<std::int64_t>(ns, 0)));
+  } else {
+    pass->plan = plan_of(epoch);
+  }
   return pass;
+}
+
+std::uint64_t TrainerScheduler::metadata_bytes() const {
+  std::uint64_t bytes =
+      sizeof(*this) + (received_.capacity() + received_before_.capacity()) * sizeof(SampleId);
+  for (const auto& pass : {current_, ahead_}) {
+    if (!pass) continue;
+    bytes += sizeof(Pass) + plan_memory_bytes(pass->plan) + pass->slots.size() * sizeof(Slot) +
+             pass->planned_position.capacity() * sizeof(std::uint64_t);
+  }
+  return bytes;
 }
 
 std::uint64_t TrainerScheduler::staged_samples() const {
@@ -110,7 +134,7 @@ void TrainerScheduler::begin_pass(std::shared_ptr<Pass> pass, std::uint64_t epoc
   stats_.window = context_.window;
   stats_.exchange_fraction = context_.planner->choice(epoch).exchange_fraction;
   label_entropy_.emplace(context_.num_classes);
-  received_.assign(context_.catalog->size(), false);
+  received_.clear();
   received_again_ = 0;
   pump();
 }
@@ -472,10 +496,10 @@ bool TrainerScheduler::deliver_next() {
     if ((d.flags & proto::kSampleSkipped) != 0) continue;  // not received
     labels_scratch_.push_back(d.label);
     if (!previous_epoch_ || *previous_epoch_ + 1 != p.epoch) continue;
-    if (received_before_[d.sample_id]) ++received_again_;
+    if (std::binary_search(received_before_.begin(), received_before_.end(), d.sample_id)) ++received_again_;
   }
   for (const auto& d : frame.samples) {
-    if ((d.flags & proto::kSampleSkipped) == 0) received_[d.sample_id] = true;
+    if ((d.flags & proto::kSampleSkipped) == 0) received_.push_back(d.sample_id);
   }
   label_entropy_->add_batch(labels_scratch_);
   p.undelivered -= n;
@@ -501,7 +525,9 @@ void TrainerScheduler::finish_quality_figures() {
   stats_.affinity = has_previous && stats_.samples > 0
                         ? static_cast<double>(received_again_) / static_cast<double>(stats_.samples)
                         : std::numeric_limits<double>::quiet_NaN();
+  std::sort(received_.begin(), received_.end());
   received_before_.swap(received_);
+  received_.clear();
   previous_epoch_ = current_->epoch;
 }
 

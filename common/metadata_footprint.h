@@ -1,0 +1,40 @@
+// What one node holds of the job's metadata, in bytes: the catalog, the placement and the
+// scheduler state of its trainers (plans being served and staged ahead, per-trainer
+// indexes). One function so that the daemon and the simulator report the same figure
+// (docs/simulator.md: metadata_bytes_per_node_max).
+//
+// Today the catalog and the placement are global: every node holds all N samples' entries,
+// so this figure is O(N) whatever P is. The design (DESIGN.md "Scale") wants it O(N/P + P);
+// the figure is how that change will be measured.
+// Counted: each container's capacity times its element size (what the allocator handed
+// out, not what is in use), plus the object itself; not allocator overhead.
+// Thread-safety: pure functions of immutable values; safe to call from any thread.
+#pragma once
+
+#include <cstdint>
+
+#include "common/catalog.h"
+#include "common/epoch_plan.h"
+#include "common/placement.h"
+
+namespace shardmix {
+
+struct NodeMetadataBytes {
+  std::uint64_t catalog = 0;
+  std::uint64_t placement = 0;
+  std::uint64_t schedulers = 0;  // as passed in: the node's trainers' scheduler state
+
+  std::uint64_t total() const { return catalog + placement + schedulers; }
+};
+
+// Bytes held by a placement (every per-sample and per-node vector).
+std::uint64_t placement_memory_bytes(const Placement& placement);
+// Bytes held by one trainer plan.
+std::uint64_t plan_memory_bytes(const TrainerPlan& plan);
+
+// `scheduler_bytes`: the sum of TrainerScheduler::metadata_bytes() over the node's trainers
+// (the scheduler lives above this layer, so its figure is passed in).
+NodeMetadataBytes node_metadata_bytes(const Catalog& catalog, const Placement& placement,
+                                      std::uint64_t scheduler_bytes);
+
+}  // namespace shardmix
