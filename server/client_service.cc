@@ -94,6 +94,7 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     if (!check_credentials()) return;
     read_header();
   }
+  std::uint64_t scheduler_metadata_bytes() const { return scheduler_ ? scheduler_->metadata_bytes() : 0; }
   // Degraded mode: this trainer's samples of `peer` come from storage from now on.
   void peer_dead(std::uint32_t peer) {
     if (scheduler_) scheduler_->peer_dead(peer);
@@ -153,6 +154,7 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
         stats.label_entropy_mean, stats.label_entropy_p5, stats.affinity, stats.fetch_wait_us / 1e6,
         stats.unreadable_samples > 0 ? fmt::format(", {} unreadable samples skipped", stats.unreadable_samples)
                                      : std::string());
+    service_.sample_metadata();
     std::vector<std::uint8_t> out;
     proto::encode(out, stats);
     write(std::move(out));
@@ -290,6 +292,11 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
         if (auto err = proto::decode(payload_, m); !err.empty()) return protocol_error(err), false;
         Status s = scheduler_->release(m.stream, m.batch);
         if (!s.ok()) return protocol_error(s.message()), false;
+        // Mid-epoch: the plans of this pass and the next are both held (the simulator
+        // samples here too, so both report the same node_metadata_bytes).
+        if (service_.job_.shape != nullptr && m.batch == service_.job_.shape->batches_per_trainer / 2) {
+          service_.sample_metadata();
+        }
         if (pass_open_ && m.stream == pass_stream_) {
           pass_wait_us_ += m.wait_us;
           ++pass_released_;
@@ -670,6 +677,15 @@ Status ClientService::listen() {
   listening_ = true;
   accept_next();
   return Status::ok_status();
+}
+
+void ClientService::sample_metadata() {
+  if (job_.telemetry == nullptr) return;
+  std::uint64_t bytes = 0;
+  for (const auto& weak : trainer_connection_) {
+    if (auto connection = weak.lock()) bytes += connection->scheduler_metadata_bytes();
+  }
+  job_.telemetry->note_scheduler_metadata_bytes(bytes);
 }
 
 void ClientService::accept_next() {

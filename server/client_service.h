@@ -111,6 +111,8 @@ class ClientService {
  private:
   friend class TrainerConnection;
   void accept_next();
+  // Sums this node's schedulers' metadata_bytes() into the telemetry's maximum (io thread).
+  void sample_metadata();
   void forget(const std::shared_ptr<TrainerConnection>& connection);
 
   boost::asio::io_context& io_;

@@ -32,6 +32,7 @@
 #include "common/epoch_plan.h"
 #include "common/job_token.h"
 #include "common/log.h"
+#include "common/metadata_footprint.h"
 #include "common/peer_monitor.h"
 #include "common/placement.h"
 #include "common/rotation.h"
@@ -467,16 +468,6 @@ void remove_stale_run_files(const std::string& run_dir, const std::string& my_ho
   ::unlink((run_dir + "/" + kJobTokenFile).c_str());
 }
 
-// Bytes the placement tables hold (every daemon keeps every node's: it serves peers' samples).
-std::uint64_t placement_memory_bytes(const Placement& p) {
-  auto vec = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
-  std::uint64_t bytes = vec(p.owner) + vec(p.arena_offset) + vec(p.arena_bytes) + vec(p.sample_bytes) +
-                        vec(p.resident) + vec(p.cached_bytes) + vec(p.cold_samples) + vec(p.cold_bytes);
-  for (const auto& ids : p.owned) bytes += vec(ids);
-  for (const auto& ids : p.cached) bytes += vec(ids);
-  return bytes;
-}
-
 // The "startup:" and "memory:" lines (server/startup_report.h) bench/startup.sh and
 // bench/cost.sh parse. Memory: the regions' sizes as allocated (the arena is filled by the
 // load; staging pages become resident as batches are staged), the catalog as held in
@@ -497,6 +488,9 @@ void log_startup_report(spdlog::logger& log, int rank, const PhaseClock& phases,
                  {"staging_bytes", std::to_string(staging_bytes)},
                  {"catalog_bytes", std::to_string(catalog.memory_bytes())},
                  {"placement_bytes", std::to_string(placement_memory_bytes(placement))},
+                 // node_metadata_bytes before any trainer: catalog + placement (the simulator's
+                 // figure adds the schedulers' state; the "metadata:" line at exit has both).
+                 {"metadata_bytes", std::to_string(node_metadata_bytes(catalog, placement, 0).total())},
                  {"rss_bytes", field(self_status_bytes("VmRSS"))},
                  {"rss_anon_bytes", field(self_status_bytes("RssAnon"))},
                  {"rss_shmem_bytes", field(self_status_bytes("RssShmem"))},
@@ -1331,6 +1325,17 @@ int Daemon::serve() {
 }
 
 void Daemon::log_shutdown_figures() {
+  // The node's metadata as the simulator counts it (common/metadata_footprint.h): catalog,
+  // placement and the most scheduler state seen while serving.
+  const NodeMetadataBytes metadata =
+      node_metadata_bytes(catalog_, placement_, telemetry_.scheduler_metadata_bytes_max());
+  auto line = format_report_line("metadata", {{"rank", std::to_string(rank_)},
+                                              {"samples", std::to_string(catalog_.size())},
+                                              {"catalog_bytes", std::to_string(metadata.catalog)},
+                                              {"placement_bytes", std::to_string(metadata.placement)},
+                                              {"scheduler_bytes_max", std::to_string(metadata.schedulers)},
+                                              {"metadata_bytes", std::to_string(metadata.total())}});
+  if (line.ok()) log_->info("{}", *line);
   if (rotation_) {
     const RotationCoordinator::Stats rs = rotation_->stats();
     log_->info("cache rotation: {} generations loaded here, {} entering samples written, {} chosen samples found "

@@ -72,6 +72,12 @@ double wall_seconds_now() {
 
 // ---------------------------------------------------------------- JobEpochStats
 
+void NodeTelemetry::note_scheduler_metadata_bytes(std::uint64_t bytes) {
+  std::uint64_t seen = scheduler_metadata_max_.load();
+  while (bytes > seen && !scheduler_metadata_max_.compare_exchange_weak(seen, bytes)) {
+  }
+}
+
 std::string JobEpochStats::to_json() const {
   std::string s = "{";
   auto field = [&](std::string_view name, const std::string& value) {

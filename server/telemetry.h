@@ -138,6 +138,11 @@ class NodeTelemetry {
   std::vector<TrainerEpochRecord> take_records();
   // Rank 0: the job's latest complete epoch, shown in its Prometheus text.
   void set_job_epoch(const JobEpochStats& job);
+  // The most scheduler state (TrainerScheduler::metadata_bytes summed over this node's
+  // trainers) seen at the sampling points (each trainer's mid-epoch batch and epoch end),
+  // for node_metadata_bytes: the same figure the simulator reports.
+  void note_scheduler_metadata_bytes(std::uint64_t bytes);
+  std::uint64_t scheduler_metadata_bytes_max() const { return scheduler_metadata_max_.load(); }
 
   // Prometheus text exposition format 0.0.4 (# HELP/# TYPE, one sample per line).
   std::string prometheus_text() const;
@@ -153,6 +158,7 @@ class NodeTelemetry {
   std::uint64_t errors_ = 0;
   std::set<std::uint32_t> degraded_peers_;
   std::atomic<std::uint64_t> rerouted_samples_{0};  // written by schedulers without the mutex
+  std::atomic<std::uint64_t> scheduler_metadata_max_{0};  // written by the service thread, read at exit
   // Sums over every finished pass on this node.
   std::uint64_t passes_ = 0, batches_ = 0, samples_ = 0, bytes_ = 0, local_ = 0, peer_ = 0, storage_ = 0,
                 peer_bytes_ = 0, substituted_ = 0, unreadable_ = 0, stall_us_ = 0, fetch_wait_us_ = 0;

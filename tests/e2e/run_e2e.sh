@@ -308,6 +308,16 @@ if not peer <= sum(fabric) <= peer + ahead_bound:
                     f"(allowed: up to {ahead_bound} more, read ahead for an epoch never asked)")
 if peer == 0:
     problems.append("no peer bytes at all")
+# Every daemon reports its metadata as the simulator counts it (node_metadata_bytes): the
+# parts add up, and the schedulers' state was sampled while serving.
+metadata = re.findall(r"metadata: rank=(\d+) samples=(\d+) catalog_bytes=(\d+) placement_bytes=(\d+) "
+                      r"scheduler_bytes_max=(\d+) metadata_bytes=(\d+)", text)
+if len(metadata) != nodes:
+    problems.append(f"{len(metadata)} of {nodes} daemons logged a metadata: line at a clean exit")
+for rank, samples, catalog, placement, schedulers, total in metadata:
+    if int(total) != int(catalog) + int(placement) + int(schedulers) or min(int(catalog), int(placement), int(schedulers)) <= 0:
+        problems.append(f"daemon {rank}: metadata parts do not add up or one is zero: "
+                        f"{catalog} + {placement} + {schedulers} != {total}")
 errors = [l for l in text.splitlines() if re.search(r" E \[rank", l)]
 if errors:
     problems.append("daemon errors: " + "; ".join(errors[:3]))

@@ -10,15 +10,18 @@
 # So that the check itself is known to work, each probe is also run on the adapters
 # (control/ must show MPI, fabric/ must show libfabric); if it finds nothing there, the
 # check is broken and fails too.
-# Usage: check_layering.sh SOURCE_DIR CORE.a CLIENT.a CONTROL.a FABRIC.a PROBE_BINARY
+# The simulator (sim/) is held to the same rule: it runs the core with modelled transports.
+# Usage: check_layering.sh SOURCE_DIR CORE.a CLIENT.a CONTROL.a FABRIC.a PROBE_BINARY [MORE_TRANSPORT_FREE.a ...]
 set -uo pipefail
 src=$1 core=$2 client=$3 control=$4 fabric=$5 probe=$6
+shift 6
+more=("$@")
 fail=0
 bad() { echo "LAYERING VIOLATION: $*"; fail=1; }
 
 headers='#[[:space:]]*include[[:space:]]*[<"](mpi\.h|rdma/|infiniband/|boost/asio)'
-if hits=$(grep -rnE "$headers" "$src/common" "$src/proto" "$src/client"); then
-  bad "transport header included by the core or the client:"; echo "$hits"
+if hits=$(grep -rnE "$headers" "$src/common" "$src/proto" "$src/client" "$src/sim"); then
+  bad "transport header included by the core, the client or the simulator:"; echo "$hits"
 fi
 grep -rqE "$headers" "$src/control" || bad "self-check: found no MPI include in control/ (is the header pattern broken?)"
 grep -rqE "$headers" "$src/fabric" || bad "self-check: found no libfabric include in fabric/ (is the header pattern broken?)"
@@ -26,7 +29,7 @@ grep -rqE "$headers" "$src/fabric" || bad "self-check: found no libfabric includ
 # Symbols: C names of MPI (MPI_*, PMPI_*, ompi_*), libfabric (fi_*), ibverbs (ibv_*), and
 # Boost.Asio's mangled namespace.
 symbols='^(P?MPI_|ompi_|fi_|ibv_)|boost4asio'
-for lib in "$core" "$client"; do
+for lib in "$core" "$client" "${more[@]}"; do
   if hits=$(nm -P "$lib" 2>/dev/null | awk '{print $1}' | grep -E "$symbols" | sort -u | head -20) && [[ -n $hits ]]; then
     bad "$(basename "$lib") refers to transport symbols:"; echo "$hits"
   fi
