@@ -552,7 +552,8 @@ Result<Catalog> Catalog::from_entries(std::vector<CatalogEntry> entries, std::ve
   return c;
 }
 
-Result<Catalog> Catalog::synthetic(std::vector<std::uint64_t> sizes, std::vector<std::int32_t> labels) {
+Result<Catalog> Catalog::synthetic(std::vector<std::uint64_t> sizes, std::vector<std::int32_t> labels,
+                                   std::uint64_t samples_per_shard) {
   if (sizes.size() != labels.size()) {
     return make_error(StatusCode::kInvalidArgument, "synthetic catalog: {} sizes but {} labels", sizes.size(),
                       labels.size());
@@ -572,6 +573,25 @@ Result<Catalog> Catalog::synthetic(std::vector<std::uint64_t> sizes, std::vector
   for (const std::uint64_t size : sizes) {
     c.total_bytes_ += size;
     c.max_sample_bytes_ = std::max(c.max_sample_bytes_, size);
+  }
+  if (samples_per_shard > 0 && !sizes.empty()) {
+    c.sharded_ = true;
+    const std::uint64_t shards = (sizes.size() + samples_per_shard - 1) / samples_per_shard;
+    c.path_offsets_.reserve(shards + 1);
+    c.path_offsets_.push_back(0);
+    for (std::uint64_t k = 0; k < shards; ++k) {
+      c.paths_ += fmt::format("synthetic-{:08}", k);
+      c.path_offsets_.push_back(c.paths_.size());
+    }
+    c.shards_.resize(sizes.size());
+    c.offsets_.resize(sizes.size());
+    std::uint64_t offset = 0;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      if (i % samples_per_shard == 0) offset = 0;
+      c.shards_[i] = static_cast<std::uint32_t>(i / samples_per_shard);
+      c.offsets_[i] = offset;
+      offset += sizes[i];
+    }
   }
   c.sizes_ = std::move(sizes);
   c.labels_ = std::move(labels);

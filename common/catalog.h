@@ -50,7 +50,13 @@ class Catalog {
   // labels[i]; labels must be non-negative and ascending (ids in label order, as a scan
   // assigns them). Compact: 12 bytes per sample, no paths; file_count() is 0, path() is
   // empty and location() is "synthetic:<id>". The two vectors must have the same length.
-  static Result<Catalog> synthetic(std::vector<std::uint64_t> sizes, std::vector<std::int32_t> labels);
+  // `samples_per_shard` > 0 lays the catalog out as a shard format's (sim.samples_per_shard):
+  // consecutive ids in shards of that many samples named "synthetic-NNNNNNNN", each sample
+  // with its shard index and a byte offset, so that its memory is a real shard job's
+  // (24 bytes per sample plus the shard paths) and a simulated job reports the same
+  // metadata figure as the daemons of that job.
+  static Result<Catalog> synthetic(std::vector<std::uint64_t> sizes, std::vector<std::int32_t> labels,
+                                   std::uint64_t samples_per_shard = 0);
 
   std::size_t size() const { return sizes_.size(); }
   bool empty() const { return sizes_.empty(); }

@@ -366,6 +366,10 @@ const KeySpec kKeys[] = {
    "Simulator only: seed of the synthetic sizes and labels and of the straggler choice (shuffle.seed still seeds the plans).",
    "Same seed and parameters = the same simulated dataset.",
    "", 0, kI64Max, 0, 0, false, SHARDMIX_U64_KEY(sim.dataset_seed)},
+  {"sim.samples_per_shard", KeyType::kUint, "0",
+   "Simulator only: 0 = a compact synthetic catalog (sizes and labels, 12 bytes a sample); N = the catalog of a shard format (webdataset, tfrecord) with N samples per shard: a shard index and an offset per sample and the shard paths, as the daemons of such a job hold it.",
+   "Set it to compare the simulator's metadata_bytes_per_node_max with a real shard job's (bench/metadata.sh).",
+   "", 0, kU32Max, 0, 0, false, SHARDMIX_U64_KEY(sim.samples_per_shard)},
 };
 // clang-format on
 

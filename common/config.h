@@ -147,6 +147,7 @@ struct SimConfig {
   std::uint32_t classes = 1000;         // sim.classes: labels of the synthetic dataset
   double size_sigma = 0.5;              // sim.size_sigma: sigma of ln(sample size)
   std::uint64_t dataset_seed = 1;       // sim.dataset_seed: seed of the synthetic sizes and labels
+  std::uint64_t samples_per_shard = 0;  // sim.samples_per_shard: 0 = compact catalog; N = a shard format's layout
 
   bool operator==(const SimConfig&) const = default;
 };

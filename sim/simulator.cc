@@ -52,7 +52,7 @@ Result<Catalog> synthetic_dataset(std::uint64_t n, double median_bytes, const Si
   std::vector<std::int32_t> labels;
   labels.reserve(n);
   for (std::uint32_t c = 0; c < sim.classes; ++c) labels.insert(labels.end(), per_class[c], static_cast<std::int32_t>(c));
-  return Catalog::synthetic(std::move(sizes), std::move(labels));
+  return Catalog::synthetic(std::move(sizes), std::move(labels), sim.samples_per_shard);
 }
 
 std::uint64_t mix_id(SampleId id) {

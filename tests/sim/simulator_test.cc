@@ -216,5 +216,29 @@ TEST(SyntheticCatalogTest, KeepsSizesAndLabelsWithoutPaths) {
   EXPECT_FALSE(Catalog::synthetic({1}, {-1}).ok());
 }
 
+TEST(SyntheticCatalogTest, AShardLayoutHoldsWhatARealShardCatalogHolds) {
+  // 5 samples in shards of 2: the layout of a tfrecord/webdataset catalog.
+  const std::vector<std::uint64_t> sizes{10, 20, 30, 40, 50};
+  auto c = Catalog::synthetic(sizes, {0, 0, 1, 1, 2}, 2);
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->sharded());
+  EXPECT_EQ(c->file_count(), 3u);
+  EXPECT_EQ(c->shard(3), 1u);
+  EXPECT_EQ(c->offset(3), 30u);  // after sample 2 in shard 1
+  EXPECT_EQ(c->path(4), "synthetic-00000002");
+  // The same samples scanned from real shards of those names take the same memory, so the
+  // simulator's metadata figure is the daemons' for the same job.
+  std::vector<std::string> shards{"synthetic-00000000", "synthetic-00000001", "synthetic-00000002"};
+  std::vector<CatalogEntry> entries;
+  const std::int32_t labels[] = {0, 0, 1, 1, 2};
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    entries.push_back(CatalogEntry{"", sizes[i], labels[i], static_cast<std::uint32_t>(i / 2), c->offset(i)});
+  }
+  auto real = Catalog::from_shard_entries(shards, entries, {});
+  ASSERT_TRUE(real.ok()) << real.status().to_string();
+  EXPECT_EQ(real->size(), c->size());
+  EXPECT_EQ(real->memory_bytes(), c->memory_bytes());
+}
+
 }  // namespace
 }  // namespace shardmix::sim

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Metadata per node: real daemons against the simulator, for the same job. 4 daemons + 4
+# trainers (one per node) over N small samples in TFRecord shards (default 10,000,000,
+# median 64 bytes, 65,536 per shard), one epoch at exchange_fraction 1. The daemons report
+# node_metadata_bytes (catalog + placement + the most scheduler state sampled while
+# serving) in their "metadata:" line at a clean exit, and their start-up phases in their
+# "startup:" line; shardmix-sim reports metadata_bytes_per_node_max for the same nodes,
+# trainers, samples, batch size and shard layout (sim.samples_per_shard). Prints both, the
+# ratio (the target: within 10%), the start-up phases, and writes
+# bench/results/metadata-latest.json.
+#
+#   bash bench/metadata.sh [--samples 10000000] [--out FILE.json]
+# The dataset is generated once under $SHARDMIX_BENCH_DIR (default /tmp/shardmix-bench;
+# 10 M samples take ~0.7 GB and ~25 s) and reused. Memory: each daemon holds the global
+# catalog and placement (~45 bytes a sample), the simulator once more.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+build=${SHARDMIX_BUILD_DIR:-$repo/build}
+data_root=${SHARDMIX_BENCH_DIR:-/tmp/shardmix-bench}
+samples=10000000 per_shard=65536 median_kib=0.0625 sigma=0.3 nodes=4 batch=32
+out=$repo/bench/results/metadata-latest.json
+while (($#)); do
+  case $1 in
+    --samples) samples=$2; shift ;;
+    --out) out=$2; shift ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "metadata.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+for tool in server/shardmixd tools/shardmix-consume tools/shardmix-gen sim/shardmix-sim; do
+  [[ -x $build/$tool ]] || { echo "metadata.sh: $build/$tool missing; build first (cmake --build $build)" >&2; exit 2; }
+done
+work=$(mktemp -d /tmp/shardmix-metadata.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+data=$data_root/metadata-$samples-tfrecord
+if [[ ! -f $data/.complete ]]; then
+  rm -rf "$data"
+  echo "== generating $samples samples (median $median_kib KiB, TFRecord, $per_shard per shard) in $data"
+  "$build/tools/shardmix-gen" --out "$data" --samples "$samples" --classes 1000 --median-kib "$median_kib" \
+    --sigma "$sigma" --format tfrecord --samples-per-shard "$per_shard" --seed 1 -q
+  touch "$data/.complete"  # hidden: the scan skips it
+fi
+cat >"$work/c.toml" <<TOML
+[dataset]
+path = "$data"
+format = "tfrecord"
+[batch]
+size = $batch
+[shuffle]
+exchange_fraction = 1
+[fabric]
+provider = "tcp"
+[log]
+level = "info"
+TOML
+loadavg=$(cut -d' ' -f1-3 /proc/loadavg)
+echo "== real job: $nodes daemons + $nodes trainers, $samples samples, one epoch (load average $loadavg)"
+SHARDMIX_BUILD_DIR=$build bash "$repo/deploy/launch.sh" --nodes "$nodes" --config "$work/c.toml" \
+  --daemon-log "$work/d.log" -- "$build/tools/shardmix-consume" --epochs 1 --touch none \
+  >"$work/t.txt" 2>&1 || { cat "$work/t.txt"; tail -20 "$work/d.log"; exit 1; }
+echo "== simulator: the same job"
+"$build/sim/shardmix-sim" --nodes "$nodes" --trainers-per-node 1 --samples "$samples" --median-kib "$median_kib" \
+  --epochs 1 --set "batch.size=$batch" --set shuffle.exchange_fraction=1 --set "sim.size_sigma=$sigma" \
+  --set "sim.samples_per_shard=$per_shard" --json >"$work/sim.json"
+PYTHONPATH=$here python3 - "$work/d.log" "$work/sim.json" "$out" "$samples" "$loadavg" <<'PY'
+import json, sys, time
+import costs_report as cr
+log_text = open(sys.argv[1]).read()
+metadata = cr.daemon_reports(log_text, "metadata")
+startup = cr.daemon_reports(log_text, "startup")
+sim = json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
+nodes = sim["nodes"]
+if len(metadata) != nodes or len(startup) != nodes:
+    sys.exit(f"metadata.sh: expected {nodes} metadata: and startup: lines, got {len(metadata)} and {len(startup)}")
+real_max = max(m["metadata_bytes"] for m in metadata.values())
+sim_max = sim["metadata_bytes_per_node_max"]
+ratio = sim_max / real_max
+within = abs(ratio - 1) <= 0.10
+result = {
+    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "loadavg": sys.argv[5], "samples": int(sys.argv[4]),
+    "nodes": nodes, "daemon_metadata": metadata, "daemon_startup": startup,
+    "daemon_metadata_bytes_max": real_max, "sim_metadata_bytes_per_node_max": sim_max,
+    "sim_breakdown": sim["metadata_bytes_breakdown"], "sim_exactly_once": sim["exactly_once"],
+    "sim_startup_s": sim["startup_s"], "ratio_sim_over_daemons": ratio, "within_10_percent": within,
+}
+with open(sys.argv[3], "w") as f:
+    json.dump(result, f, indent=1)
+print(f"| what | daemons (max over {nodes}) | simulator | sim / daemons |")
+print("|---|---:|---:|---:|")
+worst = max(metadata.values(), key=lambda m: m["metadata_bytes"])
+for key, sim_key in (("catalog_bytes", "catalog"), ("placement_bytes", "placement"), ("scheduler_bytes_max", "schedulers")):
+    s = sim["metadata_bytes_breakdown"][sim_key]
+    print(f"| {sim_key} | {worst[key]:,.0f} | {s:,.0f} | {s / worst[key]:.3f} |")
+print(f"| **metadata per node** | {real_max:,.0f} | {sim_max:,.0f} | {ratio:.3f} ({'within' if within else 'NOT within'} 10%) |")
+phases = [k for k in startup[0] if k not in ("rank", "t_begin", "t_end")]
+print("\nstart-up per daemon (s): " + "; ".join(
+    f"rank {r}: " + ", ".join(f"{k} {s[k]:.2f}" for k in phases) for r, s in sorted(startup.items())))
+print(f"simulator exactly_once {sim['exactly_once']}, modelled start-up {sim['startup_modelled_s']:.2f} s "
+      f"+ setup {sim['setup_wall_s']:.2f} s; wrote {sys.argv[3]}")
+PY
