@@ -19,6 +19,7 @@
 # --compute-ms, as in bench/stall.sh), while the simulator models DDP lockstep.
 #
 #   bash bench/whatif_check.sh [--samples 16384] [--median-kib 16] [--epochs 5] [--compute-ms 16]
+#                              [--out bench/results/whatif-latest.json]
 # Env: SHARDMIX_BUILD_DIR (default build/), SHARDMIX_BENCH_DIR (dataset cache, default
 # /tmp/shardmix-bench). Exit 0 when every comparison is within the bound, 1 when one is not
 # or a run failed, 2 usage error.
@@ -27,14 +28,15 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
 build=${SHARDMIX_BUILD_DIR:-$repo/build}
 data_root=${SHARDMIX_BENCH_DIR:-/tmp/shardmix-bench}
-samples=16384 median_kib=16 epochs=5 compute_ms=16 batch=32
+samples=16384 median_kib=16 epochs=5 compute_ms=16 batch=32 out=$repo/bench/results/whatif-latest.json
 while (($#)); do
   case $1 in
     --samples) samples=$2; shift ;;
     --median-kib) median_kib=$2; shift ;;
     --epochs) epochs=$2; shift ;;
     --compute-ms) compute_ms=$2; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    --out) out=$2; shift ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "whatif_check.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -115,7 +117,7 @@ done
 "$build/sim/shardmix-whatif" "$work/stats-q1.jsonl" --calibration "$work/calibration.toml" \
   --set "cache.capacity=$cap_half" --json >"$work/p-half.json"
 
-python3 - "$work" "$repo/bench/results/whatif-latest.json" "$load_start" "$compute_ms" "$epochs" <<'PY'
+python3 - "$work" "$out" "$load_start" "$compute_ms" "$epochs" <<'PY'
 import json, sys, datetime, platform
 work, out, load_start, compute_ms, epochs = sys.argv[1:6]
 

@@ -260,7 +260,7 @@ const KeySpec kKeys[] = {
    "", 0, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_USEC_KEY(inject.load_delay)},
 
   {"telemetry.stats_file", KeyType::kString, "",
-   "Rank 0 appends one JSON line per epoch of the whole job to this file (samples/s, GB/s, trainer stall, tier fractions, label entropy, affinity, Q, errors, skipped samples), once every trainer has finished the epoch; incomplete epochs are written at shutdown. \"{job}\" is replaced by the job id ($SLURM_JOB_ID, $PBS_JOBID, Open MPI's job id, else local-<pid of rank 0>). \"\" = off.",
+   "Rank 0 appends, first, one job record ({\"job\": {...}}: nodes, trainers per node, dataset samples and sizes, the data-path config; shardmix-whatif rebuilds the job from it), then one JSON line per epoch of the whole job to this file (samples/s, GB/s, trainer stall, tier fractions, label entropy, affinity, Q, errors, skipped samples), once every trainer has finished the epoch; incomplete epochs are written at shutdown. \"{job}\" is replaced by the job id ($SLURM_JOB_ID, $PBS_JOBID, Open MPI's job id, else local-<pid of rank 0>). \"\" = off.",
    "Costs one small MPI message per trainer and epoch to rank 0, nothing per sample; put it on a shared file system to keep it after the job.",
    "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(telemetry.stats_file)},
   {"telemetry.prometheus_file", KeyType::kString, "",
