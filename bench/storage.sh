@@ -276,7 +276,9 @@ print(json.dumps({"kind": "shardmix_cold", "mode": sys.argv[2], "run": int(sys.a
                   "daemons_reporting_reads": len(read)}))
 PY
       if [[ -s $work/stats-$mode-$r.jsonl ]]; then
-        sed "s/^{/{\"kind\": \"telemetry\", \"mode\": \"$mode\", \"run\": $r, /" "$work/stats-$mode-$r.jsonl" >>"$raw"
+        # The job record line ({"job": ...}) is not an epoch: left out.
+        grep -v '^{"job"' "$work/stats-$mode-$r.jsonl" |
+          sed "s/^{/{\"kind\": \"telemetry\", \"mode\": \"$mode\", \"run\": $r, /" >>"$raw"
       fi
     done
   fi

@@ -138,6 +138,7 @@ struct SimConfig {
   double storage_gbps = 11.0;           // sim.storage_gbps: per-node storage read bandwidth, gigabits/s
   double storage_iops = 12000.0;        // sim.storage_iops: per-node storage reads/s
   double trainer_samples_per_s = 2500.0;  // sim.trainer_samples_per_s: compute rate of one trainer
+  double service_us_per_sample = 0.0;   // sim.service_us_per_sample: a node's CPU per delivered sample (0 = free)
   double straggler_fraction = 0.0;      // sim.straggler_fraction: share of trainers that are slow
   double straggler_factor = 1.0;        // sim.straggler_factor: their compute time multiplier
   std::int64_t fault_node = -1;         // sim.fault_node: node that dies (-1 = none)

@@ -266,7 +266,8 @@ std::string replace_all(std::string text, std::string_view from, std::string_vie
 class TelemetryPump {
  public:
   TelemetryPump(const Config& config, MpiSession& mpi, NodeTelemetry& telemetry, std::uint32_t trainers,
-                std::uint64_t dataset_samples, std::uint64_t invalid_samples, const std::string& job)
+                std::uint64_t dataset_samples, std::uint64_t invalid_samples, const std::string& job,
+                const JobRecord& job_record)
       : mpi_(mpi),
         telemetry_(telemetry),
         aggregator_(static_cast<std::uint32_t>(mpi.size()), trainers, dataset_samples, invalid_samples),
@@ -284,6 +285,12 @@ class TelemetryPump {
                     std::strerror(errno));
       } else {
         log_->info("per-epoch statistics go to {}", stats_path_);
+        // The job record first, so that a stats file describes the job it measured
+        // (shardmix-whatif rebuilds the job from it; the epoch lines follow unchanged).
+        const std::string line = job_record.to_json() + "\n";
+        if (std::fputs(line.c_str(), stats_) < 0 || std::fflush(stats_) != 0) {
+          log_->error("writing {} failed: {}", stats_path_, std::strerror(errno));
+        }
       }
     }
     next_prometheus_ = std::chrono::steady_clock::now();
@@ -1080,9 +1087,29 @@ Status Daemon::publish_ready() {
   phases_.mark("serve_setup");
   log_startup_report(*log_, rank_, phases_, catalog_, placement_, arena_->length(), staging_->length());
   telemetry_.set_serving(true);
+  JobRecord job_record;
+  if (rank_ == 0 && !config_.telemetry.stats_file.empty()) {
+    job_record.nodes = static_cast<std::uint32_t>(nodes_);
+    job_record.trainers_per_node = config_.service.trainers_per_node;
+    set_dataset_figures(job_record, catalog_.sizes());
+    job_record.classes = catalog_.num_classes();
+    job_record.provider = fabric_->provider_name();
+    job_record.config = {
+        {"batch.size", std::to_string(config_.batch.size)},
+        {"batch.drop_last", config_.batch.drop_last ? "true" : "false"},
+        {"cache.capacity", std::to_string(config_.cache.capacity_bytes)},
+        {"shuffle.seed", std::to_string(config_.shuffle.seed)},
+        {"shuffle.exchange_fraction", fmt::format("{}", config_.shuffle.exchange_fraction)},
+        {"shuffle.window", std::to_string(config_.shuffle.window)},
+        {"dataset.placement", config_.dataset.placement == PlacementPolicy::kSorted ? "sorted" : "balanced"},
+        {"service.prefetch", std::to_string(config_.service.prefetch)},
+        {"service.staging_bytes_per_trainer", std::to_string(config_.service.staging_bytes_per_trainer)},
+        {"service.cold_readahead_batches", std::to_string(config_.service.cold_readahead_batches)},
+    };
+  }
   pump_ = std::make_unique<TelemetryPump>(config_, mpi_, telemetry_,
                                           static_cast<std::uint32_t>(nodes_) * config_.service.trainers_per_node,
-                                          catalog_.size(), catalog_.invalid_samples(), job_id(pids_[0]));
+                                          catalog_.size(), catalog_.invalid_samples(), job_id(pids_[0]), job_record);
   return Status::ok_status();
 }
 

@@ -124,6 +124,49 @@ std::string JobEpochStats::to_json() const {
   return s + "}";
 }
 
+std::string JobRecord::to_json() const {
+  auto quote = [](std::string_view text) {
+    std::string q = "\"";
+    for (char c : text) {
+      if (c == '"' || c == '\\') q += '\\';
+      if (static_cast<unsigned char>(c) < 0x20) {
+        q += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+        continue;
+      }
+      q += c;
+    }
+    return q + "\"";
+  };
+  std::vector<std::string> cfg;
+  for (const auto& [key, value] : config) cfg.push_back(fmt::format("{}: {}", quote(key), quote(value)));
+  return fmt::format(
+      "{{\"job\": {{\"version\": 1, \"nodes\": {}, \"trainers_per_node\": {}, \"samples\": {}, \"bytes\": {}, "
+      "\"median_sample_bytes\": {}, \"mean_sample_bytes\": {}, \"ln_size_sigma\": {}, \"classes\": {}, "
+      "\"provider\": {}, \"config\": {{{}}}}}}}",
+      nodes, trainers_per_node, samples, bytes, median_sample_bytes, json_number(mean_sample_bytes),
+      json_number(ln_size_sigma), classes, quote(provider), fmt::join(cfg, ", "));
+}
+
+void set_dataset_figures(JobRecord& record, const std::vector<std::uint64_t>& sizes) {
+  record.samples = sizes.size();
+  record.bytes = 0;
+  double sum_ln = 0, sum_ln2 = 0;
+  for (std::uint64_t b : sizes) {
+    record.bytes += b;
+    const double l = std::log(static_cast<double>(std::max<std::uint64_t>(b, 1)));
+    sum_ln += l;
+    sum_ln2 += l * l;
+  }
+  if (sizes.empty()) return;
+  const double n = static_cast<double>(sizes.size());
+  record.mean_sample_bytes = static_cast<double>(record.bytes) / n;
+  const double mean_ln = sum_ln / n;
+  record.ln_size_sigma = std::sqrt(std::max(0.0, sum_ln2 / n - mean_ln * mean_ln));
+  std::vector<std::uint64_t> copy = sizes;
+  std::nth_element(copy.begin(), copy.begin() + copy.size() / 2, copy.end());
+  record.median_sample_bytes = copy[copy.size() / 2];
+}
+
 std::string JobEpochStats::skipped_parts() const {
   std::vector<std::string> parts;
   if (invalid_samples > 0) parts.push_back(fmt::format("{} invalid in the dataset", invalid_samples));

@@ -80,6 +80,28 @@ struct JobEpochStats {
   std::string skipped_parts() const;  // " (of which N invalid ..., M unreadable ...)" or ""
 };
 
+// The first line of a job's stats file: what the job was, so that shardmix-whatif
+// (docs/simulator.md) can rebuild it in the simulator. `config` holds the keys that shape
+// the data path as "section.key" -> value text that load_config reads back (--set).
+struct JobRecord {
+  std::uint32_t nodes = 0;
+  std::uint32_t trainers_per_node = 0;
+  std::uint64_t samples = 0;          // valid samples in the catalog
+  std::uint64_t bytes = 0;            // their total bytes
+  std::uint64_t median_sample_bytes = 0;
+  double mean_sample_bytes = 0;
+  double ln_size_sigma = 0;           // standard deviation of ln(sample bytes)
+  std::uint64_t classes = 0;
+  std::string provider;               // the fabric provider the job ran on
+  std::vector<std::pair<std::string, std::string>> config;
+
+  // {"job": {...}} on one line (no trailing newline).
+  std::string to_json() const;
+};
+
+// Fills the dataset figures of a JobRecord from the catalog's sample sizes (O(N)).
+void set_dataset_figures(JobRecord& record, const std::vector<std::uint64_t>& sizes);
+
 class JobAggregator {
  public:
   // dataset_samples: the catalog's (valid) samples; invalid_samples: what the scan left out.

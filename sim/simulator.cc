@@ -125,6 +125,7 @@ class Simulation {
     double ingress_free = 0;
     double egress_free = 0;
     double storage_free = 0;
+    double service_free = 0;  // sim.service_us_per_sample: when the node's service CPU is next free
     bool alive = true;
   };
   struct TrainerState {
@@ -290,7 +291,15 @@ void Simulation::on_batch(std::uint32_t trainer, const proto::BatchFrame& sent) 
     t.fingerprint += mix_id(id);
     if (d.tier <= 2) ++tier_counts_[d.tier];
   }
-  t.ready.push_back(now_);
+  // The node's service CPU serves its trainers' batches one after another (the daemon's
+  // service thread): the batch is in the trainer's hands when its samples have been served.
+  double ready = now_;
+  if (sim_.service_us_per_sample > 0) {
+    NodeModel& node = nodes_[trainer / options_.trainers_per_node];
+    ready = std::max(now_, node.service_free) + static_cast<double>(frame.samples.size()) * sim_.service_us_per_sample * 1e-6;
+    node.service_free = ready;
+  }
+  t.ready.push_back(ready);
   if (t.ready.size() == 1) ++ready_trainers_;
   if (!finishing_) try_step();
 }

@@ -68,6 +68,20 @@ def main():
     if len(a.stats) != 1:
         problems.append(f'expected one stats file for the job, found {a.stats}')
     lines = [json.loads(l) for l in open(a.stats[0], encoding='utf-8') if l.strip()]
+    # The first line is the job record (shardmix-whatif rebuilds the job from it).
+    job = lines.pop(0).get('job') if lines else None
+    if not isinstance(job, dict):
+        problems.append('stats file: the first line is not the job record {"job": {...}}')
+    else:
+        if job.get('nodes') != a.nodes or job.get('trainers_per_node') * a.nodes != a.trainers \
+                or job.get('samples') != a.samples:
+            problems.append(f'job record {job} does not match {a.nodes} nodes, {a.trainers} trainers, {a.samples} samples')
+        cfg = job.get('config', {})
+        for key in ('batch.size', 'cache.capacity', 'shuffle.exchange_fraction', 'service.prefetch'):
+            if key not in cfg:
+                problems.append(f'job record has no config key {key}: {cfg}')
+        if not (0 < job.get('median_sample_bytes', 0) <= job.get('bytes', 0)):
+            problems.append(f'job record sample sizes implausible: {job}')
     by_epoch = {l['epoch']: l for l in lines}
     if sorted(by_epoch) != list(range(a.epochs)) or len(lines) != a.epochs:
         problems.append(f'stats file has epochs {[l["epoch"] for l in lines]}, expected 0..{a.epochs - 1} once each')

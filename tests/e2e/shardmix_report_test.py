@@ -26,6 +26,9 @@ line = {"epoch": 0, "complete": True, "nodes": 2, "trainers": 4, "trainers_repor
 with tempfile.TemporaryDirectory() as d:
     stats = os.path.join(d, 'stats.jsonl')
     with open(stats, 'w') as f:
+        # A job's first line is its job record (server/telemetry.h JobRecord): skipped here.
+        f.write(json.dumps({"job": {"version": 1, "nodes": 2, "trainers_per_node": 1, "samples": 600,
+                                    "config": {"batch.size": "8"}}}) + '\n')
         for e in range(3):
             f.write(json.dumps(dict(line, epoch=e, affinity=None if e == 0 else 0.25)) + '\n')
     out = subprocess.run([report, stats], capture_output=True, text=True, check=True).stdout

@@ -242,3 +242,26 @@ TEST(SyntheticCatalogTest, AShardLayoutHoldsWhatARealShardCatalogHolds) {
 
 }  // namespace
 }  // namespace shardmix::sim
+
+namespace shardmix::sim {
+namespace {
+
+// sim.service_us_per_sample: each node serves its trainers' samples one after another, so
+// a node delivers at most 1e6 / cost samples per second, whatever the trainers could take.
+TEST(SimulatorServiceCpuTest, ServiceCostBoundsEachNode) {
+  const SimResult free = run(small());
+  const SimResult costly = run(small({"sim.service_us_per_sample=1000"}));
+  EXPECT_TRUE(costly.exactly_once) << (costly.audit_errors.empty() ? costly.error : costly.audit_errors.front());
+  ASSERT_EQ(costly.epochs.size(), free.epochs.size());
+  for (std::size_t e = 0; e < costly.epochs.size(); ++e) {
+    // 4 nodes x 1000 samples/s; the trainers alone would take 8 x 2500.
+    EXPECT_LE(costly.epochs[e].samples_per_s, 4 * 1000.0 * (1 + 1e-9));
+    EXPECT_GT(costly.epochs[e].samples_per_s, 0.8 * 4 * 1000.0);
+    EXPECT_GT(costly.epochs[e].stall_fraction, 0.5);
+    EXPECT_GT(free.epochs[e].samples_per_s, 2 * costly.epochs[e].samples_per_s);
+    EXPECT_DOUBLE_EQ(costly.epochs[e].tier_local, free.epochs[e].tier_local);
+  }
+}
+
+}  // namespace
+}  // namespace shardmix::sim
