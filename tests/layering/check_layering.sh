@@ -27,15 +27,21 @@ grep -rqE "$headers" "$src/control" || bad "self-check: found no MPI include in 
 grep -rqE "$headers" "$src/fabric" || bad "self-check: found no libfabric include in fabric/ (is the header pattern broken?)"
 
 # Symbols: C names of MPI (MPI_*, PMPI_*, ompi_*), libfabric (fi_*), ibverbs (ibv_*), and
-# Boost.Asio's mangled namespace.
+# Boost.Asio's mangled namespace. Each archive's symbol list is taken whole first: a
+# `grep -q` or `head` at the end of a pipeline would end nm early, and with pipefail that
+# SIGPIPE would read as a failed match (seen with the larger sanitizer archives).
 symbols='^(P?MPI_|ompi_|fi_|ibv_)|boost4asio'
+symbol_names() { nm -P "$1" 2>/dev/null | awk '{print $1}'; }
 for lib in "$core" "$client" "${more[@]}"; do
-  if hits=$(nm -P "$lib" 2>/dev/null | awk '{print $1}' | grep -E "$symbols" | sort -u | head -20) && [[ -n $hits ]]; then
-    bad "$(basename "$lib") refers to transport symbols:"; echo "$hits"
+  names=$(symbol_names "$lib")
+  [[ -n $names ]] || bad "self-check: nm listed no symbol at all in $lib"
+  hits=$(grep -E "$symbols" <<<"$names" | sort -u) || true
+  if [[ -n $hits ]]; then
+    bad "$(basename "$lib") refers to transport symbols:"; head -20 <<<"$hits"
   fi
 done
-nm -P "$control" | awk '{print $1}' | grep -qE '^P?MPI_' || bad "self-check: no MPI symbol in $(basename "$control")"
-nm -P "$fabric" | awk '{print $1}' | grep -qE '^fi_' || bad "self-check: no fi_ symbol in $(basename "$fabric")"
+grep -qE '^P?MPI_' <<<"$(symbol_names "$control")" || bad "self-check: no MPI symbol in $(basename "$control")"
+grep -qE '^fi_' <<<"$(symbol_names "$fabric")" || bad "self-check: no fi_ symbol in $(basename "$fabric")"
 
 libs='lib(mpi|open-pal|open-rte|pmix|fabric|ibverbs|rdmacm|boost)'
 needed=$(readelf -d "$probe" | awk '/NEEDED/{gsub(/[][]/, "", $5); print $5}')
