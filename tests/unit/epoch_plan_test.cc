@@ -11,6 +11,7 @@
 
 #include "common/epoch_plan.h"
 #include "common/placement.h"
+#include "tests/unit/plan_support.h"
 #include "common/rng.h"
 #include "common/shuffle_metrics.h"
 
@@ -54,15 +55,10 @@ rc::Gen<Case> gen_case() {
   });
 }
 
-struct Built {
-  PlanShape shape;
-  Placement placement;
-};
+using Built = test_support::BuiltPlan;
 
 Built build(const Case& c) {
-  Built b{make_plan_shape(c.sizes.size(), c.job), {}};
-  b.placement = make_placement(c.sizes, b.shape, c.policy, c.shuffle.seed);
-  return b;
+  return test_support::build_plan(c.sizes, c.job, c.policy, c.shuffle.seed);
 }
 
 // Exactly once, equal batch counts, batch sizes, drop_last accounting.

@@ -15,6 +15,7 @@
 
 #include "common/epoch_plan.h"
 #include "common/placement.h"
+#include "tests/unit/plan_support.h"
 #include "common/rng.h"
 #include "common/shuffle_metrics.h"
 
@@ -58,15 +59,10 @@ rc::Gen<Case> gen_case() {
   }));
 }
 
-struct Built {
-  PlanShape shape;
-  Placement placement;
-};
+using Built = test_support::BuiltPlan;
 
 Built build(const Case& c) {
-  Built b{make_plan_shape(c.sizes.size(), c.job), {}};
-  b.placement = make_placement(c.sizes, b.shape, c.policy, c.shuffle.seed, c.capacity);
-  return b;
+  return test_support::build_plan(c.sizes, c.job, c.policy, c.shuffle.seed, c.capacity);
 }
 
 // Samples of the epoch that no trainer gets (the drop_last leftovers), ascending.
