@@ -63,7 +63,8 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("--ceiling", type=float, required=True, help="shuffle.exchange_fraction")
     p.add_argument("--unreachable", action="store_true", help="the floor is above what the ceiling gives")
     a = p.parse_args(argv)
-    text = open(a.log, encoding="utf-8", errors="replace").read()
+    with open(a.log, encoding="utf-8", errors="replace") as f:
+        text = f.read()
     pattern = UNMET if a.unreachable else CHOSE
     logged: Dict[int, Dict[int, Tuple[float, float]]] = collections.defaultdict(dict)
     for rank, epoch, q, mean in pattern.findall(text):
