@@ -659,6 +659,7 @@ class Checker:
         skipped_by_epoch = self.load_skipped() if a.skipped else {}
         empty_by_epoch = self.load_empty()
         dropped_before: Optional[set] = None
+        dropped_by_epoch: Dict[int, set] = {}
         for e in range(a.epochs):
             erows = by_epoch.get(e, [])
             tiers: collections.Counter = collections.Counter()
@@ -751,6 +752,7 @@ class Checker:
                                  "(the leftover must be drawn afresh every epoch)"
                                  % (e, len(dropped), e - 1))
                 dropped_before = dropped
+                dropped_by_epoch[e] = dropped
                 expected = (N // (a.trainers * a.batch_size)) * a.trainers * a.batch_size
                 if delivered + len(skipped) != expected:
                     self.problem("count", "epoch %d: %d samples delivered, expected "
@@ -773,6 +775,14 @@ class Checker:
             per_epoch.append({"epoch": e, "delivered": delivered, "skipped": len(skipped), "empty_batches": empty,
                               "distinct": len(seen), "tiers": dict(tiers),
                               "batches_per_rank": len(batches[0]) if a.trainers else 0})
+
+        # Where each epoch's drop_last leftover came from (owners are known once all epochs
+        # are read; a sample never delivered in any epoch has none): "?" for those.
+        for pe in per_epoch:
+            dropped = dropped_by_epoch.get(pe["epoch"])
+            if dropped is not None:
+                by_owner = collections.Counter(str(path_owner[p][0]) if p in path_owner else "?" for p in dropped)
+                pe["dropped_by_owner"] = dict(sorted(by_owner.items()))
 
         # epochs must differ in order
         for e in range(1, a.epochs):

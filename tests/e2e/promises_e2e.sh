@@ -3,9 +3,9 @@
 # shardmixd daemons through deploy/launch.sh, shardmix-consume trainers, and independent
 # checkers (check_traces.py, check_min_entropy.py, check_overtake.py). One case a call:
 #   drop_last     batch.drop_last = true; 1006 samples for 8 trainers x 8: a leftover of
-#                 46 every epoch, dropped unevenly across the nodes; 3 epochs of equal
-#                 counts of full batches, no sample twice, exactly 46 missing, and a
-#                 different 46 each epoch.
+#                 46 every epoch; 3 epochs of equal counts of full batches, no sample
+#                 twice, exactly 46 missing, a different 46 each epoch, and a different
+#                 share of them from each node's samples.
 #   empty_batch   drop_last = false; 965 samples = 15 x 64 + 5: 3 of the 8 trainers get
 #                 an empty last batch each epoch. The trace lists it (empty-rank-R.csv)
 #                 and check_traces.py counts it; exactly 3 per epoch.
@@ -97,6 +97,10 @@ case $case in
     traces run 3 --drop-last --expect-peer
     # 1006 = 15 x 64 + 46: the checker counted 960 delivered, so exactly 46 missing.
     [[ $(per_epoch run delivered | sort -u) == 960 ]] || sm_die "not 960 samples delivered every epoch" 1
+    # The leftover is drawn afresh: how many each node's samples lose changes between epochs.
+    by_owner=$(per_epoch run dropped_by_owner)
+    echo "dropped samples by owner node, per epoch:"$'\n'"$by_owner"
+    (($(sort -u <<<"$by_owner" | wc -l) > 1)) || sm_die "every epoch dropped the same count from each node" 1
     ;;
   empty_batch)
     dataset 965 10
