@@ -30,49 +30,29 @@
 set -euo pipefail
 
 SM_PROG=promises_e2e
-here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-# shellcheck source=deploy/lib.sh
-source "$here/../../deploy/lib.sh"
+# shellcheck source=tests/e2e/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
+here=$SM_E2E
 
 case=${1:-}
 nodes=4 per_node=2 batch=8 seed=20240611
 trainers=$((nodes * per_node))
-sm_require_exes shardmixd shardmix-consume shardmix-gen
-consume=$(sm_find_exe shardmix-consume)
-python=$(sm_python) || sm_die "python3 not found"
+e2e_init promises
 trainer=("$consume")  # the trainer command job() runs, before its --epochs and --trace
 sm_unexport_tool_vars
-sm_test_tmpdir promises
-tmp=$SM_TMP
 
 # dataset SAMPLES CLASSES: shardmix-gen's class folders in $tmp/data.
-dataset() {
-  "$(sm_find_exe shardmix-gen)" --out "$tmp/data" --samples "$1" --classes "$2" --median-kib 4 --seed 7 --quiet
-}
+dataset() { e2e_gen_dataset "$1" "$2" 4 7; }
 # job NAME EPOCHS [--set K=V...]: the daemons and trainers of one run; the trace goes to
 # $tmp/NAME, the daemons' log to $tmp/NAME.log.
 job() {
-  local name=$1 epochs=$2 rc=0
+  local name=$1 epochs=$2
   shift 2
-  cat >"$tmp/base.toml" <<TOML
-[dataset]
-path = "$tmp/data"
-[batch]
-size = $batch
-[shuffle]
-seed = $seed
-[fabric]
-provider = "tcp"
-interface = "lo"
-[service]
-trainers_per_node = $per_node
-TOML
+  sm_write_config "$tmp/base.toml" dataset.path="$tmp/data" batch.size="$batch" shuffle.seed="$seed" \
+    fabric.provider=tcp fabric.interface=lo service.trainers_per_node="$per_node"
   sm_section "$case: $name, $nodes daemons x $per_node trainers, $epochs epochs $*"
-  # Our own deadline, below ctest's TIMEOUT, so that launch.sh's traps stop the daemons.
-  timeout -s TERM -k 20 "${SHARDMIX_E2E_TIMEOUT:-200}" bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" \
-    --config "$tmp/base.toml" --trainers-per-node "$per_node" --daemon-log "$tmp/$name.log" "$@" \
-    -- "${trainer[@]}" --epochs "$epochs" --trace "$tmp/$name" || rc=$?
-  ((rc == 0)) || { tail -n 20 "$tmp/$name.log" >&2; sm_die "$name: launch.sh failed with exit code $rc" 1; }
+  e2e_launch_or_die "${SHARDMIX_E2E_TIMEOUT:-200}" "$tmp/$name.log" --nodes "$nodes" --config "$tmp/base.toml" \
+    --trainers-per-node "$per_node" "$@" -- "${trainer[@]}" --epochs "$epochs" --trace "$tmp/$name"
 }
 # traces NAME EPOCHS [check_traces.py flags...]: exactly once against the files.
 traces() {
