@@ -62,15 +62,7 @@ sm_before_tmp_cleanup() {
 raw=$work/raw.jsonl
 : >"$raw"
 
-# Bytes the nodes received over their links so far (their bridge ports' transmit counters).
-wire_bytes() {
-  local i total=0 b
-  for ((i = 0; i < nodes; i++)); do
-    b=$(<"/sys/class/net/${prefix}h$i/statistics/tx_bytes")
-    total=$((total + b))
-  done
-  echo "$total"
-}
+wire_bytes() { sm_netns_received_bytes "$prefix" "$nodes"; }
 
 failures=0
 # run_point SCENARIO Q W RUN SLOW_RANK SLOW_DELAY LINK_RATE

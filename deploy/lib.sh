@@ -15,6 +15,7 @@
 #                                             the environment of shardmixd and the trainers
 #   sm_require_exes NAME...                   die unless every ShardMix executable is built
 #   sm_test_tmpdir LABEL                      a test's temp dir in SM_TMP, removed on exit
+#   sm_netns_received_bytes PREFIX N          bytes netns-cluster.sh's N nodes received so far
 
 SM_PROG=${SM_PROG:-$(basename -- "${BASH_SOURCE[1]:-$0}")}
 SM_REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -69,6 +70,17 @@ sm_test_tmpdir() {
 _sm_test_cleanup() {
   if declare -F sm_before_tmp_cleanup >/dev/null; then sm_before_tmp_cleanup || true; fi
   if [[ ${SHARDMIX_E2E_KEEP:-0} == 1 ]]; then sm_log "kept $SM_TMP"; else rm -rf -- "$SM_TMP"; fi
+}
+
+# Bytes the N nodes of deploy/netns-cluster.sh's cluster PREFIX received over their links
+# so far: the transmit counters of their bridge ports (<PREFIX>h<i>, the root-namespace ends).
+sm_netns_received_bytes() {
+  local prefix=$1 nodes=$2 i total=0 b
+  for ((i = 0; i < nodes; i++)); do
+    b=$(<"/sys/class/net/${prefix}h$i/statistics/tx_bytes")
+    total=$((total + b))
+  done
+  echo "$total"
 }
 
 # mpirun and the flags that work on the development machines (docs/performance.md).

@@ -75,14 +75,7 @@ interface = "${prefix}eth"
 level = "info"
 EOF
 
-wire_bytes() { # bytes the namespaces received over their links so far
-  local i total=0 b
-  for ((i = 0; i < nodes; i++)); do
-    b=$(<"/sys/class/net/${prefix}h$i/statistics/tx_bytes")
-    total=$((total + b))
-  done
-  echo "$total"
-}
+wire_bytes() { sm_netns_received_bytes "$prefix" "$nodes"; }
 
 sm_section "run: $nodes daemons in namespaces, $nodes trainers in the root namespace, $epochs epochs"
 before=$(wire_bytes)
