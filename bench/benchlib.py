@@ -6,7 +6,8 @@ span over ranks; utc_now and machine head a result file.
 
 The PyTorch DataLoader baselines (storage_torch.py, stall_torch.py, torch_loader.py):
 SampleFiles, the map-style dataset of raw sample files they all read; and for the ones that
-start one process per rank, add_rank_arguments, run_ranks, join_ranks and rank_loader.
+start one process per rank, add_rank_arguments, run_ranks, join_ranks, rank_loader and
+timed_epochs.
 Importing this module does not import torch: the report scripts run without it.
 """
 import argparse
@@ -19,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 
 # ----------------------------------------------------------------------------- results
@@ -145,6 +147,27 @@ def rank_loader(args, dataset):
                         collate_fn=collate_list, persistent_workers=args.workers > 0,
                         prefetch_factor=args.prefetch if args.workers > 0 else None)
     return sampler, loader
+
+
+def timed_epochs(args, dist, sampler, batches, bench, consume):
+    """args.epochs epochs over batches, each started together (a barrier, as DDP ranks
+    would) and timed on the monotonic clock; consume(batch) handles a batch and returns
+    its bytes. Prints one 'JSON' line per epoch: bench, rank, epoch, samples, bytes,
+    workers, t_start, t_end. sampler (None for in-memory batches) gets set_epoch."""
+    for epoch in range(args.epochs):
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        dist.barrier()
+        t_start = time.monotonic()
+        samples = nbytes = 0
+        for batch in batches:
+            nbytes += consume(batch)
+            samples += len(batch)
+        t_end = time.monotonic()
+        print_json_line({"bench": bench, "rank": args.rank, "epoch": epoch, "samples": samples, "bytes": nbytes,
+                         "workers": args.workers, "t_start": t_start, "t_end": t_end})
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def print_json_line(record):

@@ -20,7 +20,6 @@ left out when there are more) of samples/s per trainer.
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys

@@ -39,27 +39,13 @@ def run_rank(args):
     if args.synthetic_batches:
         per_sample = max(1, args.synthetic_batch_bytes // args.batch)
         batch = [(bytes(per_sample), 0)] * args.batch
-        batches = [batch] * args.synthetic_batches
+        sampler, loader = None, [batch] * args.synthetic_batches
         sink = bytearray(per_sample)
-        loader = batches
     else:
         ds = benchlib.SampleFiles(args.root, benchlib.read_list(args.list))
         sampler, loader = benchlib.rank_loader(args, ds)
         sink = bytearray(max(ds.sizes))
-    for epoch in range(args.epochs):
-        if not args.synthetic_batches:
-            sampler.set_epoch(epoch)
-        dist.barrier()
-        t0 = time.monotonic()
-        samples = nbytes = 0
-        for b in loader:
-            nbytes += train_step(b, sink, compute_s)
-            samples += len(b)
-        t1 = time.monotonic()
-        benchlib.print_json_line({"bench": "stall_torch", "rank": args.rank, "epoch": epoch, "samples": samples,
-                                  "bytes": nbytes, "workers": args.workers, "t_start": t0, "t_end": t1})
-    dist.barrier()
-    dist.destroy_process_group()
+    benchlib.timed_epochs(args, dist, sampler, loader, "stall_torch", lambda b: train_step(b, sink, compute_s))
 
 
 def main():

@@ -19,7 +19,6 @@ Needs torch (Debian python3-torch, for /usr/bin/python3).
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
@@ -28,20 +27,7 @@ import benchlib  # noqa: E402
 def run_rank(args):
     dist = benchlib.join_ranks(args)
     sampler, loader = benchlib.rank_loader(args, benchlib.SampleFiles(args.root, benchlib.read_list(args.list)))
-    for epoch in range(args.epochs):
-        sampler.set_epoch(epoch)
-        dist.barrier()
-        t0 = time.monotonic()
-        samples = nbytes = 0
-        for batch in loader:
-            for data, _label in batch:
-                samples += 1
-                nbytes += len(data)
-        t1 = time.monotonic()
-        benchlib.print_json_line({"bench": "torch", "rank": args.rank, "epoch": epoch, "samples": samples,
-                                  "bytes": nbytes, "workers": args.workers, "t_start": t0, "t_end": t1})
-    dist.barrier()
-    dist.destroy_process_group()
+    benchlib.timed_epochs(args, dist, sampler, loader, "torch", lambda batch: sum(len(data) for data, _ in batch))
 
 
 def main():
