@@ -6,8 +6,7 @@ span over ranks; utc_now and machine head a result file.
 
 The PyTorch DataLoader baselines (storage_torch.py, stall_torch.py, torch_loader.py):
 SampleFiles, the map-style dataset of raw sample files they all read; and for the ones that
-start one process per rank, add_rank_arguments, run_ranks, join_ranks, rank_loader and
-timed_epochs.
+start one process per rank, rank_main, join_ranks, rank_loader and timed_epochs.
 Importing this module does not import torch: the report scripts run without it.
 """
 import argparse
@@ -99,8 +98,17 @@ def read_list(path):
         return [line.split()[0] for line in f if line.strip()]
 
 
-def add_rank_arguments(parser):
-    """The options of a DataLoader baseline that starts one process per rank."""
+def rank_main(script, doc, run_rank, label, add_arguments=None, check=None):
+    """The main() of a DataLoader baseline that runs one process per rank. Its options:
+    what add_arguments(parser) adds, then --world, --workers, --prefetch, --epochs, --batch
+    and --seed; check(parser, args) may reject a combination. Without --rank it starts
+    --world copies of script (argv plus the gloo rendezvous file and --rank R), relays
+    their output and returns the first non-zero exit status; with --rank it is one of
+    them and calls run_rank(args)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    if add_arguments:
+        add_arguments(parser)
     parser.add_argument("--world", type=int, default=4, help="rank processes")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
     parser.add_argument("--prefetch", type=int, default=2, help="DataLoader prefetch_factor (batches per worker)")
@@ -109,15 +117,15 @@ def add_rank_arguments(parser):
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--store", default=None, help=argparse.SUPPRESS)
-
-
-def run_ranks(script, argv, world, label):
-    """Starts script once per rank (argv plus --store, the gloo rendezvous file, and --rank R)
-    and waits for all; returns the first non-zero exit status, else 0. The ranks' output goes
-    to this process's stdout."""
+    args = parser.parse_args()
+    if check:
+        check(parser, args)
+    if args.rank is not None:
+        run_rank(args)
+        return 0
     with tempfile.TemporaryDirectory(prefix=f"smx-{label}.") as tmp:
-        base = [sys.executable, os.path.abspath(script)] + list(argv) + ["--store", os.path.join(tmp, "store")]
-        procs = [subprocess.Popen(base + ["--rank", str(r)]) for r in range(world)]
+        base = [sys.executable, os.path.abspath(script)] + sys.argv[1:] + ["--store", os.path.join(tmp, "store")]
+        procs = [subprocess.Popen(base + ["--rank", str(r)]) for r in range(args.world)]
         rc = 0
         for proc in procs:
             rc = proc.wait() or rc
@@ -143,9 +151,11 @@ def rank_loader(args, dataset):
     from torch.utils.data.distributed import DistributedSampler
 
     sampler = DistributedSampler(dataset, num_replicas=args.world, rank=args.rank, shuffle=True, seed=args.seed)
+    # prefetch_factor only with workers: some torch versions reject any value (None too)
+    # when the loader runs in the rank's own process.
+    workers = {"persistent_workers": True, "prefetch_factor": args.prefetch} if args.workers > 0 else {}
     loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler, num_workers=args.workers,
-                        collate_fn=collate_list, persistent_workers=args.workers > 0,
-                        prefetch_factor=args.prefetch if args.workers > 0 else None)
+                        collate_fn=collate_list, **workers)
     return sampler, loader
 
 

@@ -12,7 +12,6 @@ reference. Every rank prints one line per epoch:
     /usr/bin/python3 bench/stall_torch.py --root DIR --list FILES [--workers 2] [--compute-ms 5]
                                           [--epochs 3] [--synthetic-batches N --synthetic-batch-bytes B]
 """
-import argparse
 import os
 import sys
 import time
@@ -48,22 +47,18 @@ def run_rank(args):
     benchlib.timed_epochs(args, dist, sampler, loader, "stall_torch", lambda b: train_step(b, sink, compute_s))
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--root", default="")
-    p.add_argument("--list", default="")
-    benchlib.add_rank_arguments(p)
-    p.add_argument("--compute-ms", type=float, default=0.0)
-    p.add_argument("--synthetic-batches", type=int, default=0)
-    p.add_argument("--synthetic-batch-bytes", type=int, default=0)
-    args = p.parse_args()
+def add_arguments(parser):
+    parser.add_argument("--root", default="")
+    parser.add_argument("--list", default="")
+    parser.add_argument("--compute-ms", type=float, default=0.0)
+    parser.add_argument("--synthetic-batches", type=int, default=0)
+    parser.add_argument("--synthetic-batch-bytes", type=int, default=0)
+
+
+def check(parser, args):
     if not args.synthetic_batches and not (args.root and args.list):
-        p.error("--root and --list are needed unless --synthetic-batches is given")
-    if args.rank is not None:
-        run_rank(args)
-        return 0
-    return benchlib.run_ranks(__file__, sys.argv[1:], args.world, "stall")
+        parser.error("--root and --list are needed unless --synthetic-batches is given")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(benchlib.rank_main(__file__, __doc__, run_rank, "stall", add_arguments, check))

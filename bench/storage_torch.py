@@ -16,7 +16,6 @@ with time.monotonic() (CLOCK_MONOTONIC, comparable with shardmix-consume's t_sta
 Without --rank the script starts the --world ranks itself and relays their lines.
 Needs torch (Debian python3-torch, for /usr/bin/python3).
 """
-import argparse
 import os
 import sys
 
@@ -30,18 +29,10 @@ def run_rank(args):
     benchlib.timed_epochs(args, dist, sampler, loader, "torch", lambda batch: sum(len(data) for data, _ in batch))
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--root", required=True)
-    p.add_argument("--list", required=True)
-    benchlib.add_rank_arguments(p)
-    args = p.parse_args()
-    if args.rank is not None:
-        run_rank(args)
-        return 0
-    return benchlib.run_ranks(__file__, sys.argv[1:], args.world, "torch")
+def add_arguments(parser):
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--list", required=True)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(benchlib.rank_main(__file__, __doc__, run_rank, "torch", add_arguments))
