@@ -43,9 +43,6 @@ source "$(dirname -- "${BASH_SOURCE[0]}")/../deploy/lib.sh"
   data_root=${SHARDMIX_BENCH_DIR:-/tmp/shardmix-bench}
   torch_python=${SHARDMIX_TORCH_PYTHON:-/usr/bin/python3}
 }
-# These two are the benchmarks' own knobs: shardmixd rejects SHARDMIX_* names it does not
-# know, and deploy/launch.sh passes every other SHARDMIX_* on (it keeps its own back itself).
-export -n SHARDMIX_BENCH_DIR SHARDMIX_TORCH_PYTHON 2>/dev/null || true
 
 # ---------------------------------------------------------------- arguments
 
@@ -179,7 +176,9 @@ bench_dataset() {
   rm -rf -- "$dir"
   mkdir -p -- "$(dirname -- "$dir")"
   sm_log "generating $dir ($*)"
-  "$build/tools/shardmix-gen" --out "$dir" --seed 1 --quiet "$@" >&2
+  # Explicit: a caller's $(...) does not inherit set -e, and a dataset a failed run left
+  # behind must not be marked complete.
+  "$build/tools/shardmix-gen" --out "$dir" --seed 1 --quiet "$@" >&2 || sm_die "shardmix-gen could not write $dir" 1
   : >"$dir/.complete"
 }
 
@@ -189,7 +188,7 @@ bench_dataset() {
 bench_sample_dataset() {
   local samples=$1 median_kib=$2 dir=$data_root/data-$1-$2k sigma=0.5
   if [[ ${3-} == fixed ]]; then dir+=-fixed sigma=0; fi
-  bench_dataset "$dir" --samples "$samples" --classes 1000 --median-kib "$median_kib" --sigma "$sigma"
+  bench_dataset "$dir" --samples "$samples" --classes 1000 --median-kib "$median_kib" --sigma "$sigma" || return
   printf '%s\n' "$dir"
 }
 
@@ -247,7 +246,11 @@ bench_launch() {
     limit=(timeout -s TERM -k 20 "$2")
     shift 2
   fi
-  SHARDMIX_BUILD_DIR=$build "${limit[@]}" bash "$repo/deploy/launch.sh" --daemon-log "$daemon_log" "$@" >"$out" 2>&1
+  # SHARDMIX_BENCH_DIR and SHARDMIX_TORCH_PYTHON are the benchmarks' own knobs (exported
+  # for the scripts run.sh starts): shardmixd rejects SHARDMIX_* names it does not know, and
+  # launch.sh passes every SHARDMIX_* but its own on to it.
+  "${limit[@]}" env -u SHARDMIX_BENCH_DIR -u SHARDMIX_TORCH_PYTHON SHARDMIX_BUILD_DIR="$build" \
+    bash "$repo/deploy/launch.sh" --daemon-log "$daemon_log" "$@" >"$out" 2>&1
 }
 
 # The same, but a failed job ends the script (exit 1) after showing the trainers' output
