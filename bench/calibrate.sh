@@ -60,10 +60,11 @@ bench_mpirun "$nodes" "$build/tools/shardmix-consume" --synthetic-batches "$batc
   --synthetic-batch-bytes $((batch * mean_bytes)) --touch copy --compute-ms "$compute_ms" --epochs 2 --json \
   >"$work/y.txt" 2>&1 || { cat "$work/y.txt"; exit 1; }
 
-python3 - "$work" "$out" "$nodes" "$batch" "$compute_ms" "$provider" <<'PY'
-import json, sys, datetime
+PYTHONPATH=$bench_dir python3 - "$work" "$out" "$nodes" "$batch" "$compute_ms" "$provider" <<'PY'
+import sys, datetime
+import benchlib
 work, out, nodes, batch, compute_ms, provider = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
-jl = lambda f: [json.loads(l[5:]) for l in open(f"{work}/{f}") if l.startswith("JSON ")]
+jl = lambda f: benchlib.json_lines(f"{work}/{f}")
 fab = jl("f.txt")[-1]
 sto = jl("s.txt")[-1]
 syn = [r for r in jl("y.txt") if r["epoch"] >= 1] or jl("y.txt")

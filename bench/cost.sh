@@ -77,10 +77,11 @@ for ((r = 0; r < repeat; r++)); do
   grep -v '^JSON ' "$work/s.txt" | grep ' epoch ' | tail -4 || true
   PYTHONPATH=$bench_dir python3 - "$work" "$samples" "$median_kib" "$epochs" "$loadavg" >>"$raw" <<'PY'
 import json, sys
+import benchlib
 import costs_report as cr
 work = sys.argv[1]
 before, after = json.load(open(f"{work}/before.json")), json.load(open(f"{work}/after.json"))
-epochs = [json.loads(l[5:]) for l in open(f"{work}/s.txt") if l.startswith("JSON ")]
+epochs = benchlib.json_lines(f"{work}/s.txt")
 memory = {str(k): v for k, v in cr.daemon_reports(open(f"{work}/d.log").read(), "memory").items()}
 if len(memory) != 4:
     sys.exit(f"cost.sh: expected 4 'memory:' lines in the daemon log, got {len(memory)}")

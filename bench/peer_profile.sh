@@ -53,14 +53,15 @@ touch "$work/smx.stop"; wait "$sampler"
 echo "loadavg after: $(cat /proc/loadavg)" | tee -a "$work/summary.txt"
 
 # The measured epochs' span (epoch 0 includes connection set-up), on the same clock.
-read -r t0 t1 < <($py -c '
-import json, sys
-rows = [json.loads(l[5:]) for l in open(sys.argv[1]) if l.startswith("JSON ") and json.loads(l[5:])["epoch"] > 0]
+read -r t0 t1 < <(PYTHONPATH=$bench_dir $py -c '
+import sys, benchlib
+rows = [r for r in benchlib.json_lines(sys.argv[1]) if r["epoch"] > 0]
 print(min(r["t_start"] for r in rows), max(r["t_end"] for r in rows))' "$work/s.txt")
 $py "$bench_dir/thread_cpu.py" window "$work/smx" "$t0" "$t1" >"$work/smx.threads"
 
-$py - "$work" <<'PY' | tee -a "$work/summary.txt"
-import json, sys
+PYTHONPATH=$bench_dir $py - "$work" <<'PY' | tee -a "$work/summary.txt"
+import sys
+import benchlib
 work = sys.argv[1]
 def fabric(path):
     seconds = cpu = invol = 0.0
@@ -71,10 +72,9 @@ def fabric(path):
         elif len(f) == 8 and f[1] == "smx-fabric":
             cpu += float(f[3]) + float(f[4]); invol += float(f[7])
     return seconds, cpu, invol
-raw_gbps = [json.loads(l[5:]) for l in open(f"{work}/raw.txt") if l.startswith("JSON ")][-1]["total_gbps"]
-rows = [json.loads(l[5:]) for l in open(f"{work}/s.txt") if l.startswith("JSON ")]
-measured = [r for r in rows if r["epoch"] > 0]
-span = max(r["t_end"] for r in measured) - min(r["t_start"] for r in measured)
+raw_gbps = benchlib.json_lines(f"{work}/raw.txt")[-1]["total_gbps"]
+measured = [r for r in benchlib.json_lines(f"{work}/s.txt") if r["epoch"] > 0]
+span = benchlib.epoch_span(measured)
 peer_gbps = sum(r["peer_bytes"] for r in measured) / span / 1e9
 rs, rc, ri = fabric(f"{work}/raw.threads")
 ss, sc, si = fabric(f"{work}/smx.threads")

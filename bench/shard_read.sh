@@ -69,12 +69,13 @@ mkdir -p -- "$repo/bench/results"
 suffix=""
 ((open_shards == 64)) || suffix=-open$open_shards
 out=$repo/bench/results/shard-read-$format$suffix-latest.json
-python3 - "$work/out.txt" "$fs_line" "$command_line" "$load_before" "$load_after" "$latency_ms" \
+PYTHONPATH=$bench_dir python3 - "$work/out.txt" "$fs_line" "$command_line" "$load_before" "$load_after" "$latency_ms" \
   "$open_latency_ms" "$bandwidth_mbps" >"$out" <<'EOF'
-import json, sys, datetime
-lines = [json.loads(l[5:]) for l in open(sys.argv[1]) if l.startswith("JSON ")]
+import json, sys
+import benchlib
+lines = benchlib.json_lines(sys.argv[1])
 print(json.dumps({
-    "measured_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    "measured_utc": benchlib.utc_now(),
     "command": sys.argv[3],
     "loadavg_before": sys.argv[4], "loadavg_after": sys.argv[5],
     "slowfs": {"latency_ms": float(sys.argv[6]), "open_latency_ms": float(sys.argv[7]),

@@ -66,11 +66,10 @@ best_workers="" best_rate=0
 for w in $workers; do
   echo "== DataLoader, $w workers, no compute"
   "$torch_python" "$bench_dir/stall_torch.py" --root "$data" --list "$work/list" --workers "$w" --epochs 2 >"$work/t.txt"
-  rate=$(python3 -c '
-import json, sys
-rows = [json.loads(l[5:]) for l in open(sys.argv[1]) if l.startswith("JSON ")]
-last = [r for r in rows if r["epoch"] == 1]
-print(sum(r["samples"] for r in last) / (max(r["t_end"] for r in last) - min(r["t_start"] for r in last)))' "$work/t.txt")
+  rate=$(PYTHONPATH=$bench_dir python3 -c '
+import sys, benchlib
+last = [r for r in benchlib.json_lines(sys.argv[1]) if r["epoch"] == 1]
+print(sum(r["samples"] for r in last) / benchlib.epoch_span(last))' "$work/t.txt")
   echo "   $rate samples/s"
   tag_rows torch_probe "\"loader\": \"dataloader\", \"run\": $w, \"fraction\": null, \"config\": \"$w workers\"" <"$work/t.txt"
   if python3 -c "import sys; sys.exit(0 if $rate > $best_rate else 1)"; then best_workers=$w best_rate=$rate; fi

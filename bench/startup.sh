@@ -53,9 +53,10 @@ for n in $sizes; do
     "$build/bench/shardmix-bench-storage-read" --dir "$data" --list "$list" --threads "$read_threads" --seed "$r" --json \
       >"$work/read.txt"
     grep -v '^JSON ' "$work/read.txt" | tail -2
-    python3 - "$work/read.txt" "$n" "$read_threads" >>"$raw" <<'PY'
+    PYTHONPATH=$bench_dir python3 - "$work/read.txt" "$n" "$read_threads" >>"$raw" <<'PY'
 import json, sys
-j = [json.loads(l[5:]) for l in open(sys.argv[1]) if l.startswith("JSON ")][-1]
+import benchlib
+j = benchlib.json_lines(sys.argv[1])[-1]
 mbps = j.get("mbps", j.get("MBps", j.get("bytes", 0) / j.get("seconds", 1) / 1e6))
 print(json.dumps({"kind": "disk_read", "samples": int(sys.argv[2]), "threads": int(sys.argv[3]), "mbps": mbps, "raw": j}))
 PY
@@ -67,11 +68,12 @@ PY
       "$build/tools/shardmix-consume" --first-batch-only --touch none
     PYTHONPATH=$bench_dir python3 - "$work/d.log" "$work/s.txt" "$t0" "$n" "$median_kib" "$loadavg" >>"$raw" <<'PY'
 import json, re, sys
+import benchlib
 import costs_report as cr
 log_text = open(sys.argv[1]).read()
 startup = cr.daemon_reports(log_text, "startup")
 memory = cr.daemon_reports(log_text, "memory")
-firsts = [json.loads(l[5:]) for l in open(sys.argv[2]) if l.startswith("JSON ")]
+firsts = benchlib.json_lines(sys.argv[2])
 if len(startup) != 4 or len(firsts) != 4:
     sys.exit(f"startup.sh: expected 4 startup lines and 4 first batches, got {len(startup)} and {len(firsts)}")
 m = re.search(r"catalog: (\d+) samples, \d+ classes, ([0-9.]+) MB", log_text)

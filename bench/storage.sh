@@ -201,12 +201,13 @@ PY
         continue
       fi
       bench_json_lines "\"kind\": \"epoch\", \"run\": $r, \"load\": \"$load_before\"" <"$work/t.txt" >>"$raw"
-      "$torch_python" - "$work/t.txt" <<'PY'
-import json, sys
-rows = [json.loads(l[5:]) for l in open(sys.argv[1]) if l.startswith("JSON ")]
+      PYTHONPATH=$bench_dir "$torch_python" - "$work/t.txt" <<'PY'
+import sys
+import benchlib
+rows = benchlib.json_lines(sys.argv[1])
 for e in sorted({r["epoch"] for r in rows}):
     rs = [r for r in rows if r["epoch"] == e]
-    span = max(r["t_end"] for r in rs) - min(r["t_start"] for r in rs)
+    span = benchlib.epoch_span(rs)
     print(f"epoch {e}: {sum(r['samples'] for r in rs)} samples in {span:.2f} s, "
           f"{sum(r['samples'] for r in rs) / span:.0f} samples/s, {sum(r['bytes'] for r in rs) / span / 1e6:.0f} MB/s")
 PY
