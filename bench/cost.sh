@@ -64,7 +64,7 @@ if ((rank == 0)); then
   python3 "$work/snapshot.py" "$SHARDMIX_RUN_DIR" >"$work/after.json"
 fi
 SH
-bench_config "$work/c.toml" dataset.path="$data" batch.size=32 shuffle.exchange_fraction=1 fabric.provider=tcp \
+sm_write_config "$work/c.toml" dataset.path="$data" batch.size=32 shuffle.exchange_fraction=1 fabric.provider=tcp \
   service.prefetch=8 log.level=info
 for ((r = 0; r < repeat; r++)); do
   echo "== cost, $samples samples, 4 daemons + 4 trainers, Q = 1, $epochs epochs (run $((r + 1))/$repeat)"

@@ -53,7 +53,7 @@ for provider in $providers; do
     for variant in "0 copy" "1 copy" "1 none"; do
       read -r q touch <<<"$variant"
       echo "== ShardMix, $provider, exchange_fraction $q, touch $touch, 4 daemons + 4 trainers (run $((r + 1))/$repeat)"
-      bench_config "$work/c.toml" dataset.path="$data" batch.size=32 shuffle.seed=$((r + 1)) \
+      sm_write_config "$work/c.toml" dataset.path="$data" batch.size=32 shuffle.seed=$((r + 1)) \
         shuffle.exchange_fraction="$q" fabric.provider="$provider" service.prefetch=8 log.level=warn
       bench_launch_or_die "$work/s.txt" "$work/d.log" --nodes 4 --config "$work/c.toml" -- \
         "$build/tools/shardmix-consume" --epochs "$epochs" --touch "$touch" --json

@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # Shared helpers of the benchmark scripts in bench/. Source it after `set -euo pipefail`;
-# it sources deploy/lib.sh (sm_log, sm_die, sm_mpirun_init, sm_test_tmpdir, ...) and
-# runs nothing else. The scripts' own names for what every one of them needs:
+# it sources deploy/lib.sh (sm_log, sm_die, sm_mpirun_init, sm_test_tmpdir, and
+# sm_write_config for the daemons' TOML configs) and runs nothing else. The scripts' own
+# names for what every one of them needs:
 #
 #   repo, bench_dir      the repository root and <repo>/bench
 #   build                $SHARDMIX_BUILD_DIR or <repo>/build (Release): the binaries measured
@@ -20,7 +21,6 @@
 #   bench_sample_list DIR FILE               DIR's sample files, relative and sorted, into FILE
 #   bench_sample_bytes DIR                   "TOTAL_BYTES FILES" of DIR's sample files
 #   bench_workdir LABEL                      work=<fresh temp dir>, removed at exit (deploy/lib.sh)
-#   bench_config FILE SECTION.KEY=VALUE...   write a shardmixd TOML config
 #   bench_launch OUT DAEMON_LOG [--timeout S] LAUNCH-OPTIONS... -- TRAINER...
 #   bench_launch_or_die (the same, exits 1 with the output on failure)
 #   bench_mpirun RANKS COMMAND...            mpirun with the single-machine flags
@@ -210,27 +210,6 @@ bench_workdir() {
   sm_test_tmpdir "$1"
   # shellcheck disable=SC2034  # the scripts' work dir
   work=$SM_TMP
-}
-
-# bench_config FILE SECTION.KEY=VALUE...: writes a shardmixd TOML config, the keys grouped
-# by section in the order given. A VALUE that is a number or true/false is written bare,
-# any other as a quoted string.
-bench_config() {
-  local file=$1 kv section key value
-  local -a sections=()
-  local -A body=()
-  shift
-  for kv in "$@"; do
-    [[ $kv =~ ^([a-z0-9_]+)\.([a-z0-9_]+)=(.*)$ ]] || sm_die "bench_config: '$kv' is not section.key=value" 2
-    section=${BASH_REMATCH[1]} key=${BASH_REMATCH[2]} value=${BASH_REMATCH[3]}
-    if [[ ! $value =~ ^-?[0-9]+(\.[0-9]+)?$|^(true|false)$ ]]; then
-      value=${value//\\/\\\\}
-      value="\"${value//\"/\\\"}\""
-    fi
-    [[ -n ${body[$section]+set} ]] || sections+=("$section")
-    body[$section]+="$key = $value"$'\n'
-  done
-  for section in "${sections[@]}"; do printf '[%s]\n%s' "$section" "${body[$section]}"; done >"$file"
 }
 
 # bench_launch OUT DAEMON_LOG [--timeout SECONDS] LAUNCH-OPTIONS... -- TRAINER-COMMAND...:

@@ -26,7 +26,7 @@ bench_workdir metadata
 data=$data_root/metadata-$samples-tfrecord
 bench_dataset "$data" --samples "$samples" --classes 1000 --median-kib "$median_kib" --sigma "$sigma" \
   --format tfrecord --samples-per-shard "$per_shard"
-bench_config "$work/c.toml" dataset.path="$data" dataset.format=tfrecord batch.size="$batch" \
+sm_write_config "$work/c.toml" dataset.path="$data" dataset.format=tfrecord batch.size="$batch" \
   shuffle.exchange_fraction=1 fabric.provider=tcp log.level=info
 loadavg=$(bench_loadavg)
 echo "== real job: $nodes daemons + $nodes trainers, $samples samples, one epoch (load average $loadavg)"

@@ -44,7 +44,7 @@ bench_fabric_read 4 "$provider" --median-kib 112 --lognormal-sigma 0.5 --count 2
 touch "$work/raw.stop"; wait "$sampler"
 $py "$bench_dir/thread_cpu.py" window "$work/raw" "$(echo "$t0 + 2.5" | bc)" "$(echo "$t0 + 5" | bc)" >"$work/raw.threads"
 
-bench_config "$work/c.toml" dataset.path="$data" batch.size=32 shuffle.seed=1 shuffle.exchange_fraction=1 \
+sm_write_config "$work/c.toml" dataset.path="$data" batch.size=32 shuffle.seed=1 shuffle.exchange_fraction=1 \
   fabric.provider="$provider" service.prefetch=8 log.level=warn
 $py "$bench_dir/thread_cpu.py" sample "$work/smx" '^(shardmixd|shardmix-consum)$' "$mark" & sampler=$!
 FI_TCP_IFACE=lo bench_launch_or_die "$work/s.txt" "$work/d.log" --nodes 4 --config "$work/c.toml" "${sets[@]}" -- \

@@ -122,7 +122,7 @@ shardmix() {
   local data=$1 tag=$2 provider=$3 nodes=$4 q=$5 touch=$6 cache=$7 hook=()
   [[ $cache == dropped ]] && hook=(--between-epochs "$drop_cmd")
   log "$tag: ShardMix, $provider, $nodes daemon(s) + $nodes trainer(s), Q=$q, touch $touch, page cache $cache"
-  bench_config "$work/c.toml" dataset.path="$data" batch.size=32 shuffle.seed=$((rep + 1)) shuffle.exchange_fraction="$q" \
+  sm_write_config "$work/c.toml" dataset.path="$data" batch.size=32 shuffle.seed=$((rep + 1)) shuffle.exchange_fraction="$q" \
     fabric.provider="$provider" service.prefetch=8 log.level=warn
   FI_TCP_IFACE=lo bench_launch_or_die "$work/s.txt" "$work/d.log" --nodes "$nodes" --config "$work/c.toml" -- \
     "$build/tools/shardmix-consume" --epochs "$epochs" --touch "$touch" --json "${hook[@]}"

@@ -41,7 +41,7 @@ read -r total_bytes _ < <(bench_sample_bytes "$data")
 batch=32
 batches_per_trainer=$(((samples / 4 + batch - 1) / batch))
 batch_bytes=$((total_bytes * batch / samples))
-bench_config "$work/c.toml" dataset.path="$data" batch.size="$batch" shuffle.exchange_fraction=1 fabric.provider=tcp \
+sm_write_config "$work/c.toml" dataset.path="$data" batch.size="$batch" shuffle.exchange_fraction=1 fabric.provider=tcp \
   service.prefetch="$prefetch" log.level=warn
 # tag_rows KIND EXTRA-JSON < program output: its JSON lines as raw rows.
 tag_rows() { bench_json_lines "\"kind\": \"$1\", $2" >>"$raw"; }

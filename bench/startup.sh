@@ -45,7 +45,7 @@ for n in $sizes; do
   if [[ ! -f $list ]]; then
     bench_sample_list "$data" "$list.tmp" && mv "$list.tmp" "$list"
   fi
-  bench_config "$work/c.toml" dataset.path="$data" batch.size=32 shuffle.exchange_fraction=1 fabric.provider=tcp \
+  sm_write_config "$work/c.toml" dataset.path="$data" batch.size=32 shuffle.exchange_fraction=1 fabric.provider=tcp \
     log.level=info
   for ((r = 0; r < repeat; r++)); do
     echo "== disk read of the same files, $read_threads threads, page cache dropped ($n samples, run $((r + 1))/$repeat)"

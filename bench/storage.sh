@@ -138,7 +138,7 @@ for ((r = 0; r < repeat; r++)); do
     for w in 0 "$window"; do
       mode=ordered; ((w > 0)) && mode=opportunistic
       sm_section "ShardMix, $mode (shuffle.window $w), $nodes daemons + $nodes trainers, tcp (run $((r + 1))/$repeat, load $(bench_loadavg))"
-      bench_config "$work/c.toml" dataset.path="$mnt" batch.size="$batch" shuffle.seed=$((r + 1)) \
+      sm_write_config "$work/c.toml" dataset.path="$mnt" batch.size="$batch" shuffle.seed=$((r + 1)) \
         shuffle.exchange_fraction=1.0 shuffle.window="$w" cache.capacity="$capacity" fabric.provider=tcp \
         fabric.interface=lo service.prefetch="$prefetch" service.loader_threads="$loader_threads" \
         telemetry.stats_file="$work/stats-$mode-$r.jsonl" log.level=info

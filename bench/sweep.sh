@@ -62,7 +62,7 @@ sm_before_tmp_cleanup() {
 raw=$work/raw.jsonl
 : >"$raw"
 
-wire_bytes() { sm_netns_received_bytes "$prefix" "$nodes"; }
+wire_bytes() { sm_netns_rx_bytes "$prefix" "$nodes"; }
 
 failures=0
 # run_point SCENARIO Q W RUN SLOW_RANK SLOW_DELAY LINK_RATE
@@ -71,7 +71,7 @@ run_point() {
   local tag="$scenario q=$q w=$w run=$r"
   local trace=$work/trace
   rm -rf -- "$trace"
-  bench_config "$work/c.toml" dataset.path="$data" dataset.placement=sorted batch.size="$batch" \
+  sm_write_config "$work/c.toml" dataset.path="$data" dataset.placement=sorted batch.size="$batch" \
     shuffle.seed=$((r + 1)) shuffle.exchange_fraction="$q" shuffle.window="$w" fabric.provider=tcp \
     fabric.netns="$prefix{rank}" fabric.interface="${prefix}eth" service.prefetch="$prefetch" \
     inject.slow_peer_rank="$srank" inject.slow_peer_delay="$sdelay" log.level=info

@@ -48,7 +48,7 @@ bash "$bench_dir/calibrate.sh" --dataset "$data" --out "$work/calibration.toml" 
 # run NAME NODES Q CAPACITY: one real job, its stats file at $work/stats-NAME.jsonl.
 run() {
   local name=$1 nodes=$2 q=$3 capacity=$4
-  bench_config "$work/$name.toml" dataset.path="$data" batch.size="$batch" shuffle.seed=1 shuffle.exchange_fraction="$q" \
+  sm_write_config "$work/$name.toml" dataset.path="$data" batch.size="$batch" shuffle.seed=1 shuffle.exchange_fraction="$q" \
     cache.capacity="$capacity" fabric.provider=tcp fabric.interface=lo service.prefetch=8 \
     telemetry.stats_file="$work/stats-$name.jsonl" log.level=warn
   echo "== job $name: $nodes daemons x 1 trainer, Q $q, cache.capacity $capacity (load $(bench_loadavg))"

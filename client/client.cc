@@ -4,9 +4,11 @@
 #include "common/job_token.h"
 #include "proto/checkpoint.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -50,7 +52,30 @@ struct Mapping {
   }
 };
 
-Result<std::map<std::string, std::string>> read_ready_file(const std::string& path, double timeout_s) {
+std::string resolve_run_dir(const ClientOptions& options) {
+  if (!options.run_dir.empty()) return options.run_dir;
+  const char* env = std::getenv("SHARDMIX_RUN_DIR");
+  return env != nullptr && *env != '\0' ? env : "/tmp/shardmix-" + std::to_string(::geteuid());
+}
+
+// The daemons' run dir is 0700 (docs/security.md): a trainer of another user can never
+// read RUN_DIR/ready, so waiting SHARDMIX_CONNECT_TIMEOUT for it would only end in a
+// misleading "no daemons became ready". Returns that refusal, naming the dir and its
+// owner, when `path` in `run_dir` exists for us only as EACCES; ok otherwise.
+Status run_dir_refusal(const std::string& run_dir, const std::string& path) {
+  if (::faccessat(AT_FDCWD, path.c_str(), R_OK, AT_EACCESS) == 0 || errno != EACCES) return Status::ok_status();
+  struct stat st{};
+  if (::stat(run_dir.c_str(), &st) != 0) return Status::ok_status();
+  const bool may_enter = ::faccessat(AT_FDCWD, run_dir.c_str(), X_OK, AT_EACCESS) == 0;
+  return make_error(StatusCode::kPermissionDenied,
+                    "uid {} may not {} the run dir {} (owned by uid {}, mode {:04o}): its daemons serve only their "
+                    "own user; run the trainers as uid {} or give each user its own SHARDMIX_RUN_DIR",
+                    ::geteuid(), may_enter ? "read " + path + " in" : "enter", run_dir, st.st_uid,
+                    st.st_mode & 07777, st.st_uid);
+}
+
+Result<std::map<std::string, std::string>> read_ready_file(const std::string& run_dir, double timeout_s) {
+  const std::string path = run_dir + "/ready";
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   while (true) {
     std::ifstream in(path);
@@ -63,6 +88,7 @@ Result<std::map<std::string, std::string>> read_ready_file(const std::string& pa
       }
       return kv;
     }
+    SHARDMIX_RETURN_IF_ERROR(run_dir_refusal(run_dir, path));
     if (std::chrono::steady_clock::now() > deadline) {
       return make_error(StatusCode::kUnavailable,
                         "no ShardMix daemons became ready: {} did not appear within {:.0f} s (are the daemons "
@@ -580,15 +606,11 @@ Result<std::unique_ptr<DaemonConnection>> DaemonConnection::open(const ClientOpt
   if (options.rank >= 0) c->who_.rank = options.rank;
   if (options.world_size >= 0) c->who_.world_size = options.world_size;
 
-  std::string run_dir = options.run_dir;
-  if (run_dir.empty()) {
-    const char* env = std::getenv("SHARDMIX_RUN_DIR");
-    run_dir = env != nullptr && *env != '\0' ? env : "/tmp/shardmix-" + std::to_string(::geteuid());
-  }
+  const std::string run_dir = resolve_run_dir(options);
   int daemon = options.daemon >= 0 ? options.daemon : env_int("SHARDMIX_DAEMON").value_or(-1);
   if (daemon < 0) {
     // Our node is rank / trainers_per_node, as the daemons published it.
-    auto ready = read_ready_file(run_dir + "/ready", ready_timeout);
+    auto ready = read_ready_file(run_dir, ready_timeout);
     if (!ready.ok()) return ready.status();
     const int daemons = std::atoi((*ready)["daemons"].c_str());
     const int per_node = std::atoi((*ready)["trainers_per_node"].c_str());
@@ -695,15 +717,11 @@ Result<std::unique_ptr<DaemonConnection>> DaemonConnection::open(const ClientOpt
 }
 
 Result<std::string> query_daemon_stats(const ClientOptions& options, int daemon) {
-  std::string run_dir = options.run_dir;
-  if (run_dir.empty()) {
-    const char* env = std::getenv("SHARDMIX_RUN_DIR");
-    run_dir = env != nullptr && *env != '\0' ? env : "/tmp/shardmix-" + std::to_string(::geteuid());
-  }
+  const std::string run_dir = resolve_run_dir(options);
   SHARDMIX_ASSIGN_OR_RETURN(const double ready_timeout, connect_timeout_s(options.ready_timeout_s));
   SHARDMIX_ASSIGN_OR_RETURN(const double timeout, receive_timeout_s(options.receive_timeout_s));
   if (daemon < 0) {
-    auto ready = read_ready_file(run_dir + "/ready", ready_timeout);
+    auto ready = read_ready_file(run_dir, ready_timeout);
     if (!ready.ok()) return ready.status();
     const int daemons = std::atoi((*ready)["daemons"].c_str());
     const std::string host = this_host();

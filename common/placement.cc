@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <numeric>
 #include <queue>
-#include <stdexcept>
 
 #include <fmt/format.h>
 
 #include "common/rng.h"
+#include "common/status.h"
 
 namespace shardmix {
 namespace {
@@ -106,9 +106,10 @@ Placement make_placement(const std::vector<std::uint64_t>& sizes, const PlanShap
 Placement make_placement(const std::vector<std::uint64_t>& sizes, const PlanShape& shape,
                          PlacementPolicy policy, std::uint64_t seed,
                          const std::vector<std::uint64_t>& node_capacity_bytes) {
+  // The callers build the vector from the job's own ranks (an allgather, or one value
+  // repeated), so a mismatch is a bug of ours, not input (decision 0046).
   if (node_capacity_bytes.size() != shape.job.nodes) {
-    throw std::invalid_argument(fmt::format("make_placement: {} node capacities for {} nodes",
-                                            node_capacity_bytes.size(), shape.job.nodes));
+    invariant_failed("make_placement: {} node capacities for {} nodes", node_capacity_bytes.size(), shape.job.nodes);
   }
   Placement p;
   p.owner = policy == PlacementPolicy::kSorted ? place_sorted(sizes.size(), shape)

@@ -1,7 +1,6 @@
 #include "common/staging_allocator.h"
 
-#include <cstdio>
-#include <cstdlib>
+#include "common/status.h"
 
 namespace shardmix {
 
@@ -32,10 +31,8 @@ void StagingAllocator::free_range(std::uint64_t offset, std::uint64_t length) {
   const bool overlaps_prev = next != free_.begin() && std::prev(next)->second > begin;
   if (offset < base_ || end > capacity_ || length > in_use_ || overlaps_next || overlaps_prev) {
     // A scheduler bug: the same bytes would be handed to two samples. Stop loudly.
-    std::fprintf(stderr, "shardmix: staging release of [%llu, +%llu) (base %llu, capacity %llu) frees free bytes\n",
-                 static_cast<unsigned long long>(offset), static_cast<unsigned long long>(length),
-                 static_cast<unsigned long long>(base_), static_cast<unsigned long long>(capacity_));
-    std::abort();
+    invariant_failed("staging release of [{}, +{}) (base {}, capacity {}) frees free bytes", offset, length, base_,
+                     capacity_);
   }
   // Coalesce with the neighbours.
   if (next != free_.end() && next->first == end) {

@@ -32,9 +32,14 @@ Status Status::with_context(std::string_view context) const {
   return Status(code_, fmt::format("{}: {}", context, message_));
 }
 
-void die_on_bad_result_access(const Status& status) {
-  std::fprintf(stderr, "shardmix: value() of a failed Result: %s\n", status.to_string().c_str());
+void invariant_failed(std::string_view message) {
+  std::fprintf(stderr, "shardmix: invariant failed: %.*s\n", static_cast<int>(message.size()), message.data());
+  std::fflush(stderr);
   std::abort();
+}
+
+void die_on_bad_result_access(const Status& status) {
+  invariant_failed("value() of a failed Result: {}", status.to_string());
 }
 
 }  // namespace shardmix

@@ -1,5 +1,6 @@
 // Errors as values for the core and the wire; exceptions only at the client edge
-// (shardmix::Error, client/client.h). A project convention, no decision note of its own.
+// (shardmix::Error, client/client.h); a broken invariant (a bug of ours, never bad input)
+// stops the process through invariant_failed. The whole policy: docs/decisions/0046.
 // A Status message names the thing that failed: file, offset, config key, peer rank.
 // Thread-safety: value types; safe to copy between threads, not to mutate concurrently.
 #pragma once
@@ -82,6 +83,16 @@ class [[nodiscard]] Result {
   void check() const;
   std::variant<T, Status> data_;
 };
+
+// A bug of ours, not bad input: an invariant the code itself guarantees did not hold.
+// Prints "shardmix: invariant failed: <message>" to stderr and aborts (a core dump, and a
+// death test can match the message). Never use it for anything a user, a file or a peer
+// can cause: those are a Status.
+[[noreturn]] void invariant_failed(std::string_view message);
+template <typename... Args>
+[[noreturn]] void invariant_failed(fmt::format_string<Args...> format, Args&&... args) {
+  invariant_failed(std::string_view(fmt::format(format, std::forward<Args>(args)...)));
+}
 
 [[noreturn]] void die_on_bad_result_access(const Status& status);
 

@@ -15,7 +15,9 @@
 #                                             the environment of shardmixd and the trainers
 #   sm_require_exes NAME...                   die unless every ShardMix executable is built
 #   sm_test_tmpdir LABEL                      a test's temp dir in SM_TMP, removed on exit
-#   sm_netns_received_bytes PREFIX N          bytes netns-cluster.sh's N nodes received so far
+#   sm_write_config FILE SECTION.KEY=VALUE... a TOML config file from key=value pairs
+#   sm_netns_rx_bytes PREFIX NODES            bytes deploy/netns-cluster.sh's namespaces
+#                                             received over their links so far
 
 SM_PROG=${SM_PROG:-$(basename -- "${BASH_SOURCE[1]:-$0}")}
 SM_REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -72,17 +74,6 @@ _sm_test_cleanup() {
   if [[ ${SHARDMIX_E2E_KEEP:-0} == 1 ]]; then sm_log "kept $SM_TMP"; else rm -rf -- "$SM_TMP"; fi
 }
 
-# Bytes the N nodes of deploy/netns-cluster.sh's cluster PREFIX received over their links
-# so far: the transmit counters of their bridge ports (<PREFIX>h<i>, the root-namespace ends).
-sm_netns_received_bytes() {
-  local prefix=$1 nodes=$2 i total=0 b
-  for ((i = 0; i < nodes; i++)); do
-    b=$(<"/sys/class/net/${prefix}h$i/statistics/tx_bytes")
-    total=$((total + b))
-  done
-  echo "$total"
-}
-
 # mpirun and the flags that work on the development machines (docs/performance.md).
 # SHARDMIX_MPIRUN overrides the command; SHARDMIX_MPIRUN_FLAGS (split on whitespace)
 # replaces the default flags, e.g. on a cluster: SHARDMIX_MPIRUN_FLAGS="--bind-to none".
@@ -130,4 +121,45 @@ sm_unexport_tool_vars() {
     [[ $name =~ $SM_TOOL_VARS_RE ]] && export -n "${name?}"
   done < <(compgen -e)
   return 0
+}
+
+# Writes FILE as a TOML config from SECTION.KEY=VALUE arguments, each section's keys under
+# one [SECTION] header in the order the sections first appear (TOML does not allow a
+# section twice). VALUE is written bare when it is an integer, a decimal or true/false, and
+# as a quoted string otherwise ("5ms", paths, "lo"), so a string that looks like a number
+# cannot be written; no key needs one today.
+sm_write_config() {
+  local file=$1 arg key section value
+  local -a sections=()
+  local -A section_lines=()
+  shift
+  for arg in "$@"; do
+    [[ $arg == *.*=* ]] || sm_die "sm_write_config: '$arg' is not SECTION.KEY=VALUE" 2
+    key=${arg%%=*}
+    value=${arg#*=}
+    section=${key%%.*}
+    key=${key#*.}
+    if [[ ! $value =~ ^-?[0-9]+([.][0-9]+)?$ && $value != true && $value != false ]]; then
+      value=${value//\\/\\\\}
+      value=\"${value//\"/\\\"}\"
+    fi
+    [[ -n ${section_lines[$section]+set} ]] || sections+=("$section")
+    section_lines[$section]+="$key = $value"$'\n'
+  done
+  {
+    for section in "${sections[@]}"; do
+      printf '[%s]\n%s' "$section" "${section_lines[$section]}"
+    done
+  } >"$file"
+}
+
+# The host-side end of namespace i's link is PREFIXh<i> (deploy/netns-cluster.sh): what it
+# transmitted is what the namespace received.
+sm_netns_rx_bytes() {
+  local prefix=$1 nodes=$2 i total=0 b
+  for ((i = 0; i < nodes; i++)); do
+    b=$(<"/sys/class/net/${prefix}h$i/statistics/tx_bytes")
+    total=$((total + b))
+  done
+  echo "$total"
 }

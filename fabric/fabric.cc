@@ -178,6 +178,15 @@ struct InflightRead {
 
 }  // namespace
 
+void log_close_failure(const char* what, int rc) noexcept {
+  try {
+    log::get("fabric")->warn("fi_close of a {} failed: {} ({}); it stays open until the process exits", what,
+                             fi_strerror(-rc), rc);
+  } catch (...) {
+    // Logging itself failed (out of memory): nothing more can be said from a destructor.
+  }
+}
+
 // The state behind Fabric. A plain struct: Fabric's methods and the progress thread
 // both work on it; the comments on each group say which thread may touch what.
 struct Fabric::Impl {

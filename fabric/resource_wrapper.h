@@ -5,19 +5,39 @@
 // Thread-safety: like std::unique_ptr (no internal synchronisation).
 #pragma once
 
+#include <cstddef>
 #include <memory>
 
 #include <rdma/fabric.h>
 
 namespace shardmix::fabric {
 
+// Logs a failed fi_close (defined in fabric.cc, where the logger is).
+void log_close_failure(const char* what, int rc) noexcept;
+
 // Closes any fid-carrying object (fid_fabric, fid_domain, fid_cq, fid_av, fid_ep, fid_mr).
-// fi_close can fail (e.g. -FI_EBUSY when something still refers to the object); a
-// destructor cannot report that, and leaking is the only safe alternative, so it is ignored.
+// fi_close can fail (e.g. -FI_EBUSY when something still refers to the object). A
+// destructor cannot return that and leaking the object is the only safe outcome, so the
+// failure is logged (decision 0046: no dropped results) and the object left to the process.
 template <typename FidType>
 struct FidCloser {
   void operator()(FidType* object) const noexcept {
-    if (object != nullptr) (void)fi_close(&object->fid);
+    if (object == nullptr) return;
+    if (const int rc = fi_close(&object->fid); rc != 0) log_close_failure(fid_class_name(object->fid.fclass), rc);
+  }
+  static const char* fid_class_name(std::size_t fclass) noexcept {
+    switch (fclass) {
+      case FI_CLASS_FABRIC: return "fabric";
+      case FI_CLASS_DOMAIN: return "domain";
+      case FI_CLASS_EP: return "endpoint";
+      case FI_CLASS_AV: return "address vector";
+      case FI_CLASS_CQ: return "completion queue";
+      case FI_CLASS_MR: return "memory region";
+      case FI_CLASS_EQ: return "event queue";
+      case FI_CLASS_CNTR: return "counter";
+      case FI_CLASS_WAIT: return "wait set";
+      default: return "object";
+    }
   }
 };
 

@@ -191,7 +191,13 @@ class LoadReporter {
     const LoadProgressMessage mine{so_far.samples, so_far.bytes, so_far.seconds};
     if (mpi_.rank() != 0) {
       next_ = now + std::chrono::seconds(1);
-      (void)mpi_.send(0, kTagLoadProgress, std::span(reinterpret_cast<const std::uint8_t*>(&mine), sizeof(mine)));
+      // Progress is advisory: a failed send costs rank 0 one figure, not the load. Say so
+      // once rather than on every tick.
+      if (Status s = mpi_.send(0, kTagLoadProgress, std::span(reinterpret_cast<const std::uint8_t*>(&mine), sizeof(mine)));
+          !s.ok() && !send_failure_logged_) {
+        send_failure_logged_ = true;
+        log_->warn("load progress not sent to rank 0 (its progress figures will lag): {}", s.to_string());
+      }
       return;
     }
     next_ = now + (bar_ ? std::chrono::milliseconds(250) : std::chrono::milliseconds(2000));
@@ -251,6 +257,7 @@ class LoadReporter {
   std::chrono::steady_clock::time_point next_{};
   std::shared_ptr<spdlog::logger> log_;
   spdlog::level::level_enum loader_level_ = spdlog::level::info;
+  bool send_failure_logged_ = false;
 };
 
 std::string replace_all(std::string text, std::string_view from, std::string_view to) {
@@ -553,6 +560,10 @@ class Daemon {
   [[noreturn]] void stop_for_dead_peer(const PeerMonitor::Failure& dead);
   std::string host_of(std::uint32_t rank) const { return rank < hosts_.size() ? hosts_[rank] : std::string("?"); }
   void log_shutdown_figures();
+  // A step that failed after the fabric opened waits here for every peer (they may still
+  // be reading this arena) before returning `why`. The barrier's own failure is logged, not
+  // returned: `why` is the error the job reports.
+  void barrier_before_failing(const Status& why);
 
   const Config& config_;
   MpiSession& mpi_;
@@ -894,11 +905,18 @@ Status Daemon::open_fabric() {
   return Status::ok_status();
 }
 
+void Daemon::barrier_before_failing(const Status& why) {
+  if (Status s = mpi_.barrier(); !s.ok()) {
+    log_->warn("while stopping for \"{}\", the barrier with the other daemons failed too: {}", why.message(),
+               s.to_string());
+  }
+}
+
 Status Daemon::load() {
   // After the fabric started, a failing step first waits for every peer (they may still be
   // reading this arena), with the fabric progressing, then stops the progress thread.
   auto fail_after_fabric = [this](Status why) {
-    (void)mpi_.barrier();
+    barrier_before_failing(why);
     fabric_->stop_progress();
     return why;
   };
@@ -1056,7 +1074,7 @@ Status Daemon::start_service() {
     listen_status = listened.get_future().get();
   }
   if (Status s = agree(mpi_, listen_status, "opening the trainer socket"); !s.ok()) {
-    (void)mpi_.barrier();
+    barrier_before_failing(s);
     return s;
   }
   return Status::ok_status();

@@ -6,7 +6,9 @@
 // (path relative to dataset.path, or "<shard>@<offset>" for a sample inside a tar or
 // TFRecord shard; CSV-quoted when needed; xxh64 seed 0, 16 hex digits), and
 // DIR/skipped-rank-<R>.csv: epoch,rank,batch,sample_id,path of the samples the daemon
-// could not read and skipped (dataset.strict = false; Batch::skipped()).
+// could not read and skipped (dataset.strict = false; Batch::skipped()), and
+// DIR/empty-rank-<R>.csv: epoch,rank,batch of the empty batches received (the last batch
+// of an epoch with drop_last = false and fewer leftovers than trainers), which have no row.
 // Run it as the trainer ranks, e.g. under deploy/launch.sh.
 // Checkpoint and resume (docs/decisions/0022): --checkpoint-after K --checkpoint-dir DIR
 // saves Client::checkpoint() to DIR/rank-<R>.ckpt after the K-th batch of the first epoch
@@ -150,23 +152,25 @@ int main(int argc, char** argv) {
     const int rank = client.rank();
     std::FILE* trace = nullptr;
     std::FILE* skipped_trace = nullptr;
+    std::FILE* empty_trace = nullptr;
     const shardmix::Catalog* catalog = nullptr;
     if (!trace_dir.empty()) {
       std::filesystem::create_directories(trace_dir);
-      const std::string path = fmt::format("{}/rank-{}.csv", trace_dir, rank);
-      trace = std::fopen(path.c_str(), "w");
-      if (trace == nullptr) {
-        std::fprintf(stderr, "shardmix-consume: cannot write %s\n", path.c_str());
-        return 1;
-      }
-      std::fputs("epoch,rank,batch,position,sample_id,path,label,bytes,xxh64,tier,owner\n", trace);
-      const std::string skipped_path = fmt::format("{}/skipped-rank-{}.csv", trace_dir, rank);
-      skipped_trace = std::fopen(skipped_path.c_str(), "w");
-      if (skipped_trace == nullptr) {
-        std::fprintf(stderr, "shardmix-consume: cannot write %s\n", skipped_path.c_str());
-        return 1;
-      }
-      std::fputs("epoch,rank,batch,sample_id,path\n", skipped_trace);
+      auto open_csv = [&](const char* stem, const char* header) -> std::FILE* {
+        const std::string path = fmt::format("{}/{}-{}.csv", trace_dir, stem, rank);
+        std::FILE* f = std::fopen(path.c_str(), "w");
+        if (f == nullptr) {
+          std::fprintf(stderr, "shardmix-consume: cannot write %s\n", path.c_str());
+          return nullptr;
+        }
+        std::fputs(header, f);
+        std::fflush(f);  // a trainer that exits at a checkpoint (std::_Exit) still leaves a header
+        return f;
+      };
+      trace = open_csv("rank", "epoch,rank,batch,position,sample_id,path,label,bytes,xxh64,tier,owner\n");
+      skipped_trace = open_csv("skipped-rank", "epoch,rank,batch,sample_id,path\n");
+      empty_trace = open_csv("empty-rank", "epoch,rank,batch\n");
+      if (trace == nullptr || skipped_trace == nullptr || empty_trace == nullptr) return 1;
       catalog = &client.catalog();
     }
     if (touch != "hash" && !trace_dir.empty()) {
@@ -228,6 +232,13 @@ int main(int argc, char** argv) {
                          static_cast<unsigned long long>(batch.index()), id, csv_field(catalog->location(id)).c_str());
           }
           std::fflush(skipped_trace);  // a trainer that exits at a checkpoint skips the close
+        }
+        // An empty batch leaves no row in rank-<R>.csv: say that it came, so that a checker
+        // can tell it from a batch that never arrived.
+        if (empty_trace != nullptr && batch.size() == 0 && batch.skipped().empty()) {
+          std::fprintf(empty_trace, "%llu,%d,%llu\n", static_cast<unsigned long long>(e), rank,
+                       static_cast<unsigned long long>(batch.index()));
+          std::fflush(empty_trace);
         }
         std::size_t position = 0;
         for (const shardmix::Sample& s : batch) {
@@ -322,6 +333,7 @@ int main(int argc, char** argv) {
       std::fclose(trace);
     }
     if (skipped_trace != nullptr) std::fclose(skipped_trace);
+    if (empty_trace != nullptr) std::fclose(empty_trace);
   } catch (const shardmix::Error& e) {
     std::fprintf(stderr, "shardmix-consume: %s\n", e.what());
     return 1;

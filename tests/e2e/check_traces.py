@@ -35,6 +35,12 @@ one's. --expect-peer / --expect-no-peer check that some / no sample came from a
 peer. --skipped also reads DIR/skipped-rank-<R>.csv (epoch,rank,batch,sample_id,path:
 samples whose bytes could not be read, skipped under dataset.strict = false): per epoch,
 delivered and skipped samples together are the dataset, each exactly once, none both.
+An empty batch leaves no row in rank-<R>.csv; the trainer lists it in
+DIR/empty-rank-<R>.csv (epoch,rank,batch), read when present: a listed batch counts for
+the batch numbering and the equal counts, must hold no sample, must come after all of
+the rank's non-empty batches of that epoch, and is an error with --drop-last. A batch
+neither traced nor listed is missing. With --drop-last the dropped samples must differ
+from one epoch to the next (the plan drops a fresh random leftover every epoch).
 
 Exit status: 0 PASS, 1 FAIL, 2 usage error (bad arguments, unreadable dataset).
 """
@@ -56,6 +62,7 @@ HEADER = ["epoch", "rank", "batch", "position", "sample_id", "path", "label",
           "bytes", "xxh64", "tier", "owner"]
 TIERS = ("local", "peer", "storage")
 SKIPPED_HEADER = ["epoch", "rank", "batch", "sample_id", "path"]
+EMPTY_HEADER = ["epoch", "rank", "batch"]
 
 # --------------------------------------------------------------------------- XXH64
 
@@ -495,34 +502,74 @@ class Checker:
             self.problems.append((kind, msg))
 
     # ---- loading
-    def load_skipped(self) -> Dict[int, List[Tuple[str, int, str, int, int]]]:
-        """epoch -> [(path, sample_id, where, rank, batch)] from DIR/skipped-rank-<R>.csv."""
-        a = self.a
-        out: Dict[int, List[Tuple[str, int, str, int, int]]] = collections.defaultdict(list)
-        for r in range(a.trainers):
-            name = "skipped-rank-%d.csv" % r
-            full = os.path.join(a.trace_dir, name)
+    def _side_rows(self, stem: str, header_want: List[str], required: bool):
+        """Yields (rank, where, fields) of each row of DIR/<stem>-<R>.csv after its header."""
+        for r in range(self.a.trainers):
+            name = "%s-%d.csv" % (stem, r)
+            full = os.path.join(self.a.trace_dir, name)
             if not os.path.exists(full):
-                self.problem("files", "no %s for trainer rank %d (--skipped)" % (name, r))
+                if required:
+                    self.problem("files", "no %s for trainer rank %d (--skipped)" % (name, r))
                 continue
             with open(full, newline="", encoding="utf-8", errors="surrogateescape") as f:
                 reader = csv.reader(f)
                 header = next(reader, None)
-                if header != SKIPPED_HEADER:
-                    self.problem("format", "%s: header %r, expected %r" % (name, header, SKIPPED_HEADER))
+                if header != header_want:
+                    self.problem("format", "%s: header %r, expected %r" % (name, header, header_want))
                     continue
                 for fields in reader:
-                    where = "%s:%d" % (name, reader.line_num)
-                    try:
-                        epoch, rank, batch, sid = (int(x) for x in fields[:4])
-                        path = fields[4]
-                    except (ValueError, IndexError):
-                        self.problem("format", "%s: bad row %r" % (where, fields))
-                        continue
-                    if rank != r:
-                        self.problem("format", "%s: rank %d in rank %d's file" % (where, rank, r))
-                    out[epoch].append((path, sid, where, rank, batch))
+                    yield r, "%s:%d" % (name, reader.line_num), fields
+
+    def load_skipped(self) -> Dict[int, List[Tuple[str, int, str, int, int]]]:
+        """epoch -> [(path, sample_id, where, rank, batch)] from DIR/skipped-rank-<R>.csv."""
+        out: Dict[int, List[Tuple[str, int, str, int, int]]] = collections.defaultdict(list)
+        for r, where, fields in self._side_rows("skipped-rank", SKIPPED_HEADER, required=True):
+            try:
+                epoch, rank, batch, sid = (int(x) for x in fields[:4])
+                path = fields[4]
+            except (ValueError, IndexError):
+                self.problem("format", "%s: bad row %r" % (where, fields))
+                continue
+            if rank != r:
+                self.problem("format", "%s: rank %d in rank %d's file" % (where, rank, r))
+            out[epoch].append((path, sid, where, rank, batch))
         return out
+
+    def load_empty(self) -> Dict[int, List[Tuple[int, int, str]]]:
+        """epoch -> [(rank, batch, where)] from DIR/empty-rank-<R>.csv, where present (traces
+        of a trainer that does not list its empty batches have none)."""
+        out: Dict[int, List[Tuple[int, int, str]]] = collections.defaultdict(list)
+        for r, where, fields in self._side_rows("empty-rank", EMPTY_HEADER, required=False):
+            try:
+                epoch, rank, batch = (int(x) for x in fields)
+            except ValueError:
+                self.problem("format", "%s: bad row %r" % (where, fields))
+                continue
+            if rank != r:
+                self.problem("format", "%s: rank %d in rank %d's file" % (where, rank, r))
+                continue
+            out[epoch].append((rank, batch, where))
+        return out
+
+    def _add_empty_batches(self, e: int, listed: List[Tuple[int, int, str]],
+                           batches: Dict[int, Dict[int, List[int]]]) -> int:
+        """Counts the listed empty batches of epoch e into `batches`; returns how many."""
+        for rank, batch, where in listed:
+            if self.a.drop_last:
+                self.problem("empty", "%s: epoch %d rank %d batch %d is empty, but with drop_last "
+                             "every batch is full" % (where, e, rank, batch))
+            if batches[rank].get(batch):
+                self.problem("empty", "%s: epoch %d rank %d batch %d listed as empty but it has %d "
+                             "samples in the trace" % (where, e, rank, batch, len(batches[rank][batch])))
+            batches[rank][batch]  # counts as a batch, with no positions
+        for rank in {rank for rank, _, _ in listed}:
+            full = [b for b, pos in batches[rank].items() if pos]
+            early = sorted(b for r, b, _ in listed if r == rank and full and b < max(full))
+            if early:
+                self.problem("empty", "epoch %d rank %d: empty batch(es) %s before the rank's last "
+                             "non-empty batch %d (only the last batches may be empty)"
+                             % (e, rank, early[:10], max(full)))
+        return len(listed)
 
     def load_traces(self) -> List[Row]:
         a = self.a
@@ -610,6 +657,9 @@ class Checker:
         orders: Dict[int, Dict[Tuple[int, int, int], str]] = {}
 
         skipped_by_epoch = self.load_skipped() if a.skipped else {}
+        empty_by_epoch = self.load_empty()
+        dropped_before: Optional[set] = None
+        dropped_by_epoch: Dict[int, set] = {}
         for e in range(a.epochs):
             erows = by_epoch.get(e, [])
             tiers: collections.Counter = collections.Counter()
@@ -694,7 +744,15 @@ class Checker:
                                  % (where, _q(path), sid, prevs[0], prevs[1]))
                 skipped.setdefault(path, where)
             delivered = len(erows)
+            empty = self._add_empty_batches(e, empty_by_epoch.get(e, []), batches)
             if a.drop_last:
+                dropped = {p for p in files if p not in seen and p not in skipped}
+                if dropped and dropped == dropped_before:
+                    self.problem("dropped", "epoch %d dropped the same %d samples as epoch %d "
+                                 "(the leftover must be drawn afresh every epoch)"
+                                 % (e, len(dropped), e - 1))
+                dropped_before = dropped
+                dropped_by_epoch[e] = dropped
                 expected = (N // (a.trainers * a.batch_size)) * a.trainers * a.batch_size
                 if delivered + len(skipped) != expected:
                     self.problem("count", "epoch %d: %d samples delivered, expected "
@@ -714,9 +772,17 @@ class Checker:
             self._check_batches(e, batches, skipped_in)
             orders[e] = {k: r.path for k, r in slots.items()}
             tiers_total.update(tiers)
-            per_epoch.append({"epoch": e, "delivered": delivered, "skipped": len(skipped),
+            per_epoch.append({"epoch": e, "delivered": delivered, "skipped": len(skipped), "empty_batches": empty,
                               "distinct": len(seen), "tiers": dict(tiers),
                               "batches_per_rank": len(batches[0]) if a.trainers else 0})
+
+        # Where each epoch's drop_last leftover came from (owners are known once all epochs
+        # are read; a sample never delivered in any epoch has none): "?" for those.
+        for pe in per_epoch:
+            dropped = dropped_by_epoch.get(pe["epoch"])
+            if dropped is not None:
+                by_owner = collections.Counter(str(path_owner[p][0]) if p in path_owner else "?" for p in dropped)
+                pe["dropped_by_owner"] = dict(sorted(by_owner.items()))
 
         # epochs must differ in order
         for e in range(1, a.epochs):

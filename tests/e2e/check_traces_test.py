@@ -481,5 +481,78 @@ class ShardScannerTest(unittest.TestCase):
         self.assertEqual(invalid, 1)
         self.assertEqual(sorted(f.label for f in files.values()), [4])
 
+
+class EmptyAndDroppedBatchesTest(CheckerTestBase):
+    """Empty last batches (drop_last = false, fewer leftovers than trainers) and the
+    dropped leftover of drop_last = true."""
+
+    # 13 samples, 4 trainers, batches of 3: rank 0 gets 4 samples (2 batches), ranks 1-3
+    # get 3 (one full batch and an empty last one).
+    BATCH = 3
+
+    def write_empty(self, listed, trainers=4):
+        for r in range(trainers):
+            with open(os.path.join(self.trace, "empty-rank-%d.csv" % r), "w", newline="", encoding="utf-8") as f:
+                w = csv.writer(f)
+                w.writerow(ct.EMPTY_HEADER)
+                w.writerows([e, rank, b] for e, rank, b in listed if rank == r)
+
+    def empty_last_batches(self, epochs=2):
+        return [(e, r, 1) for e in range(epochs) for r in (1, 2, 3)]
+
+    def test_listed_empty_last_batches_pass(self):
+        rows = plan_rows(batch=self.BATCH)
+        write_traces(self.trace, rows)
+        self.write_empty(self.empty_last_batches())
+        rc, out, s = self.run_checker(batch=self.BATCH)
+        self.assertEqual(rc, 0, out)
+        self.assertEqual([e["empty_batches"] for e in s["per_epoch"]], [3, 3])
+        self.assertEqual([e["batches_per_rank"] for e in s["per_epoch"]], [2, 2])
+
+    def test_an_empty_batch_not_listed_is_missing(self):
+        rows = plan_rows(batch=self.BATCH)
+        write_traces(self.trace, rows)
+        self.write_empty([x for x in self.empty_last_batches() if x != (1, 2, 1)])
+        s = self.assertFailsWith(self.run_checker(batch=self.BATCH), "batches",
+                                 "epoch 1: ranks have unequal batch counts (1 batches: ranks 2, "
+                                 "2 batches: ranks 0-1,3)")
+        self.assertEqual(set(s["problem_counts"]), {"batches"})
+
+    def test_a_listed_empty_batch_with_samples_fails(self):
+        rows = plan_rows(batch=self.BATCH)
+        write_traces(self.trace, rows)
+        self.write_empty(self.empty_last_batches() + [(0, 0, 1)])
+        self.assertFailsWith(self.run_checker(batch=self.BATCH), "empty",
+                             "epoch 0 rank 0 batch 1 listed as empty but it has 1 samples")
+
+    def test_an_empty_batch_before_a_full_one_fails(self):
+        rows = plan_rows(batch=self.BATCH)
+        for row in rows:  # rank 1's only batch becomes batch 1: batch 0 is the empty one
+            if row["rank"] == 1 and row["epoch"] == 0:
+                row["batch"] = 1
+        write_traces(self.trace, rows)
+        self.write_empty([x for x in self.empty_last_batches() if x != (0, 1, 1)] + [(0, 1, 0)])
+        self.assertFailsWith(self.run_checker(batch=self.BATCH), "empty",
+                             "epoch 0 rank 1: empty batch(es) [0] before the rank's last non-empty batch 1")
+
+    def test_an_empty_batch_fails_with_drop_last(self):
+        rows = plan_rows(drop_last=True)
+        write_traces(self.trace, rows)
+        self.write_empty([(0, 3, 1)])
+        self.assertFailsWith(self.run_checker("--drop-last"), "empty",
+                             "epoch 0 rank 3 batch 1 is empty, but with drop_last")
+
+    def test_drop_last_must_drop_a_fresh_leftover_every_epoch(self):
+        epoch0 = [r for r in plan_rows(drop_last=True) if r["epoch"] == 0]
+        # Epoch 1 delivers epoch 0's samples again, dealt to other ranks: a new order but
+        # the same 5 samples dropped.
+        epoch1 = []
+        for r in epoch0:
+            rank = (r["rank"] + 1) % 4
+            epoch1.append(dict(r, epoch=1, rank=rank, tier="local" if r["owner"] == rank // 2 else "peer"))
+        self.assertFailsWith(self.check(epoch0 + epoch1, "--drop-last"), "dropped",
+                             "epoch 1 dropped the same 5 samples as epoch 0")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -36,33 +36,18 @@
 #   tests/e2e/daemon_faults.sh [CASE...]      (default: all cases)
 set -euo pipefail
 SM_PROG=daemon_faults
-export SM_PROG
-here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-# shellcheck source=deploy/lib.sh
-source "$here/../../deploy/lib.sh"
+# shellcheck source=tests/e2e/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
-daemon=$(sm_find_exe shardmixd) || sm_die "shardmixd not found; build first"
-gen=$(sm_find_exe shardmix-gen) || sm_die "shardmix-gen not found; build first"
-consume=$(sm_find_exe shardmix-consume) || sm_die "shardmix-consume not found; build first"
-python=$(sm_python) || sm_die "python3 not found"
-sm_mpirun_init
-sm_unexport_tool_vars
-unset SHARDMIX_JOB_TOKEN SHARDMIX_RUN_DIR
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/smx-faults.XXXXXX")
-mpirun_pid=""
+e2e_direct_daemons_init
 trainer_pids=()
-cleanup() {
+sm_before_tmp_cleanup() {
   local p
   for p in "${trainer_pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  if [[ -n $mpirun_pid ]]; then
-    for p in $(pgrep -P "$mpirun_pid" 2>/dev/null || true); do kill -KILL "$p" 2>/dev/null || true; done
-    kill -KILL "$mpirun_pid" 2>/dev/null || true
-  fi
-  rm -rf -- "$tmp"
+  e2e_kill_daemons
 }
-trap cleanup EXIT
-"$gen" --out "$tmp/data" --samples 800 --classes 8 --median-kib 8 --seed 5 --quiet
+e2e_init faults
+e2e_gen_dataset 800 8 8 5
 
 fail() {
   local log
@@ -93,33 +78,37 @@ count_at_least() {
   ((${n:-0} >= $3))
 }
 
-# start_daemons RUN_DIR [mpirun args...] -- [--set k=v...]: 2 daemons in the background.
+# start_daemons RUN_DIR [mpirun args...] -- [--set k=v...]: $world daemons in the background.
 start_daemons() {
-  local run_dir=$1 mpi_extra=() sets=()
+  local run_dir=$1
   shift
-  while (($#)) && [[ $1 != -- ]]; do mpi_extra+=("$1"); shift; done
-  if (($#)); then shift; sets=("$@"); fi
-  cat >"$tmp/c.toml" <<TOML
-[dataset]
-path = "$tmp/data"
-[batch]
-size = 8
-[fabric]
-provider = "tcp"
-[service]
-trainers_per_node = 1
-run_dir = "$run_dir"
-TOML
-  "$SM_MPIRUN" "${SM_MPIRUN_FLAGS[@]}" "${mpi_extra[@]}" -np "$world" "$daemon" --config "$tmp/c.toml" "${sets[@]}" \
-    >>"$tmp/daemons.log" 2>&1 &
-  mpirun_pid=$!
+  sm_write_config "$tmp/c.toml" dataset.path="$tmp/data" batch.size=8 fabric.provider=tcp \
+    service.trainers_per_node=1 service.run_dir="$run_dir"
+  e2e_start_daemons "$world" "$tmp/c.toml" "$tmp/daemons.log" "$@"
+  mpirun_pid=$E2E_MPIRUN_PID
 }
-# The log line, not the file: a stale ready file of a killed run must not count.
-wait_ready() {
-  wait_until 60 "the daemons to be ready" count_at_least "$tmp/daemons.log" "\[rank 0\]\[daemon\] ready: " 1
-  test -f "$1/ready" || fail "rank 0 said ready but $1/ready does not exist"
+wait_ready() { e2e_wait_ready "$1" "$tmp/daemons.log" || fail "the daemons did not become ready"; }
+daemon_pid() { e2e_daemon_pid "$@"; }
+# start_two_busy_trainers RUN_DIR: trainers 0 and 1 (pids t0, t1) running 1000 epochs, and
+# past epoch 0 when this returns.
+start_two_busy_trainers() {
+  start_trainer "$1" 0 t0 --epochs 1000 --compute-ms 5
+  t0=$!
+  start_trainer "$1" 1 t1 --epochs 1000 --compute-ms 5
+  t1=$!
+  wait_until 60 "both trainers past epoch 0" both_past_epoch_0
 }
-daemon_pid() { sed -n "s/^pid.$2=//p" "$1/ready"; }
+# both_trainers_fail_saying WHY PATTERN: trainers 0 and 1 (pids t0, t1) exit non-zero, and
+# trainer R's log matches PATTERN with {R} replaced by R (its error names its own daemon).
+both_trainers_fail_saying() {
+  local why=$1 pattern r pids=("$t0" "$t1")
+  for r in 0 1; do
+    pattern=${2//\{R\}/$r}
+    wait_exit "${pids[r]}" 60 "trainer $r ($why)"
+    ((rc != 0)) || fail "trainer $r exited 0 although $why"
+    has "$tmp/t$r.log" "$pattern" || fail "trainer $r's error does not say '$pattern' ($why)"
+  done
+}
 # start_trainer RUN_DIR RANK NAME [consume args...]
 start_trainer() {
   local run_dir=$1 rank=$2 name=$3
@@ -143,6 +132,7 @@ world=2  # daemons, one trainer each
 reset() {
   world=2
   mpirun_pid=""
+  E2E_MPIRUN_PID=""
   trainer_pids=()
   rm -f -- "$tmp"/*.log
 }
@@ -165,11 +155,7 @@ case_epoch() {
   local run=$tmp/re t0 t1
   start_daemons "$run"
   wait_ready "$run"
-  start_trainer "$run" 0 t0 --epochs 1000 --compute-ms 5
-  t0=$!
-  start_trainer "$run" 1 t1 --epochs 1000 --compute-ms 5
-  t1=$!
-  wait_until 60 "both trainers past epoch 0" both_past_epoch_0
+  start_two_busy_trainers "$run"
   # Another job's trainer (its own SHARDMIX_JOB_TOKEN) finds these sockets: refused.
   rc=0
   env SHARDMIX_RUN_DIR="$run" SHARDMIX_RANK=0 SHARDMIX_WORLD_SIZE=2 SHARDMIX_JOB_TOKEN=another-job \
@@ -187,12 +173,8 @@ case_epoch() {
   kill -TERM "$(daemon_pid "$run" 0)" "$(daemon_pid "$run" 1)"
   wait_exit "$mpirun_pid" 60 "mpirun (daemons stopped mid-epoch)"
   ((rc == 0)) || fail "the daemons stopped mid-epoch exited $rc, expected 0"
-  wait_exit "$t0" 60 "trainer 0"
-  ((rc != 0)) || fail "trainer 0 finished 1000 epochs?"
-  wait_exit "$t1" 60 "trainer 1"
-  ((rc != 0)) || fail "trainer 1 finished 1000 epochs?"
-  has "$tmp/t0.log" "daemon of node 0 is shutting down (it received a stop signal)" || fail "trainer 0 was not told why"
-  has "$tmp/t1.log" "daemon of node 1 is shutting down (it received a stop signal)" || fail "trainer 1 was not told why"
+  both_trainers_fail_saying "their daemons were stopped mid-epoch" \
+    "daemon of node {R} is shutting down (it received a stop signal)"
   run_dir_empty "$run"
 }
 
@@ -200,18 +182,9 @@ case_killed() {
   local run=$tmp/rk t0 t1 f
   start_daemons "$run"
   wait_ready "$run"
-  start_trainer "$run" 0 t0 --epochs 1000 --compute-ms 5
-  t0=$!
-  start_trainer "$run" 1 t1 --epochs 1000 --compute-ms 5
-  t1=$!
-  wait_until 60 "both trainers past epoch 0" both_past_epoch_0
+  start_two_busy_trainers "$run"
   kill -KILL "$(daemon_pid "$run" 0)" "$(daemon_pid "$run" 1)"
-  wait_exit "$t0" 60 "trainer 0 (its daemon was SIGKILLed)"
-  ((rc != 0)) || fail "trainer 0 exited 0 after its daemon was killed"
-  wait_exit "$t1" 60 "trainer 1 (its daemon was SIGKILLed)"
-  ((rc != 0)) || fail "trainer 1 exited 0 after its daemon was killed"
-  has "$tmp/t0.log" "lost the connection to the daemon of node 0" || fail "trainer 0 did not say it lost its daemon"
-  has "$tmp/t1.log" "lost the connection to the daemon of node 1" || fail "trainer 1 did not say it lost its daemon"
+  both_trainers_fail_saying "their daemons were SIGKILLed" "lost the connection to the daemon of node {R}"
   wait_exit "$mpirun_pid" 60 "mpirun (daemons SIGKILLed)"
   for f in d0.sock d1.sock ready token; do
     [[ -e $run/$f ]] || fail "expected a leftover $f after SIGKILL (the test provokes nothing otherwise)"
@@ -232,7 +205,7 @@ case_killed() {
   wait_exit "$t1" 120 "trainer 1 after the restart"
   ((rc == 0)) || fail "trainer 1 failed after the restart (exit $rc)"
   # Exactly once, bytes as on disk: the restarted job is a normal job.
-  "$python" "$here/check_traces.py" "$tmp/trace" --dataset "$tmp/data" --epochs 1 --trainers 2 \
+  "$python" "$SM_E2E/check_traces.py" "$tmp/trace" --dataset "$tmp/data" --epochs 1 --trainers 2 \
     --trainers-per-node 1 --batch-size 8 || fail "the restarted job's trace is wrong"
   kill -TERM "$(daemon_pid "$run" 0)" "$(daemon_pid "$run" 1)"
   wait_exit "$mpirun_pid" 60 "mpirun (restarted daemons)"
@@ -247,11 +220,7 @@ peer_case() {
   shift 2
   start_daemons "$run" --enable-recovery -- --set shuffle.exchange_fraction=0 "$@"
   wait_ready "$run"
-  start_trainer "$run" 0 t0 --epochs 1000 --compute-ms 5
-  t0=$!
-  start_trainer "$run" 1 t1 --epochs 1000 --compute-ms 5
-  t1=$!
-  wait_until 60 "both trainers past epoch 0" both_past_epoch_0
+  start_two_busy_trainers "$run"
   local d0 d1
   d0=$(daemon_pid "$run" 0)
   d1=$(daemon_pid "$run" 1)
@@ -310,7 +279,7 @@ degrade_case() {
     wait_exit "${t[$r]}" 120 "reference trainer $r"
     ((rc == 0)) || fail "reference trainer $r failed (exit $rc)"
   done
-  "$python" "$here/check_traces.py" "$tmp/trace-ref" --dataset "$tmp/data" --epochs "$epochs" --trainers 3 \
+  "$python" "$SM_E2E/check_traces.py" "$tmp/trace-ref" --dataset "$tmp/data" --epochs "$epochs" --trainers 3 \
     --trainers-per-node 1 --batch-size 8 || fail "the reference run's trace is wrong"
   kill -TERM "$(daemon_pid "$ref" 0)" "$(daemon_pid "$ref" 1)" "$(daemon_pid "$ref" 2)"
   wait_exit "$mpirun_pid" 60 "mpirun (reference daemons)"

@@ -7,31 +7,18 @@
 set -euo pipefail
 
 SM_PROG=mpmd_e2e
-here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-# shellcheck source=deploy/lib.sh
-source "$here/../../deploy/lib.sh"
+# shellcheck source=tests/e2e/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
 nodes=2 per_node=2 epochs=2 batch=8
-sm_require_exes shardmixd shardmix-consume shardmix-gen shardmix-mpmd-trainer
-python=$(sm_python) || sm_die "python3 not found"
-sm_test_tmpdir mpmd
-tmp=$SM_TMP
-
-"$(sm_find_exe shardmix-gen)" --out "$tmp/data" --samples 400 --classes 8 --median-kib 8 --seed 5 --quiet
-cat >"$tmp/job.toml" <<EOF
-[dataset]
-path = "$tmp/data"
-[batch]
-size = $batch
-[fabric]
-provider = "tcp"
-interface = "lo"
-EOF
+e2e_init mpmd shardmix-mpmd-trainer
+e2e_gen_dataset 400 8 8 5
+sm_write_config "$tmp/job.toml" dataset.path="$tmp/data" batch.size="$batch" fabric.provider=tcp fabric.interface=lo
 
 rc=0
 SHARDMIX_RUN_DIR=$tmp/run SHARDMIX_CONNECT_TIMEOUT=120 timeout -s TERM -k 20 200 \
   bash "$SM_REPO/deploy/mpmd.sh" --nodes "$nodes" --trainers-per-node "$per_node" --config "$tmp/job.toml" \
-  -- "$(sm_find_exe shardmix-consume)" --epochs "$epochs" --trace "$tmp/trace" >"$tmp/job.log" 2>&1 || rc=$?
+  -- "$consume" --epochs "$epochs" --trace "$tmp/trace" >"$tmp/job.log" 2>&1 || rc=$?
 if ((rc != 0)); then
   tail -n 40 "$tmp/job.log" >&2
   sm_die "the MPMD job failed with exit code $rc"
@@ -39,5 +26,5 @@ fi
 n=$(find "$tmp/trace" -name 'rank-*.csv' | wc -l)
 ((n == nodes * per_node)) || sm_die "expected $((nodes * per_node)) trainer traces (ranks 0..$((nodes * per_node - 1))), found $n"
 grep -q 'received signal 15, shutting down' "$tmp/job.log" || sm_die "the daemons were not stopped by the trainers' wrapper"
-"$python" "$here/check_traces.py" "$tmp/trace" --dataset "$tmp/data" --epochs "$epochs" \
+"$python" "$SM_E2E/check_traces.py" "$tmp/trace" --dataset "$tmp/data" --epochs "$epochs" \
   --trainers $((nodes * per_node)) --trainers-per-node "$per_node" --batch-size "$batch"

@@ -16,9 +16,8 @@
 set -euo pipefail
 
 SM_PROG=netns_e2e
-here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-# shellcheck source=deploy/lib.sh
-source "$here/../../deploy/lib.sh"
+# shellcheck source=tests/e2e/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
 skip() {
   sm_log "SKIP: $*"
@@ -37,16 +36,10 @@ epochs=2
 prefix=smxe
 timeout_s=${SHARDMIX_E2E_TIMEOUT:-100}
 
-sm_require_exes shardmixd shardmix-consume shardmix-gen
-gen=$(sm_find_exe shardmix-gen)
-consume=$(sm_find_exe shardmix-consume)
-python=$(sm_python) || sm_die "python3 not found"
 cluster=$SM_REPO/deploy/netns-cluster.sh
-
 # The namespaces go too, whatever happens (the up command below creates them).
 sm_before_tmp_cleanup() { bash "$cluster" down "$nodes" --prefix "$prefix" >/dev/null 2>&1; }
-sm_test_tmpdir netns
-tmp=$SM_TMP
+e2e_init netns
 
 sm_section "cluster: $nodes namespaces ${prefix}0..${prefix}$((nodes - 1)), 1 Gbit/s links"
 bash "$cluster" up "$nodes" 1gbit --prefix "$prefix" --subnet 10.78.0
@@ -55,49 +48,27 @@ bash "$cluster" up "$nodes" 1gbit --prefix "$prefix" --subnet 10.78.0
 
 data=$tmp/data
 trace=$tmp/trace
-"$gen" --out "$data" --samples "$samples" --classes 8 --median-kib 16 --seed 11 --quiet
+e2e_gen_dataset "$samples" 8 16 11
 config=$tmp/netns.toml
-cat >"$config" <<EOF
-# written by tests/e2e/netns_e2e.sh
-[dataset]
-path = "$data"
-placement = "sorted"
-[batch]
-size = $batch
-[shuffle]
-seed = 5
-exchange_fraction = 1.0
-[fabric]
-provider = "tcp"
-netns = "${prefix}{rank}"
-interface = "${prefix}eth"
-[log]
-level = "info"
-EOF
-
-wire_bytes() { sm_netns_received_bytes "$prefix" "$nodes"; }
+sm_write_config "$config" dataset.path="$data" dataset.placement=sorted batch.size="$batch" shuffle.seed=5 \
+  shuffle.exchange_fraction=1.0 fabric.provider=tcp fabric.netns="${prefix}{rank}" fabric.interface="${prefix}eth" \
+  log.level=info
 
 sm_section "run: $nodes daemons in namespaces, $nodes trainers in the root namespace, $epochs epochs"
-before=$(wire_bytes)
-rc=0
-timeout -s TERM -k 20 "$timeout_s" \
-  bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "$config" --trainers-per-node 1 \
-  --daemon-log "$tmp/daemons.log" -- "$consume" --epochs "$epochs" --trace "$trace" || rc=$?
-after=$(wire_bytes)
-if ((rc != 0)); then
-  ((rc == 124)) && sm_log "timed out after ${timeout_s} s"
-  tail -n 20 -- "$tmp/daemons.log" >&2 || true
-  sm_die "launch.sh failed with exit code $rc" 1
-fi
+before=$(sm_netns_rx_bytes "$prefix" "$nodes")
+e2e_launch_or_die "$timeout_s" "$tmp/daemons.log" --nodes "$nodes" --config "$config" --trainers-per-node 1 \
+  -- "$consume" --epochs "$epochs" --trace "$trace"
+after=$(sm_netns_rx_bytes "$prefix" "$nodes")
 
 sm_section "verdict"
-"$python" "$here/check_traces.py" "$trace" --dataset "$data" --epochs "$epochs" \
+"$python" "$SM_E2E/check_traces.py" "$trace" --dataset "$data" --epochs "$epochs" \
   --trainers "$nodes" --trainers-per-node 1 --batch-size "$batch" --expect-peer
 
 # Every daemon joined its namespace and used its link: the fabric domain is the
 # namespace's interface, and the links carried at least the peer bytes the traces show.
-"$python" - "$tmp/daemons.log" "$trace" "$nodes" "$prefix" "$((after - before))" <<'PY'
+e2e_python - "$tmp/daemons.log" "$trace" "$nodes" "$prefix" "$((after - before))" <<'PY'
 import csv, glob, re, sys
+from e2e_verdict import finish
 log, trace, nodes, prefix, wire = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 text = open(log, encoding="utf-8", errors="replace").read()
 domains = re.findall(r"\[rank (\d+)\]\[fabric\] provider \S+ domain (\S+)", text)
@@ -112,14 +83,8 @@ if any(d != prefix + "eth" for _, d in domains):
     problems.append(f"fabric domains {sorted(set(d for _, d in domains))}, expected {prefix}eth")
 if peer == 0 or wire < peer:
     problems.append(f"the namespaces' links carried {wire} bytes, less than the {peer} peer bytes delivered")
-errors = [l for l in text.splitlines() if re.search(r" E \[rank", l)]
-if errors:
-    problems.append("daemon errors: " + "; ".join(errors[:3]))
-if problems:
-    print("netns check: FAIL\n  " + "\n  ".join(problems))
-    sys.exit(1)
-print(f"netns check: PASS  {nodes} daemons on domain {prefix}eth; links carried {wire} bytes "
-      f"for {peer} peer bytes delivered")
+finish("netns check", text, problems,
+       f"{nodes} daemons on domain {prefix}eth; links carried {wire} bytes for {peer} peer bytes delivered")
 PY
 
 # A daemon in a namespace must not sit on the loopback (peers in other namespaces can
@@ -127,9 +92,8 @@ PY
 # start-up with an error that says so, not hang.
 sm_section "misconfigured: fabric.interface = lo inside namespaces"
 rc=0
-timeout -s TERM -k 20 120 \
-  bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "$config" --trainers-per-node 1 \
-  --set fabric.interface=lo --daemon-log "$tmp/daemons-lo.log" -- "$consume" --epochs 1 >/dev/null 2>&1 || rc=$?
+e2e_launch 120 "$tmp/daemons-lo.log" --nodes "$nodes" --config "$config" --trainers-per-node 1 \
+  --set fabric.interface=lo -- "$consume" --epochs 1 >/dev/null 2>&1 || rc=$?
 if ((rc == 0 || rc == 124)); then
   sm_die "a daemon on 'lo' inside a namespace was not refused (launch exit $rc)" 1
 fi

@@ -11,36 +11,17 @@
 #   tests/e2e/resume_e2e.sh same|redeal [tcp|shm]
 set -euo pipefail
 SM_PROG=resume_e2e
-export SM_PROG
-here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-# shellcheck source=deploy/lib.sh
-source "$here/../../deploy/lib.sh"
+# shellcheck source=tests/e2e/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
 mode=${1:-same}
 provider=${2:-tcp}
 [[ $mode == same || $mode == redeal ]] || sm_die "mode must be same or redeal, got '$mode'" 2
 batch=8 epoch=1
-gen=$(sm_find_exe shardmix-gen) || sm_die "shardmix-gen not found; build first"
-consume=$(sm_find_exe shardmix-consume) || sm_die "shardmix-consume not found; build first"
-python=$(sm_python) || sm_die "python3 not found"
-
-sm_test_tmpdir resume
-tmp=$SM_TMP
-"$gen" --out "$tmp/data" --samples 800 --classes 8 --median-kib 16 --seed 5 --quiet
-cat >"$tmp/c.toml" <<TOML
-[dataset]
-path = "$tmp/data"
-[batch]
-size = $batch
-[shuffle]
-seed = 91
-exchange_fraction = 0.5
-window = 4
-[fabric]
-provider = "$provider"
-[service]
-prefetch = 3
-TOML
+e2e_init resume
+e2e_gen_dataset 800 8 16 5
+sm_write_config "$tmp/c.toml" dataset.path="$tmp/data" batch.size="$batch" shuffle.seed=91 \
+  shuffle.exchange_fraction=0.5 shuffle.window=4 fabric.provider="$provider" service.prefetch=3
 
 # Each trainer checkpoints after 2 + rank batches, so the old ranks stop at different points.
 cat >"$tmp/first.sh" <<'FIRST'
@@ -54,13 +35,8 @@ FIRST
 run() {  # nodes per_node log -- trainer command...
   local nodes=$1 per_node=$2 log=$3
   shift 4
-  local rc=0
-  timeout -s TERM -k 30 240 bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "$tmp/c.toml" \
-    --trainers-per-node "$per_node" --daemon-log "$log" "${extra[@]}" -- "$@" || rc=$?
-  if ((rc != 0)); then
-    tail -20 "$log" >&2
-    sm_die "launch.sh ($log) failed with exit code $rc" 1
-  fi
+  e2e_launch_or_die 240 "$log" --nodes "$nodes" --config "$tmp/c.toml" --trainers-per-node "$per_node" \
+    "${extra[@]}" -- "$@"
 }
 
 extra=()
@@ -72,14 +48,14 @@ if [[ $mode == same ]]; then
   run 4 1 "$tmp/after.log" -- "$consume" --resume-dir "$tmp/ckpt" --epochs 2 --trace "$tmp/trace-after"
   grep -q "trainer rank 3 resumes epoch $epoch after 5 batches" "$tmp/after.log" ||
     sm_die "the daemons did not resume trainer rank 3 from its checkpoint" 1
-  "$python" "$here/check_resume.py" --dataset "$tmp/data" --epoch "$epoch" --batch-size "$batch" \
+  "$python" "$SM_E2E/check_resume.py" --dataset "$tmp/data" --epoch "$epoch" --batch-size "$batch" \
     --before "$tmp/trace-before" --before-trainers 4 --after "$tmp/trace-after" --after-trainers 4 --later 1
 else
   extra=(--set "resume.checkpoint_dir=$tmp/ckpt")
   run 3 2 "$tmp/after.log" -- "$consume" --resume-dir "$tmp/ckpt" --epochs 2 --trace "$tmp/trace-after"
   grep -q "resume: epoch $epoch re-dealt from 4 checkpoints" "$tmp/after.log" ||
     sm_die "the daemons did not re-deal epoch $epoch" 1
-  "$python" "$here/check_resume.py" --dataset "$tmp/data" --epoch "$epoch" --batch-size "$batch" \
+  "$python" "$SM_E2E/check_resume.py" --dataset "$tmp/data" --epoch "$epoch" --batch-size "$batch" \
     --before "$tmp/trace-before" --before-trainers 4 --after "$tmp/trace-after" --after-trainers 6 \
     --redealt --later 1
 fi

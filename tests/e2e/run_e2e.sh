@@ -39,9 +39,8 @@
 set -euo pipefail
 
 SM_PROG=run_e2e
-here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-# shellcheck source=deploy/lib.sh
-source "$here/../../deploy/lib.sh"
+# shellcheck source=tests/e2e/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
 provider=${1:-}
 case $provider in
@@ -73,13 +72,7 @@ esac
 if ((repeat == 1 && window != 0)); then sm_die "SHARDMIX_E2E_REPEAT=1 needs SHARDMIX_E2E_WINDOW=0" 2; fi
 trainers=$((nodes * per_node))
 
-sm_require_exes shardmixd shardmix-consume shardmix-gen
-gen=$(sm_find_exe shardmix-gen)
-consume=$(sm_find_exe shardmix-consume)
-python=$(sm_python) || sm_die "python3 not found"
-
-sm_test_tmpdir e2e
-tmp=$SM_TMP
+e2e_init e2e
 data=$tmp/data
 trace=$tmp/trace
 
@@ -87,7 +80,7 @@ trace=$tmp/trace
 expect_problems=()  # shard formats: daemon log lines that must appear (file and offset)
 if [[ $format == folder ]]; then
 sm_section "dataset: $samples generated samples + odd names ($data)"
-"$gen" --out "$data" --samples "$samples" --classes 10 --median-kib 16 --seed 7 --quiet
+e2e_gen_dataset "$samples" 10 16 7
 mapfile -t classes < <(find "$data" -mindepth 1 -maxdepth 1 -type d ! -name '.*' -printf '%f\n' | LC_ALL=C sort)
 ((${#classes[@]} >= 4)) || sm_die "shardmix-gen made ${#classes[@]} class dirs, expected 10"
 c0=$data/${classes[0]} c1=$data/${classes[1]} c2=$data/${classes[2]} c3=$data/${classes[3]}
@@ -103,8 +96,7 @@ total=$((samples + 6))
 echo "$total samples in ${#classes[@]} classes ($(du -sh -- "$data" | cut -f1))"
 else
 sm_section "dataset: $samples generated samples as $format shards of 64, one shard damaged ($data)"
-"$gen" --out "$data" --samples "$samples" --classes 10 --median-kib 16 --seed 7 --quiet \
-  --format "$format" --samples-per-shard 64
+e2e_gen_dataset "$samples" 10 16 7 --format "$format" --samples-per-shard 64
 printf 'not a shard\n' >"$data/README.txt"
 printf 'hidden: not a shard\n' >"$data/.hidden.$([[ $format == webdataset ]] && echo tar || echo tfrecord)"
 # Damage one shard and print the log line each damage must produce (file and offset).
@@ -158,7 +150,7 @@ if ((uneven_capacity == 1)); then
 #!/usr/bin/env bash
 rank=\${OMPI_COMM_WORLD_RANK:?not started by Open MPI}
 export SHARDMIX_CACHE_CAPACITY=\$(( $capacity * (2 + rank) / 2 ))
-exec $(sm_find_exe shardmixd) "\$@"
+exec $daemon "\$@"
 EOF
   chmod +x "$wrapper"
   export SHARDMIX_DAEMON_CMD=$wrapper
@@ -166,58 +158,25 @@ EOF
 fi
 
 # ---------------------------------------------------------------- config
-toml_str() { # a TOML basic string
-  local s=${1//\\/\\\\}
-  s=${s//\"/\\\"}
-  printf '"%s"' "$s"
-}
 config=$tmp/e2e.toml
-{
-  echo "# written by tests/e2e/run_e2e.sh"
-  echo "[dataset]"
-  echo "path = $(toml_str "$data")"
-  echo "format = \"$format\""
-  if [[ $format == tfrecord ]]; then echo 'label_feature = "label"'; fi
-  echo 'placement = "balanced"'
-  echo "[batch]"
-  echo "size = $batch"
-  echo "drop_last = false"
-  echo "[shuffle]"
-  echo "seed = $seed"
-  echo "exchange_fraction = 1.0"
-  echo "window = $window"
-  if ((capacity > 0)); then
-    echo "[cache]"
-    echo "capacity = $capacity"
-    echo "rotation_epochs = $rotation"
-    echo "reuse_rounds = $reuse_rounds"
-  fi
-  echo "[fabric]"
-  echo "provider = \"$provider\""
-  if [[ $provider == tcp ]]; then echo 'interface = "lo"'; fi
-  echo "[service]"
-  echo "trainers_per_node = $per_node"
-  echo "prefetch = 4"
-  echo "cold_readahead_batches = $readahead"
-  echo "[inject]"
-  echo "slow_peer_rank = $slow_peer"
-  echo 'slow_peer_delay = "5ms"'
-  echo "storage_delay = \"$storage_delay\""
-  echo "[log]"
-  echo 'level = "info"'
-} >"$config"
+settings=(dataset.path="$data" dataset.format="$format" dataset.placement=balanced)
+if [[ $format == tfrecord ]]; then settings+=(dataset.label_feature=label); fi
+settings+=(batch.size="$batch" batch.drop_last=false shuffle.seed="$seed" shuffle.exchange_fraction=1.0
+           shuffle.window="$window")
+if ((capacity > 0)); then
+  settings+=(cache.capacity="$capacity" cache.rotation_epochs="$rotation" cache.reuse_rounds="$reuse_rounds")
+fi
+settings+=(fabric.provider="$provider")
+if [[ $provider == tcp ]]; then settings+=(fabric.interface=lo); fi
+settings+=(service.trainers_per_node="$per_node" service.prefetch=4 service.cold_readahead_batches="$readahead"
+           inject.slow_peer_rank="$slow_peer" inject.slow_peer_delay=5ms inject.storage_delay="$storage_delay"
+           log.level=info)
+sm_write_config "$config" "${settings[@]}"
 
 # ---------------------------------------------------------------- run
 run_job() { # TRACE_DIR LOG
-  local rc=0
-  # Our own deadline, below ctest's TIMEOUT, so launch.sh's traps stop the daemons.
-  timeout -s TERM -k 30 "$timeout_s" \
-    bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "$config" --trainers-per-node "$per_node" \
-    --daemon-log "$2" -- "$consume" --epochs "$epochs" --trace "$1" || rc=$?
-  if ((rc != 0)); then
-    ((rc == 124)) && sm_log "timed out after ${timeout_s} s"
-    sm_die "launch.sh failed with exit code $rc" 1
-  fi
+  e2e_launch_or_die "$timeout_s" "$2" --nodes "$nodes" --config "$config" --trainers-per-node "$per_node" \
+    -- "$consume" --epochs "$epochs" --trace "$1"
 }
 sm_section "run: $nodes daemons ($provider), $trainers trainers, $epochs epochs, batch $batch, window $window"
 run_job "$trace" "$tmp/daemons.log"
@@ -238,7 +197,7 @@ case $format in
   webdataset) shard_args=(--format webdataset --expect-invalid 1) ;;
   tfrecord) shard_args=(--format tfrecord --label-feature label --expect-invalid 2) ;;
 esac
-"$python" "$here/check_traces.py" "$trace" --dataset "$data" --epochs "$epochs" \
+"$python" "$SM_E2E/check_traces.py" "$trace" --dataset "$data" --epochs "$epochs" \
   --trainers "$trainers" --trainers-per-node "$per_node" --batch-size "$batch" \
   --expect-peer --json "$tmp/verdict.json" "${storage_flag[@]}" "${shard_args[@]}" || rc=$?
 ((rc == 0)) || exit "$rc"
@@ -271,7 +230,7 @@ fi
 
 if ((capacity > 0 && uneven_capacity == 0)); then
   sm_section "storage tier"
-  "$python" "$here/check_storage.py" --log "$tmp/daemons.log" --trace "$trace" --dataset "$data" \
+  "$python" "$SM_E2E/check_storage.py" --log "$tmp/daemons.log" --trace "$trace" --dataset "$data" \
     --nodes "$nodes" --epochs "$epochs" --capacity "$capacity" --trainers "$trainers" --batch-size "$batch" \
     --prefetch 4 --readahead "$readahead" --window "$window" --rotation-epochs "$rotation" \
     --reuse-rounds "$reuse_rounds"
@@ -284,8 +243,9 @@ fi
 sm_section "fabric and shutdown"
 ahead_readahead=0
 if ((capacity > 0)); then ahead_readahead=$readahead; fi
-"$python" - "$tmp/daemons.log" "$trace" "$nodes" "$trainers" "$batch" 4 "$data" "$window" "$ahead_readahead" <<'PY'
+e2e_python - "$tmp/daemons.log" "$trace" "$nodes" "$trainers" "$batch" 4 "$data" "$window" "$ahead_readahead" <<'PY'
 import csv, glob, os, re, sys
+from e2e_verdict import finish
 log, trace, nodes = sys.argv[1], sys.argv[2], int(sys.argv[3])
 trainers, batch, prefetch, data = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
 window = int(sys.argv[8])
@@ -318,12 +278,7 @@ for rank, samples, catalog, placement, schedulers, total in metadata:
     if int(total) != int(catalog) + int(placement) + int(schedulers) or min(int(catalog), int(placement), int(schedulers)) <= 0:
         problems.append(f"daemon {rank}: metadata parts do not add up or one is zero: "
                         f"{catalog} + {placement} + {schedulers} != {total}")
-errors = [l for l in text.splitlines() if re.search(r" E \[rank", l)]
-if errors:
-    problems.append("daemon errors: " + "; ".join(errors[:3]))
-if problems:
-    print("fabric check: FAIL\n  " + "\n  ".join(problems))
-    sys.exit(1)
-print(f"fabric check: PASS  {peer} peer bytes delivered, {sum(fabric)} bytes read by fi_read "
-      f"({sum(fabric) - peer} read ahead for the next epoch); {nodes} clean exits")
+finish("fabric check", text, problems,
+       f"{peer} peer bytes delivered, {sum(fabric)} bytes read by fi_read "
+       f"({sum(fabric) - peer} read ahead for the next epoch); {nodes} clean exits")
 PY

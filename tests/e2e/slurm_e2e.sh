@@ -11,29 +11,23 @@
 set -euo pipefail
 
 SM_PROG=slurm_e2e
-here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-# shellcheck source=deploy/lib.sh
-source "$here/../../deploy/lib.sh"
+# shellcheck source=tests/e2e/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
 nodes=2 per_node=2 epochs=2 batch=8
-sm_require_exes shardmixd shardmix-consume shardmix-gen
-python=$(sm_python) || sm_die "python3 not found"
-consume=$(sm_find_exe shardmix-consume)
-sm_test_tmpdir slurm
-tmp=$SM_TMP
+e2e_init slurm
 
 mkdir -p "$tmp/bin"
-ln -s "$here/srun_shim.sh" "$tmp/bin/srun"
-"$(sm_find_exe shardmix-gen)" --out "$tmp/data" --samples 400 --classes 8 --median-kib 8 --seed 9 --quiet
-printf '[dataset]\npath = "%s"\n[batch]\nsize = %d\n[fabric]\nprovider = "tcp"\ninterface = "lo"\n' \
-  "$tmp/data" "$batch" >"$tmp/job.toml"
+ln -s "$SM_E2E/srun_shim.sh" "$tmp/bin/srun"
+e2e_gen_dataset 400 8 8 9
+sm_write_config "$tmp/job.toml" dataset.path="$tmp/data" batch.size="$batch" fabric.provider=tcp fabric.interface=lo
 
 # run_job LOG TRAINER...: the batch script as sbatch would start it on the first node.
 run_job() {
   local log=$1
   shift
   env PATH="$tmp/bin:$PATH" SLURM_JOB_ID=4242 SLURM_JOB_NUM_NODES=$nodes SLURM_NTASKS_PER_NODE="$per_node" \
-    SHARDMIX_CONFIG="$tmp/job.toml" SHARDMIXD="$(sm_find_exe shardmixd)" SHARDMIX_RUN_DIR="$tmp/run" \
+    SHARDMIX_CONFIG="$tmp/job.toml" SHARDMIXD="$daemon" SHARDMIX_RUN_DIR="$tmp/run" \
     SHARDMIX_READY_TIMEOUT=120 SHARDMIX_STOP_TIMEOUT=20 \
     timeout -s TERM -k 20 200 bash "$SM_REPO/deploy/slurm/shardmix.sbatch" "$@" >"$log" 2>&1
 }
@@ -48,7 +42,7 @@ fi
 grep -q 'daemons ready after' "$tmp/job.log" || sm_die "no readiness line in the job log"
 grep -q 'received signal 15, shutting down' "$tmp/job.log" || sm_die "the daemons were not stopped with SIGTERM"
 [[ ! -e $tmp/run/ready ]] || sm_die "the ready file outlived the daemons"
-"$python" "$here/check_traces.py" "$tmp/trace" --dataset "$tmp/data" --epochs "$epochs" \
+"$python" "$SM_E2E/check_traces.py" "$tmp/trace" --dataset "$tmp/data" --epochs "$epochs" \
   --trainers $((nodes * per_node)) --trainers-per-node "$per_node" --batch-size "$batch"
 
 sm_section "a trainer layout that does not match the daemons'"

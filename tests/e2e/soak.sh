@@ -12,58 +12,26 @@
 #   tests/e2e/soak.sh [ROUNDS]
 set -euo pipefail
 SM_PROG=soak
-export SM_PROG
-here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-# shellcheck source=deploy/lib.sh
-source "$here/../../deploy/lib.sh"
+# shellcheck source=tests/e2e/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
 rounds=${1:-6}
 epochs_per_round=${SOAK_EPOCHS_PER_ROUND:-10}
 rss_bound_kb=4096
-daemon=$(sm_find_exe shardmixd) || sm_die "shardmixd not found; build first"
-gen=$(sm_find_exe shardmix-gen) || sm_die "shardmix-gen not found; build first"
-consume=$(sm_find_exe shardmix-consume) || sm_die "shardmix-consume not found; build first"
-sm_mpirun_init
-sm_unexport_tool_vars
-unset SHARDMIX_JOB_TOKEN SHARDMIX_RUN_DIR
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/smx-soak.XXXXXX")
-mpirun_pid=""
-cleanup() {
-  local p
-  if [[ -n $mpirun_pid ]]; then
-    for p in $(pgrep -P "$mpirun_pid" 2>/dev/null || true); do kill -KILL "$p" 2>/dev/null || true; done
-    kill -KILL "$mpirun_pid" 2>/dev/null || true
-  fi
-  rm -rf -- "$tmp"
-}
-trap cleanup EXIT
+e2e_direct_daemons_init
+sm_before_tmp_cleanup() { e2e_kill_daemons; }
+e2e_init soak
 fail() {
   tail -n 20 "$tmp/daemons.log" >&2 || true
   sm_die "$*" 1
 }
-"$gen" --out "$tmp/data" --samples 800 --classes 8 --median-kib 8 --seed 7 --quiet
+e2e_gen_dataset 800 8 8 7
 run=$tmp/run
-cat >"$tmp/c.toml" <<TOML
-[dataset]
-path = "$tmp/data"
-[batch]
-size = 8
-[fabric]
-provider = "tcp"
-[service]
-trainers_per_node = 1
-run_dir = "$run"
-TOML
-"$SM_MPIRUN" "${SM_MPIRUN_FLAGS[@]}" -np 2 "$daemon" --config "$tmp/c.toml" >"$tmp/daemons.log" 2>&1 &
-mpirun_pid=$!
-for ((i = 0; i < 600; i++)); do
-  grep -q "\[rank 0\]\[daemon\] ready: " "$tmp/daemons.log" 2>/dev/null && break
-  kill -0 "$mpirun_pid" 2>/dev/null || fail "the daemons exited before they were ready"
-  sleep 0.1
-done
-[[ -f $run/ready ]] || fail "the daemons did not become ready within 60 s"
-pids=("$(sed -n 's/^pid.0=//p' "$run/ready")" "$(sed -n 's/^pid.1=//p' "$run/ready")")
+sm_write_config "$tmp/c.toml" dataset.path="$tmp/data" batch.size=8 fabric.provider=tcp \
+  service.trainers_per_node=1 service.run_dir="$run"
+e2e_start_daemons 2 "$tmp/c.toml" "$tmp/daemons.log"
+e2e_wait_ready "$run" "$tmp/daemons.log" || fail "the daemons did not start"
+pids=("$(e2e_daemon_pid "$run" 0)" "$(e2e_daemon_pid "$run" 1)")
 
 rss_kb() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 fds() { find "/proc/$1/fd" -mindepth 1 -maxdepth 1 | wc -l; }
@@ -110,7 +78,7 @@ for d in 0 1; do
 done
 kill -TERM "${pids[@]}"
 rc=0
-wait "$mpirun_pid" || rc=$?
-mpirun_pid=""
+wait "$E2E_MPIRUN_PID" || rc=$?
+E2E_MPIRUN_PID=""
 ((rc == 0)) || fail "the daemons exited $rc after the soak"
 echo "soak: PASS ($rounds rounds x $epochs_per_round epochs, memory and open files flat)"

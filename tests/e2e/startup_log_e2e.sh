@@ -7,28 +7,13 @@
 #   tests/e2e/startup_log_e2e.sh
 set -euo pipefail
 SM_PROG=startup_log_e2e
-export SM_PROG
-here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-# shellcheck source=deploy/lib.sh
-source "$here/../../deploy/lib.sh"
-gen=$(sm_find_exe shardmix-gen) || sm_die "shardmix-gen not found; build first"
-consume=$(sm_find_exe shardmix-consume) || sm_die "shardmix-consume not found; build first"
-python=$(sm_python) || sm_die "python3 not found"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardmix-startup-log.XXXXXX")
-trap 'rm -rf -- "$tmp"' EXIT
-"$gen" --out "$tmp/data" --samples 300 --classes 7 --median-kib 4 --seed 5 --quiet
-cat >"$tmp/c.toml" <<TOML
-[dataset]
-path = "$tmp/data"
-[batch]
-size = 8
-[fabric]
-provider = "tcp"
-[log]
-level = "info"
-TOML
-timeout -s TERM -k 30 200 bash "$SM_REPO/deploy/launch.sh" --nodes 2 --config "$tmp/c.toml" \
-  --daemon-log "$tmp/d.log" -- "$consume" --first-batch-only --touch none >"$tmp/t.txt" 2>&1 ||
+# shellcheck source=tests/e2e/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
+e2e_init startup-log
+e2e_gen_dataset 300 7 4 5
+sm_write_config "$tmp/c.toml" dataset.path="$tmp/data" batch.size=8 fabric.provider=tcp log.level=info
+e2e_launch 200 "$tmp/d.log" --nodes 2 --config "$tmp/c.toml" \
+  -- "$consume" --first-batch-only --touch none >"$tmp/t.txt" 2>&1 ||
   { cat "$tmp/t.txt"; tail -20 "$tmp/d.log"; sm_die "launch.sh failed" 1; }
 PYTHONPATH=$SM_REPO/bench "$python" - "$tmp/d.log" "$tmp/t.txt" <<'PY'
 import json, sys

@@ -15,43 +15,20 @@
 set -euo pipefail
 
 SM_PROG=telemetry_e2e
-here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-# shellcheck source=deploy/lib.sh
-source "$here/../../deploy/lib.sh"
+# shellcheck source=tests/e2e/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
 nodes=2
 per_node=2
 epochs=3
-sm_require_exes shardmixd shardmix-consume shardmix-gen shardmix-stat
-gen=$(sm_find_exe shardmix-gen)
-consume=$(sm_find_exe shardmix-consume)
+e2e_init tele shardmix-stat
 stat=$(sm_find_exe shardmix-stat)
-python=$(sm_python) || sm_die "python3 not found"
 
-sm_test_tmpdir tele
-tmp=$SM_TMP
-
-"$gen" --out "$tmp/data" --samples 600 --classes 10 --median-kib 16 --seed 3 --quiet
-cat >"$tmp/job.toml" <<EOF
-[dataset]
-path = "$tmp/data"
-[batch]
-size = 8
-[shuffle]
-seed = 11
-[fabric]
-provider = "tcp"
-interface = "lo"
-[service]
-trainers_per_node = $per_node
-[inject]
-slow_peer_rank = 1
-slow_peer_delay = "5ms"
-[telemetry]
-stats_file = "$tmp/stats-{job}.jsonl"
-prometheus_file = "$tmp/node{rank}.prom"
-interval = "1s"
-EOF
+e2e_gen_dataset 600 10 16 3
+sm_write_config "$tmp/job.toml" dataset.path="$tmp/data" batch.size=8 shuffle.seed=11 fabric.provider=tcp \
+  fabric.interface=lo service.trainers_per_node="$per_node" inject.slow_peer_rank=1 inject.slow_peer_delay=5ms \
+  telemetry.stats_file="$tmp/stats-{job}.jsonl" telemetry.prometheus_file="$tmp/node{rank}.prom" \
+  telemetry.interval=1s
 
 # The trainer: consume, and on rank 0 also ask its daemon for statistics while it serves.
 cat >"$tmp/trainer.sh" <<EOF
@@ -67,8 +44,8 @@ chmod +x "$tmp/trainer.sh"
 
 sm_section "run: $nodes daemons, $((nodes * per_node)) trainers, $epochs epochs"
 rc=0
-timeout -s TERM -k 30 240 bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "$tmp/job.toml" \
-  --daemon-log "$tmp/daemons.log" -- "$tmp/trainer.sh" >"$tmp/trainers.log" 2>&1 || rc=$?
+e2e_launch 240 "$tmp/daemons.log" --nodes "$nodes" --config "$tmp/job.toml" \
+  -- "$tmp/trainer.sh" >"$tmp/trainers.log" 2>&1 || rc=$?
 if ((rc != 0)); then
   tail -n 30 "$tmp/trainers.log" "$tmp/daemons.log" >&2 || true
   sm_die "launch.sh failed with exit code $rc"
@@ -80,6 +57,6 @@ grep -q '\[rank 0\]\[daemon\] all 2 nodes loaded .* slowest node [01] ' "$tmp/da
   sm_die "no load skew line from rank 0 in $tmp/daemons.log"
 n=$(grep -c '\[rank 0\]\[telemetry\] epoch [0-9]*: 600 samples' "$tmp/daemons.log" || true)
 ((n == epochs)) || sm_die "rank 0 logged $n epoch summaries, expected $epochs"
-"$python" "$here/check_telemetry.py" --trainers-log "$tmp/trainers.log" --stats "$tmp"/stats-*.jsonl \
+"$python" "$SM_E2E/check_telemetry.py" --trainers-log "$tmp/trainers.log" --stats "$tmp"/stats-*.jsonl \
   --prom "$tmp"/node*.prom --stat-text "$tmp/stat.txt" --stat-prom "$tmp/stat.prom" \
   --epochs "$epochs" --trainers $((nodes * per_node)) --nodes "$nodes" --samples 600

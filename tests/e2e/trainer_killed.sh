@@ -9,35 +9,17 @@
 # epochs), and nothing named shardmix appears in /dev/shm (the regions are memfds).
 #   tests/e2e/trainer_killed.sh [tcp|shm]
 set -euo pipefail
-SM_PROG=trainer_killed  # used by lib.sh's messages
-export SM_PROG
-here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-# shellcheck source=deploy/lib.sh
-source "$here/../../deploy/lib.sh"
+SM_PROG=trainer_killed
+# shellcheck source=tests/e2e/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
 provider=${1:-tcp}
 nodes=2 per_node=2 epochs=3 batch=8
 trainers=$((nodes * per_node))
-gen=$(sm_find_exe shardmix-gen) || sm_die "shardmix-gen not found; build first"
-consume=$(sm_find_exe shardmix-consume) || sm_die "shardmix-consume not found; build first"
-python=$(sm_python) || sm_die "python3 not found"
-
-sm_test_tmpdir killed
-tmp=$SM_TMP
-"$gen" --out "$tmp/data" --samples 800 --classes 8 --median-kib 16 --seed 3 --quiet
-cat >"$tmp/c.toml" <<TOML
-[dataset]
-path = "$tmp/data"
-[batch]
-size = $batch
-[shuffle]
-seed = 77
-[fabric]
-provider = "$provider"
-[service]
-trainers_per_node = $per_node
-prefetch = 3
-TOML
+e2e_init killed
+e2e_gen_dataset 800 8 16 3
+sm_write_config "$tmp/c.toml" dataset.path="$tmp/data" batch.size="$batch" shuffle.seed=77 \
+  fabric.provider="$provider" service.trainers_per_node="$per_node" service.prefetch=3
 
 # The "trainer command" runs once per rank under launch.sh's mpirun; only rank 0 acts,
 # starting the four trainers as plain processes so one can be killed without mpirun
@@ -104,17 +86,11 @@ fi
 exit "$rc"
 DRIVER
 
-rc=0
-timeout -s TERM -k 30 200 bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "$tmp/c.toml" \
-  --trainers-per-node "$per_node" --daemon-log "$tmp/daemons.log" \
-  -- bash "$tmp/driver.sh" "$consume" "$tmp" "$trainers" "$epochs" || rc=$?
-if ((rc != 0)); then
-  tail -20 "$tmp/daemons.log" >&2
-  sm_die "launch.sh failed with exit code $rc" 1
-fi
+e2e_launch_or_die 200 "$tmp/daemons.log" --nodes "$nodes" --config "$tmp/c.toml" --trainers-per-node "$per_node" \
+  -- bash "$tmp/driver.sh" "$consume" "$tmp" "$trainers" "$epochs"
 grep -q "trainer rank 1 .*\(disconnected\|connection lost\)" "$tmp/daemons.log" ||
   sm_die "the daemon did not notice the killed trainer" 1
-"$python" "$here/check_traces.py" "$tmp/trace" --dataset "$tmp/data" --epochs "$epochs" \
+"$python" "$SM_E2E/check_traces.py" "$tmp/trace" --dataset "$tmp/data" --epochs "$epochs" \
   --trainers "$trainers" --trainers-per-node "$per_node" --batch-size "$batch" --expect-peer
 clean=$(grep -c "bytes read from peers" "$tmp/daemons.log" || true)
 ((clean == nodes)) || sm_die "only $clean of $nodes daemons exited cleanly" 1

@@ -14,43 +14,27 @@
 #   tests/e2e/unreadable_e2e.sh
 set -euo pipefail
 SM_PROG=unreadable_e2e
-export SM_PROG
-here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-# shellcheck source=deploy/lib.sh
-source "$here/../../deploy/lib.sh"
+# shellcheck source=tests/e2e/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
 nodes=2 per_node=1 epochs=2 batch=8
 trainers=$((nodes * per_node))
-gen=$(sm_find_exe shardmix-gen) || sm_die "shardmix-gen not found; build first"
-consume=$(sm_find_exe shardmix-consume) || sm_die "shardmix-consume not found; build first"
-python=$(sm_python) || sm_die "python3 not found"
-
-sm_test_tmpdir unreadable
-tmp=$SM_TMP
-"$gen" --out "$tmp/data" --samples 400 --classes 4 --median-kib 4 --seed 9 --quiet
+e2e_init unreadable
+e2e_gen_dataset 400 4 4 9
 total=$(find "$tmp/data" -type f -printf '%s\n' | awk '{ s += $1 } END { print s }')
 capacity=$((total / (2 * nodes)))  # half the dataset is cold
 # Every 8th file, by sorted path, vanishes once the daemons have loaded.
 find "$tmp/data" -type f -printf '%P\n' | LC_ALL=C sort | awk 'NR % 8 == 1' >"$tmp/vanish.list"
 
 write_config() { # STRICT
-  cat >"$tmp/c.toml" <<TOML
-[dataset]
-path = "$tmp/data"
-strict = $1
-[batch]
-size = $batch
-[shuffle]
-seed = 31
-[cache]
-capacity = $capacity
-[fabric]
-provider = "tcp"
-interface = "lo"
-[service]
-trainers_per_node = $per_node
-prefetch = 3
-TOML
+  sm_write_config "$tmp/c.toml" dataset.path="$tmp/data" dataset.strict="$1" batch.size="$batch" \
+    shuffle.seed=31 cache.capacity="$capacity" fabric.provider=tcp fabric.interface=lo \
+    service.trainers_per_node="$per_node" service.prefetch=3
+}
+# run_trainers DAEMON_LOG TRACE_DIR: the job with $tmp/c.toml; returns its exit status.
+run_trainers() {
+  e2e_launch 200 "$1" --nodes "$nodes" --config "$tmp/c.toml" --trainers-per-node "$per_node" \
+    -- bash "$tmp/trainer.sh" "$consume" "$tmp" "$epochs" "$2"
 }
 
 # Runs once per trainer rank under launch.sh (the daemons are ready): rank 0 moves the
@@ -84,16 +68,14 @@ put_back() {
 sm_section "dataset.strict = false: vanished cold samples are skipped and counted"
 write_config false
 rc=0
-timeout -s TERM -k 30 200 bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "$tmp/c.toml" \
-  --trainers-per-node "$per_node" --daemon-log "$tmp/daemons.log" \
-  -- bash "$tmp/trainer.sh" "$consume" "$tmp" "$epochs" "$tmp/trace" >"$tmp/trainers.out" 2>&1 || rc=$?
+run_trainers "$tmp/daemons.log" "$tmp/trace" >"$tmp/trainers.out" 2>&1 || rc=$?
 put_back
 cat "$tmp/trainers.out"
 if ((rc != 0)); then
   tail -30 "$tmp/daemons.log" >&2
   sm_die "the job failed (exit $rc) although dataset.strict = false" 1
 fi
-"$python" "$here/check_traces.py" "$tmp/trace" --dataset "$tmp/data" --epochs "$epochs" \
+"$python" "$SM_E2E/check_traces.py" "$tmp/trace" --dataset "$tmp/data" --epochs "$epochs" \
   --trainers "$trainers" --trainers-per-node "$per_node" --batch-size "$batch" --allow-storage --skipped
 "$python" - "$tmp" "$epochs" <<'PY'
 import csv, glob, re, sys
@@ -150,9 +132,7 @@ sm_section "dataset.strict = true: the trainer that meets one fails, naming the 
 write_config true
 rm -rf "$tmp/trace-strict"
 rc=0
-timeout -s TERM -k 30 200 bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "$tmp/c.toml" \
-  --trainers-per-node "$per_node" --daemon-log "$tmp/daemons-strict.log" \
-  -- bash "$tmp/trainer.sh" "$consume" "$tmp" "$epochs" "$tmp/trace-strict" >"$tmp/strict.out" 2>&1 || rc=$?
+run_trainers "$tmp/daemons-strict.log" "$tmp/trace-strict" >"$tmp/strict.out" 2>&1 || rc=$?
 put_back
 cat "$tmp/strict.out"
 ((rc != 0)) || sm_die "every trainer finished although dataset.strict = true and files vanished" 1

@@ -14,8 +14,8 @@ set -euo pipefail
 
 SM_PROG=run_python_tests
 here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-# shellcheck source=deploy/lib.sh
-source "$here/../../deploy/lib.sh"
+# shellcheck source=tests/e2e/lib.sh
+source "$here/../e2e/lib.sh"
 
 build=$(sm_build_dir)
 py=${SHARDMIX_PYTHON:-}
@@ -23,36 +23,18 @@ if [[ -z $py ]]; then
   if [[ -x /usr/bin/python3 ]]; then py=/usr/bin/python3; else py=$(command -v python3); fi
 fi
 [[ -d $build/python/shardmix ]] || sm_die "$build/python/shardmix not built (cmake --build $build)"
-gen=$(sm_find_exe shardmix-gen) || sm_die "shardmix-gen not built"
-consume=$(sm_find_exe shardmix-consume) || sm_die "shardmix-consume not built"
 
 nodes=2 per_node=1 q=0.5 seed=4242
-sm_test_tmpdir py
-tmp=$SM_TMP
-
-"$gen" --out "$tmp/data" --samples 300 --classes 6 --median-kib 4 --seed 3 --quiet
-cat >"$tmp/job.toml" <<TOML
-[dataset]
-path = "$tmp/data"
-[batch]
-size = 8
-drop_last = false
-[shuffle]
-seed = $seed
-exchange_fraction = $q
-[fabric]
-provider = "tcp"
-interface = "lo"
-[service]
-trainers_per_node = $per_node
-prefetch = 3
-TOML
+e2e_init py
+e2e_gen_dataset 300 6 4 3
+sm_write_config "$tmp/job.toml" dataset.path="$tmp/data" batch.size=8 batch.drop_last=false shuffle.seed="$seed" \
+  shuffle.exchange_fraction="$q" fabric.provider=tcp fabric.interface=lo service.trainers_per_node="$per_node" \
+  service.prefetch=3
 
 run() { # LOG -- COMMAND...   (the config: $run_config, default job.toml)
   local log=$1
   shift
-  timeout -s TERM -k 20 100 bash "$SM_REPO/deploy/launch.sh" --nodes "$nodes" --config "${run_config:-$tmp/job.toml}" \
-    --daemon-log "$log" "$@"
+  e2e_launch 100 "$log" --nodes "$nodes" --config "${run_config:-$tmp/job.toml}" "$@"
 }
 sm_section "reference: the C++ client (shardmix-consume), epochs 0-1"
 run "$tmp/daemons-cpp.log" -- "$consume" --epochs 2 --trace "$tmp/ref" >/dev/null ||
