@@ -21,50 +21,31 @@
 #                           [--batch 32] [--compute-ms 16] [--loader-threads 4] [--seconds 2]
 # Env: SHARDMIX_BUILD_DIR (default build/). Exit 0, 1 when a measurement failed, 2 usage.
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
-build=${SHARDMIX_BUILD_DIR:-$repo/build}
-dataset="" out="" nodes=4 provider=tcp batch=32 compute_ms=16 loader_threads=4 seconds=2
-while (($#)); do
-  case $1 in
-    --dataset) dataset=$2; shift ;;
-    --out) out=$2; shift ;;
-    --nodes) nodes=$2; shift ;;
-    --provider) provider=$2; shift ;;
-    --batch) batch=$2; shift ;;
-    --compute-ms) compute_ms=$2; shift ;;
-    --loader-threads) loader_threads=$2; shift ;;
-    --seconds) seconds=$2; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
-    *) echo "calibrate.sh: unknown option $1" >&2; exit 2 ;;
-  esac
-  shift
-done
-[[ -d $dataset && -n $out ]] || { echo "calibrate.sh: --dataset DIR and --out FILE are required" >&2; exit 2; }
-for tool in bench/shardmix-bench-fabric-read bench/shardmix-bench-storage-read tools/shardmix-consume; do
-  [[ -x $build/$tool ]] || { echo "calibrate.sh: $build/$tool missing; build first" >&2; exit 2; }
-done
-mpirun_flags=(--allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader)
-work=$(mktemp -d /tmp/shardmix-calibrate.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+# shellcheck source=bench/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
-(cd -- "$dataset" && find . -name '*.bin' | sed 's|^\./||' | LC_ALL=C sort) >"$work/files.txt"
-read -r total_bytes nfiles < <(cd -- "$dataset" && xargs -a "$work/files.txt" -d '\n' stat -c %s |
-  awk '{ s += $1; n++ } END { printf "%d %d\n", s, n }')
-((nfiles > 0)) || { echo "calibrate.sh: no .bin files under $dataset" >&2; exit 2; }
+dataset="" out="" nodes=4 provider=tcp batch=32 compute_ms=16 loader_threads=4 seconds=2
+bench_parse_args dataset out nodes provider batch compute-ms loader-threads seconds -- "$@"
+[[ -d $dataset && -n $out ]] || sm_die "--dataset DIR and --out FILE are required" 2
+bench_check_positive_ints nodes batch loader_threads
+bench_check_numbers compute_ms seconds
+bench_require_built bench/shardmix-bench-fabric-read bench/shardmix-bench-storage-read tools/shardmix-consume
+bench_workdir calibrate
+
+bench_sample_list "$dataset" "$work/files.txt"
+read -r total_bytes nfiles < <(bench_sample_bytes "$dataset")
+((nfiles > 0)) || sm_die "no .bin files under $dataset" 2
 read -r median_kib sigma < <(cd -- "$dataset" && xargs -a "$work/files.txt" -d '\n' stat -c %s | python3 -c '
 import math, statistics, sys
 s = [int(x) for x in sys.stdin]
 l = [math.log(x) for x in s]
 print(statistics.median(s) / 1024, statistics.pstdev(l))')
 mean_bytes=$((total_bytes / nfiles))
-echo "calibrate: $nfiles samples, $total_bytes bytes (median $median_kib KiB, sigma $sigma); load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "calibrate: $nfiles samples, $total_bytes bytes (median $median_kib KiB, sigma $sigma); load $(bench_loadavg)"
 
-iface=(); [[ $provider == tcp ]] && iface=(--interface lo)
 echo "== raw fi_read, $provider, $nodes ranks, qd 8, ${seconds} s"
-FI_TCP_IFACE=lo mpirun "${mpirun_flags[@]}" -np "$nodes" "$build/bench/shardmix-bench-fabric-read" --provider "$provider" \
-  "${iface[@]}" --median-kib "$median_kib" --lognormal-sigma "$sigma" --count 2048 --qd 8 --seconds "$seconds" \
-  >"$work/f.txt" 2>&1 || { cat "$work/f.txt"; exit 1; }
+bench_fabric_read "$nodes" "$provider" --median-kib "$median_kib" --lognormal-sigma "$sigma" --count 2048 \
+  --seconds "$seconds" >"$work/f.txt" 2>&1 || { cat "$work/f.txt"; exit 1; }
 grep -v '^JSON ' "$work/f.txt" | tail -2
 
 threads=$((nodes * loader_threads))
@@ -75,14 +56,15 @@ grep -v '^JSON ' "$work/s.txt"
 
 batches=$(python3 -c "print(max(16, int($seconds * 1000 / ($compute_ms + 0.5))))")
 echo "== $nodes synthetic trainers, $batches batches of $batch x $mean_bytes bytes, compute $compute_ms ms, touch copy"
-mpirun "${mpirun_flags[@]}" -np "$nodes" "$build/tools/shardmix-consume" --synthetic-batches "$batches" \
+bench_mpirun "$nodes" "$build/tools/shardmix-consume" --synthetic-batches "$batches" \
   --synthetic-batch-bytes $((batch * mean_bytes)) --touch copy --compute-ms "$compute_ms" --epochs 2 --json \
   >"$work/y.txt" 2>&1 || { cat "$work/y.txt"; exit 1; }
 
-python3 - "$work" "$out" "$nodes" "$batch" "$compute_ms" "$provider" <<'PY'
-import json, sys, datetime
+PYTHONPATH=$bench_dir python3 - "$work" "$out" "$nodes" "$batch" "$compute_ms" "$provider" <<'PY'
+import sys, datetime
+import benchlib
 work, out, nodes, batch, compute_ms, provider = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
-jl = lambda f: [json.loads(l[5:]) for l in open(f"{work}/{f}") if l.startswith("JSON ")]
+jl = lambda f: benchlib.json_lines(f"{work}/{f}")
 fab = jl("f.txt")[-1]
 sto = jl("s.txt")[-1]
 syn = [r for r in jl("y.txt") if r["epoch"] >= 1] or jl("y.txt")

@@ -13,32 +13,16 @@
 #   bash bench/cost.sh [--quick] [--out FILE.json] [--repeat 3] [--epochs 3]
 # Dataset: 16,384 samples, median 112 KiB (--quick: 4,096 samples, 1 run, 2 epochs).
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
-build=${SHARDMIX_BUILD_DIR:-$repo/build}
-data_root=${SHARDMIX_BENCH_DIR:-/tmp/shardmix-bench}
+# shellcheck source=bench/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
+
 samples=16384 median_kib=112 epochs=3 repeat=3 out=$repo/bench/results/cost-latest.json
-while (($#)); do
-  case $1 in
-    --quick) samples=4096 epochs=2 repeat=1 ;;
-    --out) out=$2; shift ;;
-    --repeat) repeat=$2; shift ;;
-    --epochs) epochs=$2; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
-    *) echo "cost.sh: unknown option $1" >&2; exit 2 ;;
-  esac
-  shift
-done
-for tool in server/shardmixd tools/shardmix-consume tools/shardmix-gen; do
-  [[ -x $build/$tool ]] || { echo "cost.sh: $build/$tool missing; build first (cmake --build $build)" >&2; exit 2; }
-done
-data=$data_root/data-$samples-${median_kib}k
-if [[ ! -d $data ]]; then
-  mkdir -p "$data_root"
-  "$build/tools/shardmix-gen" --out "$data" --samples "$samples" --classes 1000 --median-kib "$median_kib" --seed 1
-fi
-work=$(mktemp -d /tmp/shardmix-cost.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+quick_sizes() { samples=4096 epochs=2 repeat=1; }
+bench_parse_args quick:quick_sizes out repeat epochs -- "$@"
+bench_check_positive_ints repeat epochs
+bench_require_built server/shardmixd tools/shardmix-consume tools/shardmix-gen
+data=$(bench_sample_dataset "$samples" "$median_kib")
+bench_workdir cost
 raw=$work/raw.jsonl
 : >"$raw"
 
@@ -80,36 +64,24 @@ if ((rank == 0)); then
   python3 "$work/snapshot.py" "$SHARDMIX_RUN_DIR" >"$work/after.json"
 fi
 SH
-cat >"$work/c.toml" <<TOML
-[dataset]
-path = "$data"
-[batch]
-size = 32
-[shuffle]
-exchange_fraction = 1
-[fabric]
-provider = "tcp"
-[service]
-prefetch = 8
-[log]
-level = "info"
-TOML
+sm_write_config "$work/c.toml" dataset.path="$data" batch.size=32 shuffle.exchange_fraction=1 fabric.provider=tcp \
+  service.prefetch=8 log.level=info
 for ((r = 0; r < repeat; r++)); do
   echo "== cost, $samples samples, 4 daemons + 4 trainers, Q = 1, $epochs epochs (run $((r + 1))/$repeat)"
   rm -f "$work"/go "$work"/done.* "$work"/before.json "$work"/after.json
-  loadavg=$(cut -d' ' -f1-3 /proc/loadavg)
+  loadavg=$(bench_loadavg)
   mkdir -p "$work/run"
-  SHARDMIX_RUN_DIR=$work/run SHARDMIX_BUILD_DIR=$build bash "$repo/deploy/launch.sh" --nodes 4 --config "$work/c.toml" \
-    --set shuffle.seed=$((r + 1)) --daemon-log "$work/d.log" -- \
-    bash "$work/trainer.sh" "$work" "$build/tools/shardmix-consume" --epochs "$epochs" --touch copy --json \
-    >"$work/s.txt" 2>&1 || { cat "$work/s.txt"; tail -20 "$work/d.log"; exit 1; }
+  SHARDMIX_RUN_DIR=$work/run bench_launch_or_die "$work/s.txt" "$work/d.log" --nodes 4 --config "$work/c.toml" \
+    --set shuffle.seed=$((r + 1)) -- \
+    bash "$work/trainer.sh" "$work" "$build/tools/shardmix-consume" --epochs "$epochs" --touch copy --json
   grep -v '^JSON ' "$work/s.txt" | grep ' epoch ' | tail -4 || true
-  PYTHONPATH=$here python3 - "$work" "$samples" "$median_kib" "$epochs" "$loadavg" >>"$raw" <<'PY'
+  PYTHONPATH=$bench_dir python3 - "$work" "$samples" "$median_kib" "$epochs" "$loadavg" >>"$raw" <<'PY'
 import json, sys
+import benchlib
 import costs_report as cr
 work = sys.argv[1]
 before, after = json.load(open(f"{work}/before.json")), json.load(open(f"{work}/after.json"))
-epochs = [json.loads(l[5:]) for l in open(f"{work}/s.txt") if l.startswith("JSON ")]
+epochs = benchlib.json_lines(f"{work}/s.txt")
 memory = {str(k): v for k, v in cr.daemon_reports(open(f"{work}/d.log").read(), "memory").items()}
 if len(memory) != 4:
     sys.exit(f"cost.sh: expected 4 'memory:' lines in the daemon log, got {len(memory)}")
@@ -120,4 +92,4 @@ print(json.dumps({"kind": "cost", "dataset": f"{sys.argv[2]} samples, median {sy
                   "memory": memory}))
 PY
 done
-PYTHONPATH=$here python3 "$here/costs_report.py" cost "$raw" "$out"
+PYTHONPATH=$bench_dir python3 "$bench_dir/costs_report.py" cost "$raw" "$out"

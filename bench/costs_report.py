@@ -9,13 +9,14 @@ turns them into figures, so that the arithmetic is tested on fixtures
 RAW.jsonl holds one JSON object per line, each with a "kind" field (see the summaries).
 Writes OUT.json (with a "markdown" field) and prints the Markdown.
 """
-import datetime
 import json
 import os
-import platform
 import re
 import statistics
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import epoch_span, machine, stats, utc_now  # noqa: E402,F401  (stats: callers use cr.stats)
 
 PHASES = ["launch", "setup", "scan", "catalog_exchange", "placement", "regions", "fabric", "load", "serve_setup",
           "trainers"]
@@ -37,14 +38,6 @@ def med(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
-def stats(xs):
-    """Median, min and max; the figures every table reports."""
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return {"median": None, "min": None, "max": None, "n": 0}
-    return {"median": med(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
-
-
 def rng(s, fmt="{:.2f}", scale=1.0):
     if s["median"] is None:
         return "n/a"
@@ -53,8 +46,7 @@ def rng(s, fmt="{:.2f}", scale=1.0):
 
 
 def header(extra=None):
-    out = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "machine": f"{os.cpu_count()} cores, {platform.machine()}"}
+    out = {"date": utc_now(), "machine": machine()}
     out.update(extra or {})
     return out
 
@@ -231,7 +223,7 @@ def epoch_spans(rows):
     groups = {}
     for r in rows:
         groups.setdefault((r["run"], r["epoch"]), []).append(r)
-    return {k: max(x["t_end"] for x in v) - min(x["t_start"] for x in v) for k, v in groups.items()}
+    return {k: epoch_span(v) for k, v in groups.items()}
 
 
 def summarize_stall(rows):

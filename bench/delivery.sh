@@ -20,77 +20,45 @@
 # (dataset cache, default /tmp/shardmix-bench). Writes bench/results/delivery-latest.json
 # and prints a Markdown table.
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
-build=${SHARDMIX_BUILD_DIR:-$repo/build}
-data_root=${SHARDMIX_BENCH_DIR:-/tmp/shardmix-bench}
+# shellcheck source=bench/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
+
 samples=16384 median_kib=112 epochs=4 repeat=3 providers="tcp shm" fi_seconds=3
-while (($#)); do
-  case $1 in
-    --quick) samples=4096 epochs=3 repeat=1 fi_seconds=1 ;;
-    --providers) providers=$2; shift ;;
-    --repeat) repeat=$2; shift ;;
-    --samples) samples=$2; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
-    *) echo "delivery.sh: unknown option $1" >&2; exit 2 ;;
-  esac
-  shift
-done
-for tool in server/shardmixd tools/shardmix-consume tools/shardmix-gen bench/shardmix-bench-memcpy \
-            bench/shardmix-bench-fabric-read; do
-  [[ -x $build/$tool ]] || { echo "delivery.sh: $build/$tool missing; build first (cmake --build $build)" >&2; exit 2; }
-done
-mpirun_flags=(--allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader)
-data=$data_root/data-$samples-${median_kib}k
-if [[ ! -d $data ]]; then
-  mkdir -p "$data_root"
-  "$build/tools/shardmix-gen" --out "$data" --samples "$samples" --classes 1000 --median-kib "$median_kib" --seed 1
-fi
-work=$(mktemp -d /tmp/shardmix-delivery.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+quick_sizes() { samples=4096 epochs=3 repeat=1 fi_seconds=1; }
+bench_parse_args quick:quick_sizes providers repeat samples -- "$@"
+bench_check_positive_ints repeat samples
+bench_require_built server/shardmixd tools/shardmix-consume tools/shardmix-gen bench/shardmix-bench-memcpy \
+  bench/shardmix-bench-fabric-read
+data=$(bench_sample_dataset "$samples" "$median_kib")
+bench_workdir delivery
 raw=$work/raw.jsonl
 : >"$raw"
 
 echo "== memcpy of the same bytes"
 for threads in 1 2; do
   "$build/bench/shardmix-bench-memcpy" --dataset "$data" --passes 5 --threads "$threads" | tee "$work/m.txt"
-  grep '^JSON ' "$work/m.txt" | sed 's/^JSON //' >>"$raw"
+  bench_json_lines <"$work/m.txt" >>"$raw"
 done
 
 for provider in $providers; do
-  iface=(); [[ $provider == tcp ]] && iface=(--interface lo)
   for ((r = 0; r < repeat; r++)); do
     echo "== raw fi_read, $provider, 4 ranks, qd 8 (run $((r + 1))/$repeat)"
-    FI_TCP_IFACE=lo mpirun "${mpirun_flags[@]}" -np 4 "$build/bench/shardmix-bench-fabric-read" \
-      --provider "$provider" "${iface[@]}" --median-kib "$median_kib" --lognormal-sigma 0.5 --count 2048 \
-      --qd 8 --seconds "$fi_seconds" --seed "$r" >"$work/f.txt" 2>&1 || { cat "$work/f.txt"; exit 1; }
+    bench_fabric_read 4 "$provider" --median-kib "$median_kib" --lognormal-sigma 0.5 --count 2048 \
+      --seconds "$fi_seconds" --seed "$r" >"$work/f.txt" 2>&1 || { cat "$work/f.txt"; exit 1; }
     grep -v '^JSON ' "$work/f.txt" | tail -4
-    grep '^JSON ' "$work/f.txt" | sed "s/^JSON {/{\"provider_run\": \"$provider\", /" >>"$raw"
+    bench_json_lines "\"provider_run\": \"$provider\"" <"$work/f.txt" >>"$raw"
     # Q=0 copy: local delivery vs memcpy. Q=1 copy: what a copying trainer sees. Q=1 none:
     # delivery alone (views not read), the like-for-like comparison with raw fi_read, whose
     # bytes also land in memory nobody reads.
     for variant in "0 copy" "1 copy" "1 none"; do
       read -r q touch <<<"$variant"
       echo "== ShardMix, $provider, exchange_fraction $q, touch $touch, 4 daemons + 4 trainers (run $((r + 1))/$repeat)"
-      cat >"$work/c.toml" <<TOML
-[dataset]
-path = "$data"
-[batch]
-size = 32
-[shuffle]
-seed = $((r + 1))
-exchange_fraction = $q
-[fabric]
-provider = "$provider"
-[service]
-prefetch = 8
-[log]
-level = "warn"
-TOML
-      SHARDMIX_BUILD_DIR=$build bash "$repo/deploy/launch.sh" --nodes 4 --config "$work/c.toml" \
-        --daemon-log "$work/d.log" -- "$build/tools/shardmix-consume" --epochs "$epochs" --touch "$touch" --json \
-        >"$work/s.txt" 2>&1 || { cat "$work/s.txt" "$work/d.log"; exit 1; }
-      grep '^JSON ' "$work/s.txt" | sed "s/^JSON {/{\"bench\": \"shardmix\", \"provider\": \"$provider\", \"q\": $q, \"touch\": \"$touch\", \"run\": $r, /" >>"$raw"
+      sm_write_config "$work/c.toml" dataset.path="$data" batch.size=32 shuffle.seed=$((r + 1)) \
+        shuffle.exchange_fraction="$q" fabric.provider="$provider" service.prefetch=8 log.level=warn
+      bench_launch_or_die "$work/s.txt" "$work/d.log" --nodes 4 --config "$work/c.toml" -- \
+        "$build/tools/shardmix-consume" --epochs "$epochs" --touch "$touch" --json
+      bench_json_lines "\"bench\": \"shardmix\", \"provider\": \"$provider\", \"q\": $q, \"touch\": \"$touch\", \"run\": $r" \
+        <"$work/s.txt" >>"$raw"
     done
   done
 done

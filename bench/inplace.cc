@@ -23,7 +23,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "common/catalog.h"
+#include "bench/bench_util.h"
 #include "common/rng.h"
 
 namespace {
@@ -40,10 +40,6 @@ struct Shared {
   std::uint64_t bytes[kMaxProcesses];
 };
 
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -57,15 +53,10 @@ int main(int argc, char** argv) {
   app.add_option("--passes", passes, "Passes over all samples (median reported)")->check(CLI::Range(1, kMaxPasses));
   CLI11_PARSE(app, argc, argv);
 
-  shardmix::DatasetConfig config;
-  config.path = dataset;
-  auto scan = shardmix::scan_partition(config, 0, 1);
-  if (!scan.ok()) {
-    std::fprintf(stderr, "shardmix-bench-inplace: %s\n", scan.status().to_string().c_str());
-    return 1;
-  }
+  const auto scanned = shardmix::bench::scan_dataset("shardmix-bench-inplace", dataset);
+  if (!scanned) return 1;
   std::vector<std::uint64_t> all_sizes;
-  for (const auto& e : scan->entries) all_sizes.push_back(e.size);
+  for (const auto& e : scanned->scan.entries) all_sizes.push_back(e.size);
 
   void* mapping = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (mapping == MAP_FAILED) {
@@ -90,29 +81,25 @@ int main(int argc, char** argv) {
       continue;
     }
     // Child r: its own arena, allocated and filled (first-touched) here, after fork.
-    std::vector<std::uint64_t> sizes, offsets;
-    std::uint64_t total = 0, bytes = 0, max_size = 0;
-    for (std::size_t i = r; i < all_sizes.size(); i += processes) {
-      offsets.push_back(total);
-      sizes.push_back(all_sizes[i]);
-      bytes += all_sizes[i];
-      max_size = std::max(max_size, all_sizes[i]);
-      total = (total + all_sizes[i] + 63) / 64 * 64;
-    }
-    std::vector<std::uint8_t> arena(total + 64);
+    std::vector<std::uint64_t> sizes;
+    for (std::size_t i = r; i < all_sizes.size(); i += processes) sizes.push_back(all_sizes[i]);
+    const auto layout = shardmix::bench::arena_layout(sizes);
+    const auto& offsets = layout.offsets;
+    const std::uint64_t max_size = layout.max_size;
+    std::vector<std::uint8_t> arena(layout.total + 64);
     shardmix::Rng fill(1 + r);
     fill.fill_bytes(arena);
     std::vector<std::uint8_t> out(max_size + 1);
     std::vector<std::uint32_t> order(sizes.size());
     std::iota(order.begin(), order.end(), 0u);
-    shared->bytes[r] = bytes;
+    shared->bytes[r] = layout.bytes;
     for (int p = 0; p < passes; ++p) {
       shardmix::Rng rng(100 + p * kMaxProcesses + r);
       shardmix::shuffle(std::span<std::uint32_t>(order), rng);
       pthread_barrier_wait(&shared->barrier);
-      shared->start[p][r] = now_seconds();
+      shared->start[p][r] = shardmix::bench::monotonic_seconds();
       for (const auto id : order) std::memcpy(out.data(), arena.data() + offsets[id], sizes[id]);
-      shared->end[p][r] = now_seconds();
+      shared->end[p][r] = shardmix::bench::monotonic_seconds();
       // Keeps the copies from being optimised away.
       if (out[max_size / 2] == 0xFF && out[0] == 0xFE) std::fputc(' ', stderr);
     }
@@ -136,17 +123,16 @@ int main(int argc, char** argv) {
     const double last = *std::max_element(shared->end[p], shared->end[p] + processes);
     rates.push_back(static_cast<double>(bytes) / (last - first));
   }
-  std::sort(rates.begin(), rates.end());
-  const double median = rates[rates.size() / 2];
+  const auto rate = shardmix::bench::summarize_passes(rates);
   const double mean_size = all_sizes.empty() ? 0 : static_cast<double>(bytes) / all_sizes.size();
   std::printf("in-place copy of %zu samples (%.1f MB), %d process(es), %d passes: median %.2f GB/s (%.0f samples/s), "
               "min %.2f, max %.2f\n",
-              all_sizes.size(), bytes / 1e6, processes, passes, median / 1e9, median / mean_size, rates.front() / 1e9,
-              rates.back() / 1e9);
+              all_sizes.size(), bytes / 1e6, processes, passes, rate.median / 1e9, rate.median / mean_size,
+              rate.min / 1e9, rate.max / 1e9);
   std::printf(
       "JSON {\"bench\": \"inplace\", \"processes\": %d, \"passes\": %d, \"samples\": %zu, \"bytes\": %llu, "
       "\"gbps_median\": %.4f, \"gbps_min\": %.4f, \"gbps_max\": %.4f, \"samples_per_s_median\": %.1f}\n",
-      processes, passes, all_sizes.size(), static_cast<unsigned long long>(bytes), median / 1e9, rates.front() / 1e9,
-      rates.back() / 1e9, median / mean_size);
+      processes, passes, all_sizes.size(), static_cast<unsigned long long>(bytes), rate.median / 1e9, rate.min / 1e9,
+      rate.max / 1e9, rate.median / mean_size);
   return 0;
 }

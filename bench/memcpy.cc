@@ -13,7 +13,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "common/catalog.h"
+#include "bench/bench_util.h"
 #include "common/rng.h"
 
 int main(int argc, char** argv) {
@@ -26,27 +26,18 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "Copying threads (each copies its share)");
   CLI11_PARSE(app, argc, argv);
 
-  shardmix::DatasetConfig config;
-  config.path = dataset;
-  auto scan = shardmix::scan_partition(config, 0, 1);
-  if (!scan.ok()) {
-    std::fprintf(stderr, "%s\n", scan.status().to_string().c_str());
-    return 1;
-  }
-  std::vector<std::uint64_t> sizes, offsets;
-  std::uint64_t total = 0, bytes = 0;
-  for (const auto& e : scan->entries) {
-    offsets.push_back(total);
-    sizes.push_back(e.size);
-    bytes += e.size;
-    total = (total + e.size + 63) / 64 * 64;
-  }
-  std::vector<std::uint8_t> arena(total + 64);
+  const auto scanned = shardmix::bench::scan_dataset("shardmix-bench-memcpy", dataset);
+  if (!scanned) return 1;
+  std::vector<std::uint64_t> sizes;
+  for (const auto& e : scanned->scan.entries) sizes.push_back(e.size);
+  const auto layout = shardmix::bench::arena_layout(sizes);
+  const auto& offsets = layout.offsets;
+  const std::uint64_t bytes = layout.bytes, max_size = layout.max_size;
+  std::vector<std::uint8_t> arena(layout.total + 64);
   shardmix::Rng fill(1);
   fill.fill_bytes(arena);
   std::vector<std::uint32_t> order(sizes.size());
   std::iota(order.begin(), order.end(), 0u);
-  const std::uint64_t max_size = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
 
   std::vector<double> rates;
   volatile std::uint8_t sink_byte = 0;
@@ -69,20 +60,19 @@ int main(int argc, char** argv) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     rates.push_back(static_cast<double>(bytes) / secs);
   }
-  std::sort(rates.begin(), rates.end());
-  const double median = rates[rates.size() / 2];
+  const auto rate = shardmix::bench::summarize_passes(rates);
   const double mean_size = sizes.empty() ? 0 : static_cast<double>(bytes) / sizes.size();
   std::printf("memcpy of %zu samples (%.1f MB, mean %.1f KiB), %d thread(s), %d passes\n", sizes.size(), bytes / 1e6,
               mean_size / 1024, threads, passes);
   std::printf("  %-10s %10s %12s\n", "", "GB/s", "samples/s");
-  std::printf("  %-10s %10.2f %12.0f\n", "median", median / 1e9, median / mean_size);
-  std::printf("  %-10s %10.2f %12.0f\n", "min", rates.front() / 1e9, rates.front() / mean_size);
-  std::printf("  %-10s %10.2f %12.0f\n", "max", rates.back() / 1e9, rates.back() / mean_size);
+  std::printf("  %-10s %10.2f %12.0f\n", "median", rate.median / 1e9, rate.median / mean_size);
+  std::printf("  %-10s %10.2f %12.0f\n", "min", rate.min / 1e9, rate.min / mean_size);
+  std::printf("  %-10s %10.2f %12.0f\n", "max", rate.max / 1e9, rate.max / mean_size);
   std::printf(
       "JSON {\"bench\": \"memcpy\", \"threads\": %d, \"samples\": %zu, \"bytes\": %llu, \"gbps_median\": %.4f, "
       "\"gbps_min\": %.4f, \"gbps_max\": %.4f, \"samples_per_s_median\": %.1f}\n",
-      threads, sizes.size(), static_cast<unsigned long long>(bytes), median / 1e9, rates.front() / 1e9,
-      rates.back() / 1e9, median / mean_size);
+      threads, sizes.size(), static_cast<unsigned long long>(bytes), rate.median / 1e9, rate.min / 1e9,
+      rate.max / 1e9, rate.median / mean_size);
   (void)sink_byte;
   return 0;
 }

@@ -14,57 +14,29 @@
 # 10 M samples take ~0.7 GB and ~25 s) and reused. Memory: each daemon holds the global
 # catalog and placement (~45 bytes a sample), the simulator once more.
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
-build=${SHARDMIX_BUILD_DIR:-$repo/build}
-data_root=${SHARDMIX_BENCH_DIR:-/tmp/shardmix-bench}
+# shellcheck source=bench/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
+
 samples=10000000 per_shard=65536 median_kib=0.0625 sigma=0.3 nodes=4 batch=32
 out=$repo/bench/results/metadata-latest.json
-while (($#)); do
-  case $1 in
-    --samples) samples=$2; shift ;;
-    --out) out=$2; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
-    *) echo "metadata.sh: unknown option $1" >&2; exit 2 ;;
-  esac
-  shift
-done
-for tool in server/shardmixd tools/shardmix-consume tools/shardmix-gen sim/shardmix-sim; do
-  [[ -x $build/$tool ]] || { echo "metadata.sh: $build/$tool missing; build first (cmake --build $build)" >&2; exit 2; }
-done
-work=$(mktemp -d /tmp/shardmix-metadata.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+bench_parse_args samples out -- "$@"
+bench_check_positive_ints samples
+bench_require_built server/shardmixd tools/shardmix-consume tools/shardmix-gen sim/shardmix-sim
+bench_workdir metadata
 data=$data_root/metadata-$samples-tfrecord
-if [[ ! -f $data/.complete ]]; then
-  rm -rf "$data"
-  echo "== generating $samples samples (median $median_kib KiB, TFRecord, $per_shard per shard) in $data"
-  "$build/tools/shardmix-gen" --out "$data" --samples "$samples" --classes 1000 --median-kib "$median_kib" \
-    --sigma "$sigma" --format tfrecord --samples-per-shard "$per_shard" --seed 1 -q
-  touch "$data/.complete"  # hidden: the scan skips it
-fi
-cat >"$work/c.toml" <<TOML
-[dataset]
-path = "$data"
-format = "tfrecord"
-[batch]
-size = $batch
-[shuffle]
-exchange_fraction = 1
-[fabric]
-provider = "tcp"
-[log]
-level = "info"
-TOML
-loadavg=$(cut -d' ' -f1-3 /proc/loadavg)
+bench_dataset "$data" --samples "$samples" --classes 1000 --median-kib "$median_kib" --sigma "$sigma" \
+  --format tfrecord --samples-per-shard "$per_shard"
+sm_write_config "$work/c.toml" dataset.path="$data" dataset.format=tfrecord batch.size="$batch" \
+  shuffle.exchange_fraction=1 fabric.provider=tcp log.level=info
+loadavg=$(bench_loadavg)
 echo "== real job: $nodes daemons + $nodes trainers, $samples samples, one epoch (load average $loadavg)"
-SHARDMIX_BUILD_DIR=$build bash "$repo/deploy/launch.sh" --nodes "$nodes" --config "$work/c.toml" \
-  --daemon-log "$work/d.log" -- "$build/tools/shardmix-consume" --epochs 1 --touch none \
-  >"$work/t.txt" 2>&1 || { cat "$work/t.txt"; tail -20 "$work/d.log"; exit 1; }
+bench_launch_or_die "$work/t.txt" "$work/d.log" --nodes "$nodes" --config "$work/c.toml" -- \
+  "$build/tools/shardmix-consume" --epochs 1 --touch none
 echo "== simulator: the same job"
 "$build/sim/shardmix-sim" --nodes "$nodes" --trainers-per-node 1 --samples "$samples" --median-kib "$median_kib" \
   --epochs 1 --set "batch.size=$batch" --set shuffle.exchange_fraction=1 --set "sim.size_sigma=$sigma" \
   --set "sim.samples_per_shard=$per_shard" --json >"$work/sim.json"
-PYTHONPATH=$here python3 - "$work/d.log" "$work/sim.json" "$out" "$samples" "$loadavg" <<'PY'
+PYTHONPATH=$bench_dir python3 - "$work/d.log" "$work/sim.json" "$out" "$samples" "$loadavg" <<'PY'
 import json, sys, time
 import costs_report as cr
 log_text = open(sys.argv[1]).read()

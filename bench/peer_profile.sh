@@ -15,33 +15,20 @@
 # Env: SHARDMIX_BUILD_DIR (default build/), SHARDMIX_BENCH_DIR (default /tmp/shardmix-bench).
 # Uses the delivery benchmark's dataset (16,384 samples, median 112 KiB), generating it if missing.
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
-build=${SHARDMIX_BUILD_DIR:-$repo/build}
-data_root=${SHARDMIX_BENCH_DIR:-/tmp/shardmix-bench}
+# shellcheck source=bench/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
+
 py=/usr/bin/python3
 provider=shm epochs=4 out="" sets=()
-while (($#)); do
-  case $1 in
-    --provider) provider=$2; shift ;;
-    --epochs) epochs=$2; shift ;;
-    --out) out=$2; shift ;;
-    --set) sets+=(--set "$2"); shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
-    *) echo "peer_profile.sh: unknown option $1" >&2; exit 2 ;;
-  esac
-  shift
-done
-((epochs >= 2)) || { echo "peer_profile.sh: --epochs must be at least 2 (epoch 0 is not measured)" >&2; exit 2; }
-for tool in server/shardmixd tools/shardmix-consume tools/shardmix-gen bench/shardmix-bench-fabric-read; do
-  [[ -x $build/$tool ]] || { echo "peer_profile.sh: $build/$tool missing; build first" >&2; exit 2; }
-done
-data=$data_root/data-16384-112k
-[[ -d $data ]] || "$build/tools/shardmix-gen" --out "$data" --samples 16384 --classes 1000 --median-kib 112 --seed 1
+bench_parse_args provider epochs out "set[]=sets" -- "$@"
+bench_check_positive_ints epochs
+((epochs >= 2)) || sm_die "--epochs must be at least 2 (epoch 0 is not measured)" 2
+bench_require_built server/shardmixd tools/shardmix-consume tools/shardmix-gen bench/shardmix-bench-fabric-read
+data=$(bench_sample_dataset 16384 112)
 work=${out:-$(mktemp -d /tmp/shardmix-peer-profile.XXXXXX)}
 mkdir -p "$work"
-mpirun_flags=(--allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader)
-iface=(); [[ $provider == tcp ]] && iface=(--interface lo)
+# A failed run must not leave a sampler polling for its stop file.
+trap 'touch "$work/raw.stop" "$work/smx.stop"' EXIT
 uptime_now() { cut -d' ' -f1 /proc/uptime; }
 # Only processes started from this build or this work dir are sampled.
 mark=$build
@@ -50,43 +37,31 @@ echo "loadavg before: $(cat /proc/loadavg)" | tee "$work/summary.txt"
 
 # Raw fi_read: 6 s timed; the window is 2.5..5 s after mpirun starts (after launch and
 # warm-up, before the end), so it holds only the timed phase unless launch took > 2.5 s.
-$py "$here/thread_cpu.py" sample "$work/raw" '^shardmix-bench-' "$mark" & sampler=$!
+$py "$bench_dir/thread_cpu.py" sample "$work/raw" '^shardmix-bench-' "$mark" & sampler=$!
 t0=$(uptime_now)
-FI_TCP_IFACE=lo mpirun "${mpirun_flags[@]}" -np 4 "$build/bench/shardmix-bench-fabric-read" --provider "$provider" \
-  "${iface[@]}" --median-kib 112 --lognormal-sigma 0.5 --count 2048 --qd 8 --seconds 6 --seed 0 >"$work/raw.txt" 2>&1
+bench_fabric_read 4 "$provider" --median-kib 112 --lognormal-sigma 0.5 --count 2048 --seconds 6 --seed 0 \
+  >"$work/raw.txt" 2>&1
 touch "$work/raw.stop"; wait "$sampler"
-$py "$here/thread_cpu.py" window "$work/raw" "$(echo "$t0 + 2.5" | bc)" "$(echo "$t0 + 5" | bc)" >"$work/raw.threads"
+$py "$bench_dir/thread_cpu.py" window "$work/raw" "$(echo "$t0 + 2.5" | bc)" "$(echo "$t0 + 5" | bc)" >"$work/raw.threads"
 
-cat >"$work/c.toml" <<TOML
-[dataset]
-path = "$data"
-[batch]
-size = 32
-[shuffle]
-seed = 1
-exchange_fraction = 1
-[fabric]
-provider = "$provider"
-[service]
-prefetch = 8
-[log]
-level = "warn"
-TOML
-$py "$here/thread_cpu.py" sample "$work/smx" '^(shardmixd|shardmix-consum)$' "$mark" & sampler=$!
-FI_TCP_IFACE=lo SHARDMIX_BUILD_DIR=$build bash "$repo/deploy/launch.sh" --nodes 4 --config "$work/c.toml" "${sets[@]}" \
-  --daemon-log "$work/d.log" -- "$build/tools/shardmix-consume" --epochs "$epochs" --touch none --json >"$work/s.txt" 2>&1
+sm_write_config "$work/c.toml" dataset.path="$data" batch.size=32 shuffle.seed=1 shuffle.exchange_fraction=1 \
+  fabric.provider="$provider" service.prefetch=8 log.level=warn
+$py "$bench_dir/thread_cpu.py" sample "$work/smx" '^(shardmixd|shardmix-consum)$' "$mark" & sampler=$!
+FI_TCP_IFACE=lo bench_launch_or_die "$work/s.txt" "$work/d.log" --nodes 4 --config "$work/c.toml" "${sets[@]}" -- \
+  "$build/tools/shardmix-consume" --epochs "$epochs" --touch none --json
 touch "$work/smx.stop"; wait "$sampler"
 echo "loadavg after: $(cat /proc/loadavg)" | tee -a "$work/summary.txt"
 
 # The measured epochs' span (epoch 0 includes connection set-up), on the same clock.
-read -r t0 t1 < <($py -c '
-import json, sys
-rows = [json.loads(l[5:]) for l in open(sys.argv[1]) if l.startswith("JSON ") and json.loads(l[5:])["epoch"] > 0]
+read -r t0 t1 < <(PYTHONPATH=$bench_dir $py -c '
+import sys, benchlib
+rows = [r for r in benchlib.json_lines(sys.argv[1]) if r["epoch"] > 0]
 print(min(r["t_start"] for r in rows), max(r["t_end"] for r in rows))' "$work/s.txt")
-$py "$here/thread_cpu.py" window "$work/smx" "$t0" "$t1" >"$work/smx.threads"
+$py "$bench_dir/thread_cpu.py" window "$work/smx" "$t0" "$t1" >"$work/smx.threads"
 
-$py - "$work" <<'PY' | tee -a "$work/summary.txt"
-import json, sys
+PYTHONPATH=$bench_dir $py - "$work" <<'PY' | tee -a "$work/summary.txt"
+import sys
+import benchlib
 work = sys.argv[1]
 def fabric(path):
     seconds = cpu = invol = 0.0
@@ -97,10 +72,9 @@ def fabric(path):
         elif len(f) == 8 and f[1] == "smx-fabric":
             cpu += float(f[3]) + float(f[4]); invol += float(f[7])
     return seconds, cpu, invol
-raw_gbps = [json.loads(l[5:]) for l in open(f"{work}/raw.txt") if l.startswith("JSON ")][-1]["total_gbps"]
-rows = [json.loads(l[5:]) for l in open(f"{work}/s.txt") if l.startswith("JSON ")]
-measured = [r for r in rows if r["epoch"] > 0]
-span = max(r["t_end"] for r in measured) - min(r["t_start"] for r in measured)
+raw_gbps = benchlib.json_lines(f"{work}/raw.txt")[-1]["total_gbps"]
+measured = [r for r in benchlib.json_lines(f"{work}/s.txt") if r["epoch"] > 0]
+span = benchlib.epoch_span(measured)
 peer_gbps = sum(r["peer_bytes"] for r in measured) / span / 1e9
 rs, rc, ri = fabric(f"{work}/raw.threads")
 ss, sc, si = fabric(f"{work}/smx.threads")

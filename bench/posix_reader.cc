@@ -25,7 +25,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "common/catalog.h"
+#include "bench/bench_util.h"
 #include "common/rng.h"
 
 namespace {
@@ -46,10 +46,6 @@ bool drop_page_cache(std::string& error) {
   return ok;
 }
 
-double monotonic_seconds(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(t.time_since_epoch()).count();
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -68,19 +64,16 @@ int main(int argc, char** argv) {
   app.add_option("--list", list_path, "Write 'epoch<TAB>path' for every file read to this file");
   CLI11_PARSE(app, argc, argv);
 
-  shardmix::DatasetConfig config;
-  config.path = dataset;
-  auto scan = shardmix::scan_partition(config, 0, 1);
-  if (!scan.ok()) {
-    std::fprintf(stderr, "shardmix-bench-posix-reader: %s\n", scan.status().to_string().c_str());
-    return 1;
-  }
-  if (!scan->shards.empty()) {
+  const auto scanned = shardmix::bench::scan_dataset("shardmix-bench-posix-reader", dataset);
+  if (!scanned) return 1;
+  const auto& config = scanned->config;
+  const auto& scan = scanned->scan;
+  if (!scan.shards.empty()) {
     std::fprintf(stderr, "shardmix-bench-posix-reader: %s is a sharded dataset; this reader wants one file per sample\n",
                  dataset.c_str());
     return 2;
   }
-  const auto& entries = scan->entries;
+  const auto& entries = scan.entries;
   std::vector<std::string> paths;
   std::uint64_t max_size = 0;
   for (const auto& e : entries) {
@@ -167,8 +160,8 @@ int main(int argc, char** argv) {
         "JSON {\"bench\": \"posix_reader\", \"epoch\": %d, \"threads\": %d, \"drop_caches\": %s, \"samples\": %zu, "
         "\"bytes\": %llu, \"seconds\": %.6f, \"samples_per_s\": %.1f, \"gbps\": %.4f, \"t_start\": %.6f, \"t_end\": %.6f}\n",
         epoch, threads, drop_caches ? "true" : "false", entries.size(),
-        static_cast<unsigned long long>(bytes_read.load()), secs, samples_per_s, gbps, monotonic_seconds(start),
-        monotonic_seconds(end));
+        static_cast<unsigned long long>(bytes_read.load()), secs, samples_per_s, gbps, shardmix::bench::monotonic_seconds(start),
+        shardmix::bench::monotonic_seconds(end));
     std::fflush(stdout);
   }
   return 0;

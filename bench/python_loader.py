@@ -20,13 +20,14 @@ left out when there are more) of samples/s per trainer.
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import benchlib  # noqa: E402
 MODES = ["views", "copy_into", "torch"]
 
 
@@ -95,12 +96,12 @@ def main():
     rates = {}
     out = subprocess.run(base + [os.path.join(build, "tools/shardmix-consume"), "--epochs", str(args.epochs),
                                  "--touch", "copy", "--json"], env=env, capture_output=True, text=True, check=True)
-    cpp = [json.loads(l[5:]) for l in out.stdout.splitlines() if l.startswith("JSON ")]
+    cpp = benchlib.json_rows(out.stdout.splitlines())
     keep = [r for r in cpp if r["epoch"] > 0] if args.epochs > 1 else cpp
     rates["cpp"] = statistics.median(r["samples"] / r["seconds"] for r in keep)
     out = subprocess.run(base + [sys.executable, os.path.abspath(__file__), "--worker", "--epochs", str(args.epochs)],
                          env=env, capture_output=True, text=True, check=True)
-    rows = [json.loads(l[5:]) for l in out.stdout.splitlines() if l.startswith("JSON ")]
+    rows = benchlib.json_rows(out.stdout.splitlines())
     rates.update(median_rate(rows, args.epochs))
     print(f"| mode | samples/s per trainer (median of {args.nodes} trainers x {max(1, args.epochs - 1)} epochs) |")
     print("| --- | --- |")

@@ -18,36 +18,20 @@
 # Env: SHARDMIX_BUILD_DIR (default build/, Release), SHARDMIX_BENCH_DIR (datasets, default
 # /tmp/shardmix-bench), SHARDMIX_TORCH_PYTHON (default /usr/bin/python3).
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
-build=${SHARDMIX_BUILD_DIR:-$repo/build}
-data_root=${SHARDMIX_BENCH_DIR:-/tmp/shardmix-bench}
-torch_python=${SHARDMIX_TORCH_PYTHON:-/usr/bin/python3}
+# shellcheck source=bench/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
+
 out_dir=""
 quick=0
 reuse_parts=0
 command_line="bash bench/run.sh $*"
-while (($#)); do
-  case $1 in
-    --quick) quick=1 ;;
-    --out-dir) out_dir=$2; shift ;;
-    --reuse-parts) reuse_parts=1 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
-    *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
-  esac
-  shift
-done
+bench_parse_args quick:quick=1 out-dir reuse-parts:reuse_parts=1 -- "$@"
 # A quick run must not replace the full run's figures docs/performance.md quotes.
 [[ -n $out_dir ]] || { if ((quick)); then out_dir=$repo/bench/results/quick; else out_dir=$repo/bench/results; fi; }
-for tool in server/shardmixd tools/shardmix-consume tools/shardmix-gen bench/shardmix-bench-memcpy \
-            bench/shardmix-bench-fabric-read bench/shardmix-bench-posix-reader bench/shardmix-bench-inplace; do
-  [[ -x $build/$tool ]] || { echo "run.sh: $build/$tool missing; build first (cmake --build $build)" >&2; exit 2; }
-done
-if [[ $(id -u) != 0 ]]; then
-  echo "run.sh: the cold-cache runs drop the page cache (/proc/sys/vm/drop_caches) and need root" >&2
-  exit 2
-fi
-"$torch_python" -c 'import torch' 2>/dev/null || { echo "run.sh: $torch_python has no torch (apt-get install python3-torch)" >&2; exit 2; }
+bench_require_built server/shardmixd tools/shardmix-consume tools/shardmix-gen bench/shardmix-bench-memcpy \
+  bench/shardmix-bench-fabric-read bench/shardmix-bench-posix-reader bench/shardmix-bench-inplace
+bench_require_root "the cold-cache runs drop the page cache (/proc/sys/vm/drop_caches)"
+bench_require_torch
 
 # Sizes. Full: comparison 1 at the issue's 16,384 samples, 4 epochs per run (epoch 0 is the
 # warm-up, 1..3 are measured); ShardMix and the limits it is held against are measured
@@ -63,38 +47,26 @@ else
 fi
 torch_configs="0:default 0:concat 1:default 1:concat 2:default 2:concat"
 posix_threads="4 16"
-mpirun_flags=(--allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --mca btl 'self,vader')
 drop_cmd='sync; echo 3 > /proc/sys/vm/drop_caches'
 
-# gen DIR SAMPLES MEDIAN_KIB SIGMA: generate the dataset once, reuse it afterwards.
-gen() {
-  [[ -d $1 ]] && return 0
-  mkdir -p "$data_root"
-  "$build/tools/shardmix-gen" --out "$1" --samples "$2" --classes 1000 --median-kib "$3" --sigma "$4" --seed 1 -q
-}
 # Same name and content as bench/delivery.sh's dataset, so the two share it.
-mixed=$data_root/data-$samples-112k
-small=$data_root/data-$small_samples-4k-fixed
-large=$data_root/data-$large_samples-1024k-fixed
-gen "$mixed" "$samples" 112 0.5
-gen "$small" "$small_samples" 4 0
-gen "$large" "$large_samples" 1024 0
+mixed=$(bench_sample_dataset "$samples" 112)
+small=$(bench_sample_dataset "$small_samples" 4 fixed)
+large=$(bench_sample_dataset "$large_samples" 1024 fixed)
 
-work=$(mktemp -d /tmp/shardmix-suite.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+bench_workdir suite
 raw=$work/raw.jsonl
 : >"$raw"
 # keep PREFIX < FILE: the 'JSON {...}' lines of FILE, each with PREFIX's fields added.
 # The load average when the lines are kept goes with them (the machine is shared).
-loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 rep=0  # the repetition the kept lines belong to
-keep() { local la; la=$(loadavg); grep '^JSON ' | sed "s/^JSON {/{\"loadavg\": \"$la\", \"rep\": $rep, $1, /" >>"$raw"; }
-log() { echo "== [$(date -u +%H:%M:%S), load $(loadavg)] $*"; }
+keep() { bench_json_lines "\"loadavg\": \"$(bench_loadavg)\", \"rep\": $rep, $1" >>"$raw"; }
+log() { echo "== [$(date -u +%H:%M:%S), load $(bench_loadavg)] $*"; }
 # What was measured and when, taken now: the report is written after the run's own output
 # files have changed the tree.
 run_commit=$(git -C "$repo" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 [[ -z $(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null) ]] || run_commit+=" (uncommitted changes)"
-echo "{\"phase_loadavg\": \"$(loadavg)\", \"phase\": \"start\", \"utc\": \"$(date -u '+%Y-%m-%d %H:%M UTC')\", \"commit\": \"$run_commit\"}" >>"$raw"
+echo "{\"phase_loadavg\": \"$(bench_loadavg)\", \"phase\": \"start\", \"utc\": \"$(date -u '+%Y-%m-%d %H:%M UTC')\", \"commit\": \"$run_commit\"}" >>"$raw"
 
 # limits DATASET TAG COUNT SIZES_ARGS: memcpy (1 thread), in-place reading with P processes,
 # raw fi_read with P ranks on each provider, each rank exposing COUNT chunks of SIZES_ARGS
@@ -109,12 +81,10 @@ limits() {
       | keep "\"dataset\": \"$tag\""
   done
   for provider in $providers; do
-    local iface=(); [[ $provider == tcp ]] && iface=(--interface lo)
     for p in $nodes_list; do
       ((p >= 2)) || continue
       log "$tag: raw fi_read, $provider, $p ranks, qd 8"
-      FI_TCP_IFACE=lo mpirun "${mpirun_flags[@]}" -np "$p" "$build/bench/shardmix-bench-fabric-read" \
-        --provider "$provider" "${iface[@]}" "$@" --count "$count" --qd 8 --seconds "$fi_seconds" --seed 1 \
+      bench_fabric_read "$p" "$provider" "$@" --count "$count" --seconds "$fi_seconds" --seed 1 \
         >"$work/f.txt" 2>&1 || { cat "$work/f.txt"; exit 1; }
       keep "\"dataset\": \"$tag\", \"provider_run\": \"$provider\"" <"$work/f.txt"
     done
@@ -140,7 +110,7 @@ torch_runs() {
   for cache in "$@"; do
     flag=(); [[ $cache == dropped ]] && flag=(--drop-caches)
     log "$tag: DataLoader, $world rank(s), configs '$configs', page cache $cache"
-    "$torch_python" "$here/torch_loader.py" --root "$data" --world "$world" --configs "$configs" \
+    "$torch_python" "$bench_dir/torch_loader.py" --root "$data" --world "$world" --configs "$configs" \
       --epochs "$epochs" "${flag[@]}" | keep "\"dataset\": \"$tag\""
   done
 }
@@ -152,24 +122,10 @@ shardmix() {
   local data=$1 tag=$2 provider=$3 nodes=$4 q=$5 touch=$6 cache=$7 hook=()
   [[ $cache == dropped ]] && hook=(--between-epochs "$drop_cmd")
   log "$tag: ShardMix, $provider, $nodes daemon(s) + $nodes trainer(s), Q=$q, touch $touch, page cache $cache"
-  cat >"$work/c.toml" <<TOML
-[dataset]
-path = "$data"
-[batch]
-size = 32
-[shuffle]
-seed = $((rep + 1))
-exchange_fraction = $q
-[fabric]
-provider = "$provider"
-[service]
-prefetch = 8
-[log]
-level = "warn"
-TOML
-  SHARDMIX_BUILD_DIR=$build FI_TCP_IFACE=lo bash "$repo/deploy/launch.sh" --nodes "$nodes" --config "$work/c.toml" \
-    --daemon-log "$work/d.log" -- "$build/tools/shardmix-consume" --epochs "$epochs" --touch "$touch" --json \
-    "${hook[@]}" >"$work/s.txt" 2>&1 || { cat "$work/s.txt" "$work/d.log"; exit 1; }
+  sm_write_config "$work/c.toml" dataset.path="$data" batch.size=32 shuffle.seed=$((rep + 1)) shuffle.exchange_fraction="$q" \
+    fabric.provider="$provider" service.prefetch=8 log.level=warn
+  FI_TCP_IFACE=lo bench_launch_or_die "$work/s.txt" "$work/d.log" --nodes "$nodes" --config "$work/c.toml" -- \
+    "$build/tools/shardmix-consume" --epochs "$epochs" --touch "$touch" --json "${hook[@]}"
   keep "\"bench\": \"shardmix\", \"dataset\": \"$tag\", \"provider\": \"$provider\", \"nodes\": $nodes, \"q\": $q, \"touch\": \"$touch\", \"cache\": \"$cache\"" <"$work/s.txt"
 }
 
@@ -228,16 +184,16 @@ for part in stall cost startup; do
       log "bench/$part.sh not run: merging its last results, $saved"
       parts+=(--part "$part=$saved" --reused "$part")
     else
-      echo "run.sh: --reuse-parts but $saved does not exist; its section is left out" >&2
+      sm_warn "--reuse-parts but $saved does not exist; its section is left out"
       parts+=(--part-absent "$part")
     fi
-  elif [[ -f $here/$part.sh ]]; then
+  elif [[ -f $bench_dir/$part.sh ]]; then
     log "bench/$part.sh"
     q=(); ((quick)) && q=(--quick)
-    if bash "$here/$part.sh" "${q[@]}" --out "$work/$part.json"; then
+    if bash "$bench_dir/$part.sh" "${q[@]}" --out "$work/$part.json"; then
       parts+=(--part "$part=$work/$part.json")
     else
-      echo "run.sh: bench/$part.sh failed; its section is left out" >&2
+      sm_warn "bench/$part.sh failed; its section is left out"
       parts+=(--part-failed "$part")
     fi
   else
@@ -246,9 +202,9 @@ for part in stall cost startup; do
   fi
 done
 
-echo "{\"phase_loadavg\": \"$(loadavg)\", \"phase\": \"end\"}" >>"$raw"
+echo "{\"phase_loadavg\": \"$(bench_loadavg)\", \"phase\": \"end\"}" >>"$raw"
 mkdir -p "$out_dir"
 cp "$raw" "$out_dir/latest-raw.jsonl"
-/usr/bin/python3 "$here/suite_report.py" --raw "$raw" --out-dir "$out_dir" --command "$command_line" \
+/usr/bin/python3 "$bench_dir/suite_report.py" --raw "$raw" --out-dir "$out_dir" --command "$command_line" \
   --quick "$quick" --samples "$samples" --small-samples "$small_samples" --large-samples "$large_samples" \
   --epochs "$epochs" --repeat "$repeat" --repo "$repo" "${parts[@]}"

@@ -21,72 +21,40 @@
 # Full: 16,384 samples (median 112 KiB), 4 epochs per run (3 measured);
 # --quick: 4,096 samples, 2 epochs.
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
-build=${SHARDMIX_BUILD_DIR:-$repo/build}
-data_root=${SHARDMIX_BENCH_DIR:-/tmp/shardmix-bench}
-torch_python=${SHARDMIX_TORCH_PYTHON:-/usr/bin/python3}
+# shellcheck source=bench/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
+
 samples=16384 median_kib=112 epochs=4 workers="1 2" fractions="0.5 0.8 1.0" out=$repo/bench/results/stall-latest.json
 prefetch=8
-while (($#)); do
-  case $1 in
-    --quick) samples=4096 epochs=2 ;;
-    --out) out=$2; shift ;;
-    --epochs) epochs=$2; shift ;;
-    --workers) workers=$2; shift ;;
-    --prefetch) prefetch=$2; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
-    *) echo "stall.sh: unknown option $1" >&2; exit 2 ;;
-  esac
-  shift
-done
-for tool in server/shardmixd tools/shardmix-consume tools/shardmix-gen; do
-  [[ -x $build/$tool ]] || { echo "stall.sh: $build/$tool missing; build first (cmake --build $build)" >&2; exit 2; }
-done
-"$torch_python" -c 'import torch' 2>/dev/null || { echo "stall.sh: $torch_python has no torch (apt-get install python3-torch)" >&2; exit 2; }
-data=$data_root/data-$samples-${median_kib}k
-if [[ ! -d $data ]]; then
-  mkdir -p "$data_root"
-  "$build/tools/shardmix-gen" --out "$data" --samples "$samples" --classes 1000 --median-kib "$median_kib" --seed 1
-fi
-work=$(mktemp -d /tmp/shardmix-stall.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+quick_sizes() { samples=4096 epochs=2; }
+bench_parse_args quick:quick_sizes out epochs workers prefetch -- "$@"
+bench_check_positive_ints epochs prefetch
+for w in $workers; do sm_is_uint "$w" || sm_die "--workers: '$w' is not a worker count" 2; done
+bench_require_built server/shardmixd tools/shardmix-consume tools/shardmix-gen
+bench_require_torch
+data=$(bench_sample_dataset "$samples" "$median_kib")
+bench_workdir stall
 raw=$work/raw.jsonl
 : >"$raw"
-(cd "$data" && find . -name '*.bin' -printf '%P\n' | sort) >"$work/list"
-total_bytes=$(cd "$data" && find . -name '*.bin' -printf '%s\n' | awk '{s += $1} END {printf "%.0f\n", s}')
+bench_sample_list "$data" "$work/list"
+read -r total_bytes _ < <(bench_sample_bytes "$data")
 batch=32
 batches_per_trainer=$(((samples / 4 + batch - 1) / batch))
 batch_bytes=$((total_bytes * batch / samples))
-# shellcheck disable=SC2054  # "self,vader" is one argument
-mpirun_flags=(--allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader)
-cat >"$work/c.toml" <<TOML
-[dataset]
-path = "$data"
-[batch]
-size = $batch
-[shuffle]
-exchange_fraction = 1
-[fabric]
-provider = "tcp"
-[service]
-prefetch = $prefetch
-[log]
-level = "warn"
-TOML
+sm_write_config "$work/c.toml" dataset.path="$data" batch.size="$batch" shuffle.exchange_fraction=1 fabric.provider=tcp \
+  service.prefetch="$prefetch" log.level=warn
 # tag_rows KIND EXTRA-JSON < program output: its JSON lines as raw rows.
-tag_rows() { grep '^JSON ' | sed "s/^JSON {/{\"kind\": \"$1\", $2, /" >>"$raw"; }
+tag_rows() { bench_json_lines "\"kind\": \"$1\", $2" >>"$raw"; }
 shardmix_run() {  # compute_ms kind extra-json
   echo "== ShardMix, compute $1 ms per batch ($2)"
-  SHARDMIX_BUILD_DIR=$build bash "$repo/deploy/launch.sh" --nodes 4 --config "$work/c.toml" --daemon-log "$work/d.log" \
-    -- "$build/tools/shardmix-consume" --epochs "$epochs" --touch copy --compute-ms "$1" --json >"$work/s.txt" 2>&1 \
-    || { cat "$work/s.txt" "$work/d.log"; exit 1; }
+  bench_launch_or_die "$work/s.txt" "$work/d.log" --nodes 4 --config "$work/c.toml" -- \
+    "$build/tools/shardmix-consume" --epochs "$epochs" --touch copy --compute-ms "$1" --json
   tag_rows "$2" "$3" <"$work/s.txt"
 }
 
-loadavg_start=$(cut -d' ' -f1-3 /proc/loadavg)
+loadavg_start=$(bench_loadavg)
 shardmix_run 0 peak '"loader": "shardmix", "run": 0, "fraction": null'
-peak=$(PYTHONPATH=$here python3 -c '
+peak=$(PYTHONPATH=$bench_dir python3 -c '
 import json, sys, costs_report as cr
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print(cr.summarize_stall(rows)["shardmix_peak_samples_per_s"]["median"])' "$raw")
@@ -97,12 +65,11 @@ cat "$data"/*/* >/dev/null
 best_workers="" best_rate=0
 for w in $workers; do
   echo "== DataLoader, $w workers, no compute"
-  "$torch_python" "$here/stall_torch.py" --root "$data" --list "$work/list" --workers "$w" --epochs 2 >"$work/t.txt"
-  rate=$(python3 -c '
-import json, sys
-rows = [json.loads(l[5:]) for l in open(sys.argv[1]) if l.startswith("JSON ")]
-last = [r for r in rows if r["epoch"] == 1]
-print(sum(r["samples"] for r in last) / (max(r["t_end"] for r in last) - min(r["t_start"] for r in last)))' "$work/t.txt")
+  "$torch_python" "$bench_dir/stall_torch.py" --root "$data" --list "$work/list" --workers "$w" --epochs 2 >"$work/t.txt"
+  rate=$(PYTHONPATH=$bench_dir python3 -c '
+import sys, benchlib
+last = [r for r in benchlib.json_lines(sys.argv[1]) if r["epoch"] == 1]
+print(sum(r["samples"] for r in last) / benchlib.epoch_span(last))' "$work/t.txt")
   echo "   $rate samples/s"
   tag_rows torch_probe "\"loader\": \"dataloader\", \"run\": $w, \"fraction\": null, \"config\": \"$w workers\"" <"$work/t.txt"
   if python3 -c "import sys; sys.exit(0 if $rate > $best_rate else 1)"; then best_workers=$w best_rate=$rate; fi
@@ -114,18 +81,18 @@ for f in $fractions; do
   echo "{\"kind\": \"compute\", \"fraction\": $f, \"compute_ms\": $compute_ms}" >>"$raw"
   shardmix_run "$compute_ms" fed "\"loader\": \"shardmix\", \"run\": 0, \"fraction\": $f"
   echo "== synthetic trainer (C++), compute $compute_ms ms, $batches_per_trainer batches of $batch_bytes bytes"
-  mpirun "${mpirun_flags[@]}" -np 4 "$build/tools/shardmix-consume" --synthetic-batches "$batches_per_trainer" \
+  bench_mpirun 4 "$build/tools/shardmix-consume" --synthetic-batches "$batches_per_trainer" \
     --synthetic-batch-bytes "$batch_bytes" --touch copy --compute-ms "$compute_ms" --epochs "$epochs" --json \
     >"$work/y.txt" 2>&1 || { cat "$work/y.txt"; exit 1; }
   tag_rows synthetic "\"loader\": \"shardmix\", \"run\": 0, \"fraction\": $f, \"samples\": 0" <"$work/y.txt"
   echo "== DataLoader ($best_workers workers), compute $compute_ms ms"
-  "$torch_python" "$here/stall_torch.py" --root "$data" --list "$work/list" --workers "$best_workers" \
+  "$torch_python" "$bench_dir/stall_torch.py" --root "$data" --list "$work/list" --workers "$best_workers" \
     --epochs "$epochs" --compute-ms "$compute_ms" >"$work/t.txt"
   tag_rows fed "\"loader\": \"dataloader\", \"run\": 0, \"fraction\": $f, \"config\": \"$best_workers workers, warm cache\"" <"$work/t.txt"
   echo "== synthetic trainer (Python), compute $compute_ms ms"
-  "$torch_python" "$here/stall_torch.py" --synthetic-batches "$batches_per_trainer" --synthetic-batch-bytes "$batch_bytes" \
+  "$torch_python" "$bench_dir/stall_torch.py" --synthetic-batches "$batches_per_trainer" --synthetic-batch-bytes "$batch_bytes" \
     --epochs "$epochs" --compute-ms "$compute_ms" >"$work/t.txt"
   tag_rows synthetic "\"loader\": \"dataloader\", \"run\": 0, \"fraction\": $f" <"$work/t.txt"
 done
-echo "{\"kind\": \"conditions\", \"prefetch\": $prefetch, \"dataset\": \"$samples samples, median $median_kib KiB\", \"loadavg_start\": \"$loadavg_start\", \"loadavg_end\": \"$(cut -d' ' -f1-3 /proc/loadavg)\", \"epochs\": $epochs}" >>"$raw"
-PYTHONPATH=$here python3 "$here/costs_report.py" stall "$raw" "$out"
+echo "{\"kind\": \"conditions\", \"prefetch\": $prefetch, \"dataset\": \"$samples samples, median $median_kib KiB\", \"loadavg_start\": \"$loadavg_start\", \"loadavg_end\": \"$(bench_loadavg)\", \"epochs\": $epochs}" >>"$raw"
+PYTHONPATH=$bench_dir python3 "$bench_dir/costs_report.py" stall "$raw" "$out"

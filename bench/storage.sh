@@ -39,75 +39,29 @@
 set -euo pipefail
 
 SM_PROG=storage
-here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-repo=$(dirname -- "$here")
-# shellcheck source=deploy/lib.sh
-source "$repo/deploy/lib.sh"
+# shellcheck source=bench/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
-build=${SHARDMIX_BUILD_DIR:-$repo/build}
-data_root=${SHARDMIX_BENCH_DIR:-/tmp/shardmix-bench}
-torch_python=${SHARDMIX_TORCH_PYTHON:-/usr/bin/python3}
 command_line="bash bench/storage.sh${*:+ $*}"
 samples=8192 median_kib=112 classes=1000 epochs=4 repeat=1 latency_ms=2 bandwidth_mbps=200
 window=256 workers="2 4" loader_threads=4 nodes=4 batch=32 prefetch=8
 run_shardmix=1 run_torch=1 drop=1 out=storage-latest
 sets=()
-value() {
-  (($# >= 2)) || sm_die "$1 needs a value" 2
-  printf '%s' "$2"
-}
-while (($#)); do
-  case $1 in
-    --quick) samples=2048 workers=2 repeat=1 out=storage-quick; shift ;;
-    --samples) samples=$(value "$@"); shift 2 ;;
-    --median-kib) median_kib=$(value "$@"); shift 2 ;;
-    --epochs) epochs=$(value "$@"); shift 2 ;;
-    --repeat) repeat=$(value "$@"); shift 2 ;;
-    --latency-ms) latency_ms=$(value "$@"); shift 2 ;;
-    --bandwidth-mbps) bandwidth_mbps=$(value "$@"); shift 2 ;;
-    --window) window=$(value "$@"); shift 2 ;;
-    --workers) workers=$(value "$@"); shift 2 ;;
-    --loader-threads) loader_threads=$(value "$@"); shift 2 ;;
-    --no-shardmix) run_shardmix=0; shift ;;
-    --no-torch) run_torch=0; shift ;;
-    --no-drop-caches) drop=0; shift ;;
-    --set) sets+=(--set "$(value "$@")"); shift 2 ;;
-    -h|--help) sed -n '2,38p' "$0" | sed -E 's/^# ?//'; exit 0 ;;
-    *) sm_die "unknown option '$1' (see --help)" 2 ;;
-  esac
-done
-for v in samples epochs repeat window loader_threads; do
-  if ! sm_is_uint "${!v}"; then sm_die "--${v//_/-} must be a non-negative integer" 2; fi
-  printf -v "$v" '%d' "$((10#${!v}))"
-done
+quick_sizes() { samples=2048 workers=2 repeat=1 out=storage-quick; }
+bench_parse_args quick:quick_sizes samples median-kib epochs repeat latency-ms bandwidth-mbps window workers \
+  loader-threads no-shardmix:run_shardmix=0 no-torch:run_torch=0 no-drop-caches:drop=0 "set[]=sets" -- "$@"
+bench_check_positive_ints samples repeat loader_threads
+bench_check_uints epochs window
+bench_check_numbers median_kib latency_ms bandwidth_mbps
 if [[ $out == storage-latest ]] && ((!run_shardmix || !run_torch || ${#sets[@]})); then out=storage-partial; fi
-((samples > 0 && repeat > 0 && loader_threads > 0)) || sm_die "--samples, --repeat and --loader-threads must be > 0" 2
 ((epochs >= 3)) || sm_die "--epochs must be at least 3 (the first and the last are not measured)" 2
-for v in "$median_kib" "$latency_ms" "$bandwidth_mbps"; do
-  [[ $v =~ ^[0-9]+(\.[0-9]+)?$ ]] || sm_die "'$v' is not a number" 2
-done
 for w in $workers; do sm_is_uint "$w" || sm_die "--workers: '$w' is not a worker count" 2; done
 
-# Our own knobs stay out of the daemons' environment (they reject unknown SHARDMIX_* names).
-sm_unexport_tool_vars
-export -n SHARDMIX_BENCH_DIR SHARDMIX_TORCH_PYTHON 2>/dev/null || true
-
-slowfs=$build/bench/slowfs/shardmix-slowfs
 reader=$build/bench/shardmix-bench-storage-read
-[[ -x $slowfs ]] || sm_die "$slowfs missing: install libfuse3-dev (deploy/install-deps.sh), re-run cmake, build" 2
-for tool in bench/shardmix-bench-storage-read tools/shardmix-gen; do
-  [[ -x $build/$tool ]] || sm_die "$build/$tool missing; build first (cmake --build $build)" 2
-done
-if ((run_shardmix)); then
-  for tool in server/shardmixd tools/shardmix-consume; do
-    [[ -x $build/$tool ]] || sm_die "$build/$tool missing; build first (cmake --build $build)" 2
-  done
-fi
-[[ -e /dev/fuse ]] || sm_die "/dev/fuse missing: FUSE is not available here" 2
-command -v fusermount3 >/dev/null 2>&1 || sm_die "fusermount3 missing: install fuse3 (deploy/install-deps.sh)" 2
-if ((run_torch)) && ! "$torch_python" -c 'import torch' >/dev/null 2>&1; then
-  sm_die "$torch_python cannot import torch: install python3-torch (deploy/install-deps.sh) or set SHARDMIX_TORCH_PYTHON" 2
-fi
+bench_require_slowfs
+bench_require_built bench/shardmix-bench-storage-read tools/shardmix-gen
+if ((run_shardmix)); then bench_require_built server/shardmixd tools/shardmix-consume; fi
+if ((run_torch)); then bench_require_torch; fi
 if ((drop)) && [[ ! -w /proc/sys/vm/drop_caches ]]; then
   sm_warn "cannot write /proc/sys/vm/drop_caches (not root?): the page cache is not dropped between phases"
   drop=0
@@ -115,63 +69,27 @@ fi
 
 # ---------------------------------------------------------------- dataset
 data=$data_root/storage-$samples-${median_kib}k
-if [[ ! -f $data/.complete ]]; then
-  rm -rf -- "$data"
-  mkdir -p -- "$data_root"
-  "$build/tools/shardmix-gen" --out "$data" --samples "$samples" --classes "$classes" \
-    --median-kib "$median_kib" --seed 1 --quiet
-  : >"$data/.complete"  # hidden: not a sample
-fi
-work=$(mktemp -d /tmp/smx-storage.XXXXXX)
+bench_dataset "$data" --samples "$samples" --classes "$classes" --median-kib "$median_kib"
+bench_workdir storage
 mnt=$work/mnt
 mkdir -p -- "$mnt"
-slowfs_pid=""
-unmount() {
-  [[ -n $slowfs_pid ]] || return 0
-  if mountpoint -q -- "$mnt"; then
-    fusermount3 -u -- "$mnt" 2>/dev/null || { sleep 1; fusermount3 -u -- "$mnt" 2>/dev/null; } ||
-      fusermount3 -uz -- "$mnt" 2>/dev/null || sm_warn "could not unmount $mnt"
-  fi
-  local i
-  for ((i = 0; i < 50; i++)); do kill -0 "$slowfs_pid" 2>/dev/null || break; sleep 0.1; done
-  kill "$slowfs_pid" 2>/dev/null || true
-  wait "$slowfs_pid" 2>/dev/null || true
-  slowfs_pid=""
-}
-cleanup() {
-  set +e
-  unmount
-  rm -rf -- "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# shellcheck disable=SC2317  # called by deploy/lib.sh's exit trap
+sm_before_tmp_cleanup() { bench_unmount_slowfs; }
 trap 'exit 129' HUP
 
-(cd -- "$data" && find . -name '*.bin' | sed 's|^\./||' | LC_ALL=C sort) >"$work/files.txt"
-read -r total_bytes nfiles < <(cd -- "$data" && xargs -a "$work/files.txt" -d '\n' stat -c %s |
-  awk '{ s += $1; n++ } END { printf "%d %d\n", s, n }')
+bench_sample_list "$data" "$work/files.txt"
+read -r total_bytes nfiles < <(bench_sample_bytes "$data")
 ((nfiles == samples)) || sm_die "$data holds $nfiles sample files, expected $samples; remove it and re-run" 1
 capacity=$((total_bytes / (2 * nodes)))  # per node: the nodes together cache half the dataset
 cold_expected=$((total_bytes - nodes * capacity))
 raw=$work/raw.jsonl
 : >"$raw"
-loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
-drop_caches() { if ((drop)); then sync; echo 3 >/proc/sys/vm/drop_caches; fi; }
-# mount PHASE: serves $data at $mnt through slowfs; its stats line goes to $work/fs-PHASE.json.
+drop_caches() { if ((drop)); then bench_drop_page_cache; fi; }
+# mount_slowfs PHASE: serves $data at $mnt through slowfs; its stats line goes to $work/fs-PHASE.json.
 mount_slowfs() {
-  local phase=$1 i
-  rm -f -- "$work/fs-$phase.json"
-  "$slowfs" --latency-ms "$latency_ms" --bandwidth-mbps "$bandwidth_mbps" --stats "$work/fs-$phase.json" \
-    "$data" "$mnt" -f -o max_threads=128 >"$work/slowfs.log" 2>&1 &
-  slowfs_pid=$!
-  for ((i = 0; i < 100; i++)); do
-    mountpoint -q -- "$mnt" && return 0
-    kill -0 "$slowfs_pid" 2>/dev/null || break
-    sleep 0.05
-  done
-  cat -- "$work/slowfs.log" >&2
-  sm_die "shardmix-slowfs did not mount $mnt" 1
+  rm -f -- "$work/fs-$1.json"
+  bench_mount_slowfs "$data" "$mnt" "$work/slowfs.log" --latency-ms "$latency_ms" --bandwidth-mbps "$bandwidth_mbps" \
+    --stats "$work/fs-$1.json"
 }
 # record PHASE: after unmount, the mount's stats as a raw line.
 record_fs() {
@@ -182,7 +100,7 @@ record_fs() {
 }
 failures=0
 sm_log "dataset $data: $samples samples, $total_bytes bytes; cache.capacity $capacity bytes per node x $nodes;" \
-  "cold bytes expected $cold_expected; slowfs ${latency_ms} ms per read, ${bandwidth_mbps} MB/s; load $(loadavg)"
+  "cold bytes expected $cold_expected; slowfs ${latency_ms} ms per read, ${bandwidth_mbps} MB/s; load $(bench_loadavg)"
 
 # ---------------------------------------------------------------- slowfs check
 sm_section "slowfs check: latency (1 thread, 4 KiB reads) and bandwidth cap (16 threads, whole files)"
@@ -191,78 +109,58 @@ mount_slowfs check
 "$reader" --dir "$mnt" --list "$work/files.txt" --threads 1 --read-bytes 4096 --bytes $((4096 * 200)) --seed 7 \
   --json >"$work/r.txt"
 grep -v '^JSON ' "$work/r.txt"
-grep '^JSON ' "$work/r.txt" | sed "s/^JSON {/{\"kind\": \"check_latency\", \"load\": \"$(loadavg)\", /" >>"$raw"
+bench_json_lines "\"kind\": \"check_latency\", \"load\": \"$(bench_loadavg)\"" <"$work/r.txt" >>"$raw"
 "$reader" --dir "$mnt" --list "$work/files.txt" --threads 16 --bytes $((total_bytes / 4)) --seed 8 \
   --json >"$work/r.txt"
 grep -v '^JSON ' "$work/r.txt"
-grep '^JSON ' "$work/r.txt" | sed "s/^JSON {/{\"kind\": \"check_bandwidth\", \"load\": \"$(loadavg)\", /" >>"$raw"
-unmount
+bench_json_lines "\"kind\": \"check_bandwidth\", \"load\": \"$(bench_loadavg)\"" <"$work/r.txt" >>"$raw"
+bench_unmount_slowfs
 record_fs check
 
 # ---------------------------------------------------------------- the runs
 readers=$((nodes * loader_threads))
 for ((r = 0; r < repeat; r++)); do
-  sm_section "storage bound: $readers threads read $cold_expected cold bytes in random order (run $((r + 1))/$repeat, load $(loadavg))"
+  sm_section "storage bound: $readers threads read $cold_expected cold bytes in random order (run $((r + 1))/$repeat, load $(bench_loadavg))"
   drop_caches
   mount_slowfs "bound-$r"
-  load_before=$(loadavg)
+  load_before=$(bench_loadavg)
   if "$reader" --dir "$mnt" --list "$work/files.txt" --threads "$readers" --bytes "$cold_expected" \
       --seed $((100 + r)) --json >"$work/r.txt" 2>&1; then
     grep -v '^JSON ' "$work/r.txt"
-    grep '^JSON ' "$work/r.txt" | sed "s/^JSON {/{\"kind\": \"bound\", \"run\": $r, \"load\": \"$load_before\", /" >>"$raw"
+    bench_json_lines "\"kind\": \"bound\", \"run\": $r, \"load\": \"$load_before\"" <"$work/r.txt" >>"$raw"
   else
     cat "$work/r.txt"; failures=$((failures + 1))
   fi
-  unmount
+  bench_unmount_slowfs
   record_fs "bound-$r"
 
   if ((run_shardmix)); then
     for w in 0 "$window"; do
       mode=ordered; ((w > 0)) && mode=opportunistic
-      sm_section "ShardMix, $mode (shuffle.window $w), $nodes daemons + $nodes trainers, tcp (run $((r + 1))/$repeat, load $(loadavg))"
-      cat >"$work/c.toml" <<TOML
-[dataset]
-path = "$mnt"
-[batch]
-size = $batch
-[shuffle]
-seed = $((r + 1))
-exchange_fraction = 1.0
-window = $w
-[cache]
-capacity = $capacity
-[fabric]
-provider = "tcp"
-interface = "lo"
-[service]
-prefetch = $prefetch
-loader_threads = $loader_threads
-[telemetry]
-stats_file = "$work/stats-$mode-$r.jsonl"
-[log]
-level = "info"
-TOML
+      sm_section "ShardMix, $mode (shuffle.window $w), $nodes daemons + $nodes trainers, tcp (run $((r + 1))/$repeat, load $(bench_loadavg))"
+      sm_write_config "$work/c.toml" dataset.path="$mnt" batch.size="$batch" shuffle.seed=$((r + 1)) \
+        shuffle.exchange_fraction=1.0 shuffle.window="$w" cache.capacity="$capacity" fabric.provider=tcp \
+        fabric.interface=lo service.prefetch="$prefetch" service.loader_threads="$loader_threads" \
+        telemetry.stats_file="$work/stats-$mode-$r.jsonl" log.level=info
       drop_caches
       mount_slowfs "shardmix-$mode-$r"
-      load_before=$(loadavg)
+      load_before=$(bench_loadavg)
       rc=0
-      FI_TCP_IFACE=lo SHARDMIX_BUILD_DIR=$build timeout -s TERM -k 20 900 bash "$repo/deploy/launch.sh" \
-        --nodes "$nodes" --config "$work/c.toml" --trainers-per-node 1 "${sets[@]}" --daemon-log "$work/d.log" -- \
-        "$build/tools/shardmix-consume" --epochs "$epochs" --touch copy --json >"$work/s.txt" 2>&1 || rc=$?
-      unmount
+      FI_TCP_IFACE=lo bench_launch "$work/s.txt" "$work/d.log" --timeout 900 --nodes "$nodes" --config "$work/c.toml" \
+        --trainers-per-node 1 "${sets[@]}" -- "$build/tools/shardmix-consume" --epochs "$epochs" --touch copy --json \
+        || rc=$?
+      bench_unmount_slowfs
       record_fs "shardmix-$mode-$r"
       grep -E '^rank [0-9]+ epoch' "$work/s.txt" || true
       if ((rc != 0)); then
-        why=$({ grep -h -E ' E \[rank|error' "$work/d.log" "$work/s.txt" 2>/dev/null || true; } | head -n 1 |
-          sed 's/\\/\\\\/g; s/"/\\"/g' | cut -c1-400)
-        [[ -n $why ]] || why="launch.sh exit code $rc"
+        why=$(bench_failure_reason "$rc" "$work/d.log" "$work/s.txt")
         sm_warn "ShardMix $mode run $r failed (exit $rc): $why"
         printf '{"kind": "failed", "bench": "shardmix", "mode": "%s", "window": %d, "run": %d, "error": "%s"}\n' \
           "$mode" "$w" "$r" "$why" >>"$raw"
         failures=$((failures + 1))
         continue
       fi
-      grep '^JSON ' "$work/s.txt" | sed "s/^JSON {/{\"kind\": \"epoch\", \"bench\": \"shardmix\", \"mode\": \"$mode\", \"window\": $w, \"run\": $r, \"load\": \"$load_before\", /" >>"$raw"
+      bench_json_lines "\"kind\": \"epoch\", \"bench\": \"shardmix\", \"mode\": \"$mode\", \"window\": $w, \"run\": $r, \"load\": \"$load_before\"" <"$work/s.txt" >>"$raw"
       # The daemons' own figures: each logs its cold samples and bytes at start (exact, the
       # resident set is static) and the bytes its storage readers read at exit.
       python3 - "$work/d.log" "$mode" "$r" >>"$raw" <<'PY'
@@ -285,30 +183,31 @@ PY
 
   if ((run_torch)); then
     for nw in $workers; do
-      sm_section "PyTorch DataLoader, $nodes ranks x $nw workers, DistributedSampler (run $((r + 1))/$repeat, load $(loadavg))"
+      sm_section "PyTorch DataLoader, $nodes ranks x $nw workers, DistributedSampler (run $((r + 1))/$repeat, load $(bench_loadavg))"
       drop_caches
       mount_slowfs "torch-$nw-$r"
-      load_before=$(loadavg)
+      load_before=$(bench_loadavg)
       rc=0
-      timeout -s TERM -k 20 900 "$torch_python" "$here/storage_torch.py" --root "$mnt" --list "$work/files.txt" \
+      timeout -s TERM -k 20 900 "$torch_python" "$bench_dir/storage_torch.py" --root "$mnt" --list "$work/files.txt" \
         --world "$nodes" --workers "$nw" --epochs "$epochs" --batch "$batch" --seed $((r + 1)) \
         >"$work/t.txt" 2>&1 || rc=$?
-      unmount
+      bench_unmount_slowfs
       record_fs "torch-$nw-$r"
       if ((rc != 0)); then
         tail -n 20 "$work/t.txt" >&2
-        why=$(grep -v '^JSON ' "$work/t.txt" | tail -n 1 | sed 's/\\/\\\\/g; s/"/\\"/g' | cut -c1-400)
+        why=$(grep -v '^JSON ' "$work/t.txt" | tail -n 1 | bench_json_escape)
         printf '{"kind": "failed", "bench": "torch", "workers": %d, "run": %d, "error": "%s"}\n' "$nw" "$r" "$why" >>"$raw"
         failures=$((failures + 1))
         continue
       fi
-      grep '^JSON ' "$work/t.txt" | sed "s/^JSON {/{\"kind\": \"epoch\", \"run\": $r, \"load\": \"$load_before\", /" >>"$raw"
-      "$torch_python" - "$work/t.txt" <<'PY'
-import json, sys
-rows = [json.loads(l[5:]) for l in open(sys.argv[1]) if l.startswith("JSON ")]
+      bench_json_lines "\"kind\": \"epoch\", \"run\": $r, \"load\": \"$load_before\"" <"$work/t.txt" >>"$raw"
+      PYTHONPATH=$bench_dir "$torch_python" - "$work/t.txt" <<'PY'
+import sys
+import benchlib
+rows = benchlib.json_lines(sys.argv[1])
 for e in sorted({r["epoch"] for r in rows}):
     rs = [r for r in rows if r["epoch"] == e]
-    span = max(r["t_end"] for r in rs) - min(r["t_start"] for r in rs)
+    span = benchlib.epoch_span(rs)
     print(f"epoch {e}: {sum(r['samples'] for r in rs)} samples in {span:.2f} s, "
           f"{sum(r['samples'] for r in rs) / span:.0f} samples/s, {sum(r['bytes'] for r in rs) / span / 1e6:.0f} MB/s")
 PY
@@ -318,9 +217,9 @@ done
 
 mkdir -p -- "$data_root" "$repo/bench/results"
 cp -- "$raw" "$data_root/storage-last-raw.jsonl"
-python3 "$here/storage_report.py" --raw "$raw" --out "$repo/bench/results/$out.json" \
+python3 "$bench_dir/storage_report.py" --raw "$raw" --out "$repo/bench/results/$out.json" \
   --meta "$(printf '{"command": "%s", "samples": %d, "median_kib": %s, "total_bytes": %d, "capacity_per_node": %d, "nodes": %d, "cold_bytes_expected": %d, "latency_ms": %s, "bandwidth_mbps": %s, "loader_threads": %d, "readers": %d, "epochs": %d, "repeat": %d, "batch": %d, "prefetch": %d, "window": %d, "load_end": "%s", "shardmix_sets": "%s", "date": "%s"}' \
     "$command_line" "$samples" "$median_kib" "$total_bytes" "$capacity" "$nodes" "$cold_expected" "$latency_ms" \
-    "$bandwidth_mbps" "$loader_threads" "$readers" "$epochs" "$repeat" "$batch" "$prefetch" "$window" "$(loadavg)" \
+    "$bandwidth_mbps" "$loader_threads" "$readers" "$epochs" "$repeat" "$batch" "$prefetch" "$window" "$(bench_loadavg)" \
     "${sets[*]}" "$(date -u '+%Y-%m-%d %H:%M UTC')")"
 ((failures == 0)) || { sm_warn "$failures phase(s) failed; see above"; exit 1; }

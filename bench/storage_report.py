@@ -9,20 +9,17 @@ to the last one's end; figures are medians over the middle epochs (1 .. E-2) of 
 with min-max (epoch_rates says why the first and the last are left out).
 """
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import epoch_span, machine, stats, utc_now  # noqa: E402
 
 
 def med(xs):
     return statistics.median(xs) if xs else None
-
-
-def rng(xs):
-    return {"median": med(xs), "min": min(xs) if xs else None, "max": max(xs) if xs else None, "n": len(xs)}
 
 
 def epoch_rates(rows):
@@ -42,7 +39,7 @@ def epoch_rates(rows):
         last_of[run] = max(last_of.get(run, 0), epoch)
     sps, mbps, first, last, stall, per_epoch = [], [], [], [], [], []
     for (run, epoch), ranks in sorted(groups.items()):
-        span = max(x["t_end"] for x in ranks) - min(x["t_start"] for x in ranks)
+        span = epoch_span(ranks)
         s = sum(x["samples"] for x in ranks) / span
         b = sum(x["bytes"] for x in ranks) / span / 1e6
         per_epoch.append({"run": run, "epoch": epoch, "samples_per_s": s, "mb_per_s": b, "seconds": span})
@@ -63,8 +60,8 @@ def epoch_rates(rows):
     for run, last_epoch in sorted(last_of.items()):
         mid = [x for (r, e), g in groups.items() if r == run and 1 <= e < last_epoch for x in g]
         if mid:
-            runs.append(sum(x["samples"] for x in mid) / (max(x["t_end"] for x in mid) - min(x["t_start"] for x in mid)))
-    return {"samples_per_s": rng(sps), "mb_per_s": rng(mbps), "run_samples_per_s": rng(runs),
+            runs.append(sum(x["samples"] for x in mid) / epoch_span(mid))
+    return {"samples_per_s": stats(sps), "mb_per_s": stats(mbps), "run_samples_per_s": stats(runs),
             "epoch0_samples_per_s": med(first),
             "last_epoch_samples_per_s": med(last), "stall_fraction": med(stall), "samples_per_epoch": samples,
             "per_epoch": per_epoch, "loads": sorted({x.get("load", "") for x in rows})}
@@ -81,8 +78,7 @@ def cold_bytes_of(cold_rows, epochs):
 
 def build(raw_path, meta):
     rows = [json.loads(l) for l in open(raw_path) if l.strip()]
-    res = {"date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"),
-           "machine": f"{os.cpu_count()} cores, {platform.machine()}", **meta}  # meta's date: the run's end
+    res = {"date": utc_now(), "machine": machine(), **meta}  # meta's date: the run's end
     lat = [r for r in rows if r["kind"] == "check_latency"]
     bw = [r for r in rows if r["kind"] == "check_bandwidth"]
     check = {}
@@ -102,7 +98,7 @@ def build(raw_path, meta):
     res["failed"] = [r for r in rows if r["kind"] == "failed"]
 
     bound_rows = [r for r in rows if r["kind"] == "bound"]
-    res["bound_read"] = {"mb_per_s": rng([r["mbps"] for r in bound_rows]),
+    res["bound_read"] = {"mb_per_s": stats([r["mbps"] for r in bound_rows]),
                          "threads": meta["readers"], "bytes": med([r["bytes"] for r in bound_rows]),
                          "files": med([r["files"] for r in bound_rows]),
                          "loads": [r["load"] for r in bound_rows]}

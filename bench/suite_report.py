@@ -23,13 +23,15 @@ Targets, each a ratio of two figures of the same run, printed met/missed:
   local_vs_inplace   ShardMix Q=0 GB/s >= 0.8 x N processes copying in place, every N
 """
 import argparse
-import datetime
 import json
 import os
 import platform
-import statistics
 import subprocess
+import sys
 from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import epoch_span, stats, utc_now  # noqa: E402
 
 TARGETS = {
     "local_vs_memcpy": 0.8,
@@ -42,10 +44,9 @@ TARGETS = {
 
 
 def summary(values):
-    values = [v for v in values if v is not None]
-    if not values:
-        return None
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+    """stats(values), or None when there is no value."""
+    s = stats(values)
+    return s if s["n"] else None
 
 
 def epoch_rates(rows):
@@ -58,7 +59,7 @@ def epoch_rates(rows):
         if epoch == 0:
             continue
         ranks = by_epoch[epoch]
-        span = max(x["t_end"] for x in ranks) - min(x["t_start"] for x in ranks)
+        span = epoch_span(ranks)
         if span <= 0:
             continue
         out.append((sum(x["samples"] for x in ranks) / span, sum(x["bytes"] for x in ranks) / span / 1e9,
@@ -449,7 +450,7 @@ def main():
     res = aggregate(rows)
     result = {
         # The run's start time and commit when run.sh recorded them (a re-render later keeps them).
-        "meta": {"date": start.get("utc") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "meta": {"date": start.get("utc") or utc_now(),
                  "machine": machine_info(args.repo, start.get("commit")), "command": args.command, "quick": bool(args.quick),
                  "samples": args.samples, "small_samples": args.small_samples, "large_samples": args.large_samples,
                  "epochs_per_run": args.epochs, "repetitions": args.repeat, "loadavg_start": phases.get("start", "?"),

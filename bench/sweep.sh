@@ -27,52 +27,23 @@
 set -euo pipefail
 
 SM_PROG=sweep
-here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-repo=$(dirname -- "$here")
-# shellcheck source=deploy/lib.sh
-source "$repo/deploy/lib.sh"
+# shellcheck source=bench/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
-build=${SHARDMIX_BUILD_DIR:-$repo/build}
-data_root=${SHARDMIX_BENCH_DIR:-/tmp/shardmix-bench}
 command_line="bash bench/sweep.sh${*:+ $*}"
 samples=4096 classes=16 median_kib=112 batch=32 prefetch=4 epochs=3 repeat=3 compute_ms=10
 qs="0 0.1 0.25 0.5 1" ws="0 64 1024" rate=1gbit slow_rank=1 slow_delay=100ms slow=1 keep_cluster=0
 nodes=4 prefix=smx out=sweep-latest
-value() {
-  (($# >= 2)) || sm_die "$1 needs a value" 2
-  printf '%s' "$2"
-}
-while (($#)); do
-  case $1 in
-    --quick) samples=2048 repeat=1 out=sweep-quick; shift ;;
-    --repeat) repeat=$(value "$@"); shift 2 ;;
-    --samples) samples=$(value "$@"); shift 2 ;;
-    --compute-ms) compute_ms=$(value "$@"); shift 2 ;;
-    --qs) qs=$(value "$@"); shift 2 ;;
-    --ws) ws=$(value "$@"); shift 2 ;;
-    --rate) rate=$(value "$@"); shift 2 ;;
-    --slow-delay) slow_delay=$(value "$@"); shift 2 ;;
-    --no-slow-peer) slow=0; shift ;;
-    --keep-cluster) keep_cluster=1; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
-    *) sm_die "unknown option '$1' (see --help)" 2 ;;
-  esac
-done
-if ! sm_is_uint "$repeat" || ((10#$repeat == 0)); then sm_die "--repeat must be a positive integer" 2; fi
-if ! sm_is_uint "$samples" || ((10#$samples == 0)); then sm_die "--samples must be a positive integer" 2; fi
-repeat=$((10#$repeat)) samples=$((10#$samples))
-[[ $compute_ms =~ ^[0-9]+(\.[0-9]+)?$ ]] || sm_die "--compute-ms must be a number of milliseconds" 2
+quick_sizes() { samples=2048 repeat=1 out=sweep-quick; }
+bench_parse_args quick:quick_sizes repeat samples compute-ms qs ws rate slow-delay no-slow-peer:slow=0 \
+  keep-cluster:keep_cluster=1 -- "$@"
+bench_check_positive_ints repeat samples
+bench_check_numbers compute_ms
 for q in $qs; do [[ $q =~ ^(0|1|0?\.[0-9]+|1\.0+)$ ]] || sm_die "--qs: '$q' is not in 0..1" 2; done
 for w in $ws; do sm_is_uint "$w" || sm_die "--ws: '$w' is not a window size" 2; done
 
-# Our own knobs stay out of the daemons' environment (they reject unknown SHARDMIX_* names).
-sm_unexport_tool_vars
-export -n SHARDMIX_BENCH_DIR 2>/dev/null || true
-
-for tool in server/shardmixd tools/shardmix-consume tools/shardmix-gen tools/shardmix-entropy; do
-  [[ -x $build/$tool ]] || sm_die "$build/$tool missing; build first (cmake --build $build)" 2
-done
-(($(id -u) == 0)) || sm_die "needs root for the network namespaces (deploy/netns-cluster.sh)" 2
+bench_require_built server/shardmixd tools/shardmix-consume tools/shardmix-gen tools/shardmix-entropy
+bench_require_root "the network namespaces (deploy/netns-cluster.sh)"
 # A python3 with matplotlib (Debian's python3-matplotlib is for /usr/bin/python3).
 python=""
 for py in python3 /usr/bin/python3; do
@@ -82,33 +53,16 @@ done
 
 cluster=$repo/deploy/netns-cluster.sh
 data=$data_root/sweep-$samples-${median_kib}k-c$classes
-if [[ ! -f $data/.complete ]]; then
-  rm -rf -- "$data"
-  mkdir -p -- "$data_root"
-  "$build/tools/shardmix-gen" --out "$data" --samples "$samples" --classes "$classes" \
-    --median-kib "$median_kib" --seed 1 --quiet
-  : >"$data/.complete"  # hidden: not a sample
-fi
-work=$(mktemp -d /tmp/shardmix-sweep.XXXXXX)
-cleanup() {
+bench_dataset "$data" --samples "$samples" --classes "$classes" --median-kib "$median_kib"
+bench_workdir sweep
+# shellcheck disable=SC2317  # called by deploy/lib.sh's exit trap
+sm_before_tmp_cleanup() {
   if ((!keep_cluster)); then bash "$cluster" down "$nodes" --prefix "$prefix" >/dev/null 2>&1 || true; fi
-  rm -rf -- "$work"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
 raw=$work/raw.jsonl
 : >"$raw"
 
-# Bytes the nodes received over their links so far (their bridge ports' transmit counters).
-wire_bytes() {
-  local i total=0 b
-  for ((i = 0; i < nodes; i++)); do
-    b=$(<"/sys/class/net/${prefix}h$i/statistics/tx_bytes")
-    total=$((total + b))
-  done
-  echo "$total"
-}
+wire_bytes() { sm_netns_rx_bytes "$prefix" "$nodes"; }
 
 failures=0
 # run_point SCENARIO Q W RUN SLOW_RANK SLOW_DELAY LINK_RATE
@@ -117,49 +71,28 @@ run_point() {
   local tag="$scenario q=$q w=$w run=$r"
   local trace=$work/trace
   rm -rf -- "$trace"
-  cat >"$work/c.toml" <<TOML
-[dataset]
-path = "$data"
-placement = "sorted"
-[batch]
-size = $batch
-[shuffle]
-seed = $((r + 1))
-exchange_fraction = $q
-window = $w
-[fabric]
-provider = "tcp"
-netns = "$prefix{rank}"
-interface = "${prefix}eth"
-[service]
-prefetch = $prefetch
-[inject]
-slow_peer_rank = $srank
-slow_peer_delay = "$sdelay"
-[log]
-level = "info"
-TOML
+  sm_write_config "$work/c.toml" dataset.path="$data" dataset.placement=sorted batch.size="$batch" \
+    shuffle.seed=$((r + 1)) shuffle.exchange_fraction="$q" shuffle.window="$w" fabric.provider=tcp \
+    fabric.netns="$prefix{rank}" fabric.interface="${prefix}eth" service.prefetch="$prefetch" \
+    inject.slow_peer_rank="$srank" inject.slow_peer_delay="$sdelay" log.level=info
   local before after rc=0 t0
   before=$(wire_bytes)
   t0=$SECONDS
-  SHARDMIX_BUILD_DIR=$build timeout -s TERM -k 20 600 bash "$repo/deploy/launch.sh" --nodes "$nodes" \
-    --config "$work/c.toml" --trainers-per-node 1 --daemon-log "$work/d.log" -- \
-    "$build/tools/shardmix-consume" --epochs "$epochs" --trace "$trace" --json --compute-ms "$compute_ms" \
-    >"$work/s.txt" 2>&1 || rc=$?
+  bench_launch "$work/s.txt" "$work/d.log" --timeout 600 --nodes "$nodes" --config "$work/c.toml" \
+    --trainers-per-node 1 -- \
+    "$build/tools/shardmix-consume" --epochs "$epochs" --trace "$trace" --json --compute-ms "$compute_ms" || rc=$?
   after=$(wire_bytes)
   local head
   head="\"scenario\": \"$scenario\", \"q\": $q, \"w\": $w, \"run\": $r, \"slow_peer_rank\": $srank, \"slow_peer_delay\": \"$sdelay\", \"link_rate\": \"$link\""
   if ((rc != 0)); then
     local why
-    why=$({ grep -h -E ' E \[rank|error' "$work/d.log" "$work/s.txt" 2>/dev/null || true; } | head -n 1 |
-      sed 's/\\/\\\\/g; s/"/\\"/g' | cut -c1-400)
-    [[ -n $why ]] || why="launch.sh exit code $rc"
+    why=$(bench_failure_reason "$rc" "$work/d.log" "$work/s.txt")
     sm_warn "$tag failed (exit $rc): $why"
     printf '{"kind": "failed", %s, "exit": %d, "error": "%s"}\n' "$head" "$rc" "$why" >>"$raw"
     failures=$((failures + 1))
     return 0
   fi
-  grep '^JSON ' "$work/s.txt" | sed "s/^JSON {/{\"kind\": \"trainer\", $head, /" >>"$raw"
+  bench_json_lines "\"kind\": \"trainer\", $head" <"$work/s.txt" >>"$raw"
   "$build/tools/shardmix-entropy" "$trace" --json --num-classes "$classes" --dataset-size "$samples" |
     sed "s/^{/{\"kind\": \"entropy\", $head, /" >>"$raw"
   local fabric_bytes
@@ -205,7 +138,7 @@ cat >"$work/meta.json" <<META
 META
 mkdir -p -- "$repo/bench/results"
 cp -- "$raw" "$data_root/sweep-last-raw.jsonl"  # every trainer-epoch line, to re-aggregate
-"$python" "$here/sweep_report.py" --raw "$raw" --meta "$work/meta.json" \
+"$python" "$bench_dir/sweep_report.py" --raw "$raw" --meta "$work/meta.json" \
   --json "$repo/bench/results/$out.json" --png "$repo/bench/results/$out.png"
 if ((failures)); then
   sm_warn "$failures run(s) failed; they are listed in the JSON under 'failed'"

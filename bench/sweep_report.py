@@ -26,7 +26,6 @@ Each figure is reported as median, min and max; per_epoch keeps every measured e
 throughput, span and per-trainer stall.
 """
 import argparse
-import datetime
 import json
 import math
 import os
@@ -35,16 +34,17 @@ import statistics
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+
 METRICS = ["batch_label_entropy_mean", "batch_label_entropy_p5", "order_entropy", "randomization_level",
            "affinity", "local_fraction", "peer_fraction", "storage_fraction", "network_bytes_per_sample",
            "storage_bytes_per_sample", "coverage", "classes", "samples", "distinct_samples"]
 
 
 def stats(xs):
-    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
-    if not xs:
-        return {"median": None, "min": None, "max": None, "n": 0}
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+    """benchlib.stats without NaNs (a metric shardmix-entropy could not compute)."""
+    return benchlib.stats([x for x in xs if not (isinstance(x, float) and math.isnan(x))])
 
 
 def machine():
@@ -91,7 +91,7 @@ def aggregate(raw_path, meta):
         per_epoch = {"run_epoch": [], "samples_per_s": [], "span_s": [], "trainer_stall_s": []}
         for (run, epoch), ranks in sorted(by_epoch.items()):
             ranks = sorted(ranks, key=lambda x: x["rank"])
-            secs = max(x["t_end"] for x in ranks) - min(x["t_start"] for x in ranks)
+            secs = benchlib.epoch_span(ranks)
             sps.append(sum(x["samples"] for x in ranks) / secs)
             mbps.append(sum(x["bytes"] for x in ranks) / secs / 1e6)
             stall.append(statistics.mean(x["stall_seconds"] for x in ranks))
@@ -119,7 +119,7 @@ def aggregate(raw_path, meta):
                  "metrics": {m: stats([e.get(m) for e in entropy]) for m in METRICS},
                  "per_epoch": per_epoch}
         points.append(point)
-    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    return {"date": benchlib.utc_now(),
             "machine": machine(), "settings": meta, "command": meta.get("command", ""),
             "points": points, "failed": failed}
 

@@ -27,9 +27,11 @@ import argparse
 import json
 import multiprocessing
 import os
-import re
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402  (the map-style dataset of sample files)
 
 
 def list_sample_files(root):
@@ -44,33 +46,6 @@ def list_sample_files(root):
     if not paths:
         raise SystemExit(f"torch_loader.py: no sample files under {root} (expected class folders)")
     return paths
-
-
-class SampleFiles:
-    """Map-style dataset: item i is (bytes of file i, label of its class folder)."""
-
-    def __init__(self, root, paths):
-        self.root = root
-        self.paths = paths
-        self.sizes = [os.stat(os.path.join(root, p)).st_size for p in paths]
-        self.labels = [int(m.group(1)) if (m := re.search(r"class_(\d+)", p)) else 0 for p in paths]
-
-    def __len__(self):
-        return len(self.paths)
-
-    def __getitem__(self, i):
-        path = os.path.join(self.root, self.paths[i])
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            data = os.pread(fd, self.sizes[i], 0)
-            while len(data) < self.sizes[i]:  # short reads are legal
-                more = os.pread(fd, self.sizes[i] - len(data), len(data))
-                if not more:
-                    raise IOError(f"{path}: file shrank to {len(data)} bytes, expected {self.sizes[i]}")
-                data += more
-        finally:
-            os.close(fd)
-        return data, self.labels[i]
 
 
 def collate_concat(batch):
@@ -153,7 +128,7 @@ def main():
 
     import torch  # noqa: F401  (imported once here; the forked ranks inherit it)
 
-    dataset = SampleFiles(args.root, list_sample_files(args.root))
+    dataset = benchlib.SampleFiles(args.root, list_sample_files(args.root))
     ctx = multiprocessing.get_context("fork")
     for workers, collate in configs:
         barrier = ctx.Barrier(args.world)

@@ -24,73 +24,38 @@
 # /tmp/shardmix-bench). Exit 0 when every comparison is within the bound, 1 when one is not
 # or a run failed, 2 usage error.
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
-build=${SHARDMIX_BUILD_DIR:-$repo/build}
-data_root=${SHARDMIX_BENCH_DIR:-/tmp/shardmix-bench}
+# shellcheck source=bench/lib.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
+
 samples=16384 median_kib=16 epochs=5 compute_ms=16 batch=32 out=$repo/bench/results/whatif-latest.json
-while (($#)); do
-  case $1 in
-    --samples) samples=$2; shift ;;
-    --median-kib) median_kib=$2; shift ;;
-    --epochs) epochs=$2; shift ;;
-    --compute-ms) compute_ms=$2; shift ;;
-    --out) out=$2; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
-    *) echo "whatif_check.sh: unknown option $1" >&2; exit 2 ;;
-  esac
-  shift
-done
-for tool in server/shardmixd tools/shardmix-consume tools/shardmix-gen sim/shardmix-sim sim/shardmix-whatif; do
-  [[ -x $build/$tool ]] || { echo "whatif_check.sh: $build/$tool missing; build first" >&2; exit 2; }
-done
-data=$data_root/data-$samples-${median_kib}k
-if [[ ! -d $data ]]; then
-  mkdir -p "$data_root"
-  "$build/tools/shardmix-gen" --out "$data" --samples "$samples" --classes 1000 --median-kib "$median_kib" --seed 1
-fi
-work=$(mktemp -d /tmp/shardmix-whatif.XXXXXX)
-trap 'rm -rf "$work"' EXIT
-total_bytes=$(find "$data" -name '*.bin' -printf '%s\n' | awk '{ s += $1 } END { printf "%d\n", s }')
+bench_parse_args samples median-kib epochs compute-ms out -- "$@"
+bench_check_positive_ints samples epochs
+bench_check_numbers median_kib compute_ms
+bench_require_built server/shardmixd tools/shardmix-consume tools/shardmix-gen sim/shardmix-sim sim/shardmix-whatif
+data=$(bench_sample_dataset "$samples" "$median_kib")
+bench_workdir whatif
+read -r total_bytes _ < <(bench_sample_bytes "$data")
 cap_fit=$((total_bytes / 4 + total_bytes / 80))
 cap_cold=$((total_bytes / 8))
 cap_half=$((cap_fit / 2))
-load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+load_start=$(bench_loadavg)
 echo "whatif_check: $data ($samples samples, $total_bytes bytes); capacities: fit $cap_fit, cold $cap_cold, half $cap_half; load $load_start"
 
 echo "== calibration"
-bash "$here/calibrate.sh" --dataset "$data" --out "$work/calibration.toml" --nodes 4 --provider tcp --batch "$batch" \
+bash "$bench_dir/calibrate.sh" --dataset "$data" --out "$work/calibration.toml" --nodes 4 --provider tcp --batch "$batch" \
   --compute-ms "$compute_ms"
 
 # run NAME NODES Q CAPACITY: one real job, its stats file at $work/stats-NAME.jsonl.
 run() {
   local name=$1 nodes=$2 q=$3 capacity=$4
-  cat >"$work/$name.toml" <<TOML
-[dataset]
-path = "$data"
-[batch]
-size = $batch
-[shuffle]
-seed = 1
-exchange_fraction = $q
-[cache]
-capacity = $capacity
-[fabric]
-provider = "tcp"
-interface = "lo"
-[service]
-prefetch = 8
-[telemetry]
-stats_file = "$work/stats-$name.jsonl"
-[log]
-level = "warn"
-TOML
-  echo "== job $name: $nodes daemons x 1 trainer, Q $q, cache.capacity $capacity (load $(cut -d' ' -f1-3 /proc/loadavg))"
-  FI_TCP_IFACE=lo SHARDMIX_BUILD_DIR=$build timeout -s TERM -k 20 300 bash "$repo/deploy/launch.sh" --nodes "$nodes" \
-    --trainers-per-node 1 --config "$work/$name.toml" --daemon-log "$work/d-$name.log" -- \
-    "$build/tools/shardmix-consume" --epochs "$epochs" --touch copy --compute-ms "$compute_ms" --json \
-    >"$work/s-$name.txt" 2>&1 || { cat "$work/s-$name.txt" "$work/d-$name.log"; return 1; }
-  [[ -s $work/stats-$name.jsonl ]] || { echo "no stats file for $name" >&2; return 1; }
+  sm_write_config "$work/$name.toml" dataset.path="$data" batch.size="$batch" shuffle.seed=1 shuffle.exchange_fraction="$q" \
+    cache.capacity="$capacity" fabric.provider=tcp fabric.interface=lo service.prefetch=8 \
+    telemetry.stats_file="$work/stats-$name.jsonl" log.level=warn
+  echo "== job $name: $nodes daemons x 1 trainer, Q $q, cache.capacity $capacity (load $(bench_loadavg))"
+  FI_TCP_IFACE=lo bench_launch_or_die "$work/s-$name.txt" "$work/d-$name.log" --timeout 300 --nodes "$nodes" \
+    --trainers-per-node 1 --config "$work/$name.toml" -- \
+    "$build/tools/shardmix-consume" --epochs "$epochs" --touch copy --compute-ms "$compute_ms" --json
+  [[ -s $work/stats-$name.jsonl ]] || sm_die "job $name wrote no stats file ($work/stats-$name.jsonl)" 1
 }
 run q0 4 0 "$cap_fit"
 run q1 4 1 "$cap_fit"
