@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/temp_dir.h"
+
 namespace shardmix {
 namespace {
 
@@ -23,23 +25,9 @@ std::uint64_t physical_ram() {
   return static_cast<std::uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
 }
 
-class ConfigTest : public ::testing::Test {
+class ConfigTest : public test_support::TempDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) / fmt::format("shardmix_config_{}_{}", info->name(), ::getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string write(const std::string& name, const std::string& text) {
-    const fs::path p = dir_ / name;
-    std::ofstream(p, std::ios::binary) << text;
-    return p.string();
-  }
-
-  fs::path dir_;
+  ConfigTest() : TempDirTest("config") {}
 };
 
 std::string error_of(const Result<Config>& r) { return r.ok() ? std::string("<ok>") : r.status().message(); }
@@ -586,11 +574,8 @@ TEST(ConfigDurationTest, DurationKeyRoundTripsThroughPrintedToml) {
   EXPECT_EQ(c->inject.slow_peer_rank, 2);
   const std::string toml = config_to_toml(*c);
   EXPECT_NE(toml.find("slow_peer_delay = \"1500us\""), std::string::npos) << toml;
-  const std::string path = ::testing::TempDir() + "/duration_roundtrip.toml";
-  {
-    std::ofstream out(path);
-    out << toml;
-  }
+  const test_support::TempDir dir("config");
+  const std::string path = dir.write("duration_roundtrip.toml", toml);
   auto again = load_config(path, {}, {});
   ASSERT_TRUE(again.ok()) << again.status().message();
   EXPECT_EQ(*again, *c);

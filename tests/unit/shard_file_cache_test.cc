@@ -28,6 +28,7 @@
 #include "common/epoch_plan.h"
 #include "common/placement.h"
 #include "server/cache_loader.h"
+#include "tests/support/temp_dir.h"
 #include "server/sample_reader.h"
 #include "server/storage_reader.h"
 #include "tests/unit/catalog_support.h"
@@ -66,26 +67,10 @@ Bytes tfrecord_shard(int shard, int n) {
   return out;
 }
 
-class ShardFileCacheTest : public ::testing::Test {
+// write() overwrites in place (same inode when the file exists), as an editor would.
+class ShardFileCacheTest : public test_support::TempDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) / fmt::format("shardmix_fdcache_{}_{}", info->name(), ::getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  // Writes in place (same inode when the file exists), as an editor or `dd conv=notrunc` would.
-  std::string write(const std::string& rel, const Bytes& bytes) const {
-    const fs::path p = dir_ / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p, std::ios::binary)
-        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    return p.string();
-  }
+  ShardFileCacheTest() : TempDirTest("fdcache") {}
   // Writes a new file and renames it over `rel` (a new inode), as dataset tools replace files.
   void replace(const std::string& rel, const Bytes& bytes) const {
     write(rel + ".new", bytes);
@@ -98,7 +83,6 @@ class ShardFileCacheTest : public ::testing::Test {
     d.sample_ext = "jpg";
     return d;
   }
-  fs::path dir_;
 };
 
 struct ReadOutcome {

@@ -14,6 +14,7 @@
 #include <rapidcheck/gtest.h>
 
 #include "common/catalog.h"
+#include "tests/support/temp_dir.h"
 #include "tests/unit/catalog_support.h"
 #include "server/sample_reader.h"
 
@@ -381,25 +382,9 @@ TEST(TfRecordTest, DamageIsNamedWithFileAndOffset) {
 
 // ---------------------------------------------------------------- datasets on disk
 
-class ShardDatasetTest : public ::testing::Test {
+class ShardDatasetTest : public test_support::TempDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) / fmt::format("shardmix_shards_{}_{}", info->name(), ::getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string write(const std::string& rel, const Bytes& bytes) {
-    const fs::path p = dir_ / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                             static_cast<std::streamsize>(bytes.size()));
-    return p.string();
-  }
+  ShardDatasetTest() : TempDirTest("shards") {}
   DatasetConfig dataset(DatasetFormat format, const std::string& rel) const {
     DatasetConfig d;
     d.path = (dir_ / rel).string();
@@ -408,7 +393,6 @@ class ShardDatasetTest : public ::testing::Test {
     d.label_feature = "label";
     return d;
   }
-  fs::path dir_;
 };
 
 using test_support::scan_all;
@@ -645,26 +629,22 @@ RC_GTEST_PROP(ShardFormatsProperty, FolderTarAndTfRecordVersionsYieldTheSameSamp
     const auto payload = *rc::gen::container<std::vector<std::uint8_t>>(rc::gen::arbitrary<std::uint8_t>());
     samples.emplace_back(make_example("label", label, "image", payload), label);
   }
-  const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("shardmix_prop_{}", ::getpid());
-  fs::remove_all(dir);
-  auto put = [](const fs::path& p, const Bytes& b) {
-    fs::create_directories(p.parent_path());
-    std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-  };
+  const test_support::TempDir dir("prop");  // emptied for each generated case
+  auto put = [&](const fs::path& rel, const Bytes& b) { dir.write(rel, b); };
   for (int c = 0; c < classes; ++c) fs::create_directories(dir / "folder" / fmt::format("c{:03d}", c));
   Bytes tar, tfr;
   int shard = 0;
   auto flush = [&] {
     append_tar_end(tar);
-    put(dir / "wds" / fmt::format("s{:04d}.tar", shard), tar);
-    put(dir / "tfr" / fmt::format("s{:04d}.tfrecord", shard), tfr);
+    put(fs::path("wds") / fmt::format("s{:04d}.tar", shard), tar);
+    put(fs::path("tfr") / fmt::format("s{:04d}.tfrecord", shard), tfr);
     tar.clear();
     tfr.clear();
     ++shard;
   };
   for (int i = 0; i < n; ++i) {
     const auto& [bytes, label] = samples[static_cast<std::size_t>(i)];
-    put(dir / "folder" / fmt::format("c{:03d}", label) / fmt::format("{}.bin", i), bytes);
+    put(fs::path("folder") / fmt::format("c{:03d}", label) / fmt::format("{}.bin", i), bytes);
     append_tar_member(tar, fmt::format("{:05d}.bin", i), bytes);
     const std::string cls = std::to_string(label);
     append_tar_member(tar, fmt::format("{:05d}.cls", i), bytes_of(cls));
@@ -689,7 +669,6 @@ RC_GTEST_PROP(ShardFormatsProperty, FolderTarAndTfRecordVersionsYieldTheSameSamp
   const auto folder = multiset(DatasetFormat::kFolder, "folder");
   const auto wds = multiset(DatasetFormat::kWebDataset, "wds");
   const auto tfrecord = multiset(DatasetFormat::kTfRecord, "tfr");
-  fs::remove_all(dir);
   RC_ASSERT(folder.size() == static_cast<std::size_t>(n));
   RC_ASSERT(wds == folder);
   RC_ASSERT(tfrecord == folder);
