@@ -12,6 +12,7 @@
 
 #include "proto/checkpoint.h"
 #include "proto/wire.h"
+#include "tests/support/sample_checkpoint.h"
 
 namespace shardmix::proto {
 namespace {
@@ -28,12 +29,7 @@ std::string hex(std::span<const std::uint8_t> bytes) {
   return out;
 }
 
-Checkpoint sample_checkpoint() {
-  return Checkpoint{.flags = kCheckpointRedealt, .plan_digest = 0x1234, .num_samples = 1000, .seed = 99, .nodes = 2,
-                    .trainers_per_node = 2, .batch_size = 8, .drop_last = true, .window = 4, .rank = 3,
-                    .world_size = 4, .epoch = 2, .batches_consumed = 3, .samples_consumed = 24, .early = {25, 30},
-                    .late = {20, 23}};
-}
+using test_support::sample_checkpoint;
 
 Welcome sample_welcome() { return Welcome{1, 4, 2, 3, 1000, 16, 125, 1 << 20, 1 << 16, 0xdeadbeef, 77, 8, 1, 5, 2, 0x1234, 9}; }
 
