@@ -109,12 +109,7 @@ void check_exactly_once(const Case& c, const Built& b, const std::vector<Trainer
   std::uint64_t delivered = 0;
   for (const TrainerPlan& p : plans) {
     RC_ASSERT(p.num_batches() == b.shape.batches_per_trainer);
-    RC_ASSERT(p.batch_begin.back() == p.order.size());
-    for (std::uint64_t k = 0; k < p.num_batches(); ++k) {
-      const std::uint64_t len = p.batch_begin[k + 1] - p.batch_begin[k];
-      RC_ASSERT(len <= c.job.batch_size);
-      if (k + 1 < p.num_batches() || c.job.drop_last) RC_ASSERT(len == c.job.batch_size);
-    }
+    test_support::check_batch_lengths(p, c.job);
     for (SampleId id : p.order) {
       RC_ASSERT(id < c.sizes.size());
       ++seen[id];
