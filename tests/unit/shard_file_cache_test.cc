@@ -270,6 +270,16 @@ TEST_F(ShardFileCacheTest, AShardRenamedAwayIsNotFoundAndInPlaceChangesAreSeen) 
   EXPECT_EQ(cache.stats().changed, 1u);
 }
 
+// Every sample of `c` sits in `arena` at its placement offset, byte for byte as on disk.
+void expect_arena_holds_every_sample(const std::vector<std::uint8_t>& arena, const Placement& placement,
+                                     const Catalog& c, const DatasetConfig& d) {
+  for (SampleId id = 0; id < c.size(); ++id) {
+    ASSERT_EQ(std::string(reinterpret_cast<const char*>(arena.data() + placement.arena_offset[id]), c.sample_bytes(id)),
+              bytes_on_disk(c, d, id))
+        << c.location(id);
+  }
+}
+
 TEST_F(ShardFileCacheTest, TheLoaderReadsShardsInStorageOrderSoEachIsOpenedOnce) {
   // 6 shards whose samples cycle through 3 labels: in id order (label, shard, offset) a
   // loader would visit every shard 3 times, and a cache of 2 descriptors would miss on
@@ -286,11 +296,7 @@ TEST_F(ShardFileCacheTest, TheLoaderReadsShardsInStorageOrderSoEachIsOpenedOnce)
   ShardFileCache cache(2);
   auto loaded = load_owned_samples(*c, placement, 0, d, 1, arena.data(), {}, {}, {}, &cache);
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
-  for (SampleId id = 0; id < c->size(); ++id) {
-    ASSERT_EQ(std::string(reinterpret_cast<const char*>(arena.data() + placement.arena_offset[id]), c->sample_bytes(id)),
-              bytes_on_disk(*c, d, id))
-        << c->location(id);
-  }
+  expect_arena_holds_every_sample(arena, placement, *c, d);
   EXPECT_EQ(cache.stats().opens, 6u);
 
   // A cache rotation's reload, given in id order, is read in storage order too.
@@ -301,10 +307,7 @@ TEST_F(ShardFileCacheTest, TheLoaderReadsShardsInStorageOrderSoEachIsOpenedOnce)
   auto reloaded = load_entering_samples(*c, d, entering, 1, arena.data(), {}, &reload_cache);
   ASSERT_TRUE(reloaded.ok()) << reloaded.status().to_string();
   EXPECT_EQ(reloaded->samples, c->size());
-  for (SampleId id = 0; id < c->size(); ++id) {
-    ASSERT_EQ(std::string(reinterpret_cast<const char*>(arena.data() + placement.arena_offset[id]), c->sample_bytes(id)),
-              bytes_on_disk(*c, d, id));
-  }
+  expect_arena_holds_every_sample(arena, placement, *c, d);
   EXPECT_EQ(reload_cache.stats().opens, 6u);
 }
 

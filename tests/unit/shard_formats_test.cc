@@ -47,6 +47,22 @@ Bytes ustar_header(std::string_view name, char type, std::uint64_t size, bool br
   return h;
 }
 void append(Bytes& out, const Bytes& more) { out.insert(out.end(), more.begin(), more.end()); }
+
+// `prefix`, then a length-delimited protobuf field `tag` holding `inner` (short: one length byte).
+Bytes delimited(std::uint8_t tag, const Bytes& inner, Bytes prefix = {}) {
+  prefix.push_back(tag);
+  prefix.push_back(static_cast<std::uint8_t>(inner.size()));
+  append(prefix, inner);
+  return prefix;
+}
+
+// A tf.train.Example whose one feature `name` is the Int64List with the bytes `list`, wrapped by
+// hand: Example { Features { map entry { key, Feature { int64_list } } } }.
+Bytes example_with_int64_list(const std::string& name, const Bytes& list) {
+  Bytes key = {0x0a, static_cast<std::uint8_t>(name.size())};
+  key.insert(key.end(), name.begin(), name.end());
+  return delimited(0x0a, delimited(0x0a, delimited(0x12, delimited(0x1a, list), key)));
+}
 void pad(Bytes& out) { out.resize((out.size() + 511) / 512 * 512, 0); }
 
 TEST(Crc32cTest, KnownValues) {
@@ -253,27 +269,9 @@ TEST(ExampleTest, ReadsTheInt64FeaturePackedOrNot) {
   ASSERT_FALSE(wrong_kind.ok());
   EXPECT_NE(wrong_kind.status().message().find("bytes_list, not an int64_list"), std::string::npos);
   // Unpacked: Int64List { value: 7 (varint field 1) }, built by hand.
-  const Bytes list = {0x08, 0x07};
-  Bytes feature = {0x1a, static_cast<std::uint8_t>(list.size())};
-  append(feature, list);
-  Bytes entry = {0x0a, 0x01, 'y', 0x12, static_cast<std::uint8_t>(feature.size())};
-  append(entry, feature);
-  Bytes features = {0x0a, static_cast<std::uint8_t>(entry.size())};
-  append(features, entry);
-  Bytes example = {0x0a, static_cast<std::uint8_t>(features.size())};
-  append(example, features);
-  EXPECT_EQ(*example_int64_feature(example, "y"), 7);
+  EXPECT_EQ(*example_int64_feature(example_with_int64_list("y", {0x08, 0x07}), "y"), 7);
   // Two values (packed): refused.
-  const Bytes list2 = {0x0a, 0x02, 0x01, 0x02};
-  Bytes f2 = {0x1a, static_cast<std::uint8_t>(list2.size())};
-  append(f2, list2);
-  Bytes e2 = {0x0a, 0x01, 'y', 0x12, static_cast<std::uint8_t>(f2.size())};
-  append(e2, f2);
-  Bytes fs2 = {0x0a, static_cast<std::uint8_t>(e2.size())};
-  append(fs2, e2);
-  Bytes ex2 = {0x0a, static_cast<std::uint8_t>(fs2.size())};
-  append(ex2, fs2);
-  auto r2 = example_int64_feature(ex2, "y");
+  auto r2 = example_int64_feature(example_with_int64_list("y", {0x0a, 0x02, 0x01, 0x02}), "y");
   ASSERT_FALSE(r2.ok());
   EXPECT_NE(r2.status().message().find("more than 1"), std::string::npos) << r2.status().message();
 }
