@@ -49,6 +49,13 @@ class LauncherRankTest : public ::testing::Test {
     EXPECT_EQ(r.world_size, world_size);
     if (!source.empty()) EXPECT_EQ(r.source, source);
   }
+  // `r` places this trainer at rank, local rank of local_size per node, on `nodes` nodes.
+  static void expect_place(const LauncherRank& r, int rank, int local_rank, int local_size, int nodes) {
+    EXPECT_EQ(r.rank, rank);
+    EXPECT_EQ(r.local_rank, local_rank);
+    EXPECT_EQ(r.local_size, local_size);
+    EXPECT_EQ(r.nodes, nodes);
+  }
 
  private:
   std::map<std::string, std::string> saved_;
@@ -106,10 +113,7 @@ TEST_F(LauncherRankTest, OpenMpiLocalRankAndSize) {
   set("OMPI_COMM_WORLD_LOCAL_SIZE", "4");
   set("OMPI_APP_CTX_NUM_PROCS", "8");  // one app context: not MPMD
   const LauncherRank r = detect_launcher_rank();
-  EXPECT_EQ(r.rank, 5);
-  EXPECT_EQ(r.local_rank, 1);
-  EXPECT_EQ(r.local_size, 4);
-  EXPECT_EQ(r.nodes, 2);
+  expect_place(r, 5, 1, 4, 2);
 }
 
 TEST_F(LauncherRankTest, OpenMpiMpmdCountsOnlyThisAppsRanks) {
@@ -127,20 +131,14 @@ TEST_F(LauncherRankTest, OpenMpiMpmdCountsOnlyThisAppsRanks) {
 TEST_F(LauncherRankTest, SlurmLocalIdAndNodes) {
   set_all({{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "2"}, {"SLURM_NNODES", "2"}});
   const LauncherRank r = detect_launcher_rank();
-  EXPECT_EQ(r.rank, 6);
-  EXPECT_EQ(r.local_rank, 2);
-  EXPECT_EQ(r.local_size, 4);
-  EXPECT_EQ(r.nodes, 2);
+  expect_place(r, 6, 2, 4, 2);
   EXPECT_EQ(r.describe(), "8 trainers (rank 6, local rank 2 of 4 per node, 2 nodes; from SLURM_PROCID)");
 }
 
 TEST_F(LauncherRankTest, TorchrunLocalRankAndSize) {
   set_all({{"RANK", "7"}, {"WORLD_SIZE", "16"}, {"LOCAL_RANK", "3"}, {"LOCAL_WORLD_SIZE", "4"}});
   const LauncherRank r = detect_launcher_rank();
-  EXPECT_EQ(r.rank, 7);
-  EXPECT_EQ(r.local_rank, 3);
-  EXPECT_EQ(r.local_size, 4);
-  EXPECT_EQ(r.nodes, 4);
+  expect_place(r, 7, 3, 4, 4);
 }
 
 TEST_F(LauncherRankTest, HydraLocalRank) {
