@@ -18,6 +18,8 @@
 // checkpoints it was re-dealt from): the daemon computes it and sends it in the Welcome;
 // a blob whose digest differs from the daemon's is refused with an error that names the
 // fields that differ. The readable fields are there for that message and for re-dealing.
+// Checkpoint::fields() lists the fields between format and checksum once; the encoder,
+// the decoder and the size walk it (proto/field_codec.h).
 // Thread-safety: pure functions and value types.
 #pragma once
 
@@ -26,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "proto/field_codec.h"
+
 namespace shardmix::proto {
 
 inline constexpr std::uint32_t kCheckpointMagic = 0x4b584d53;  // "SMXK" little-endian
@@ -33,34 +37,44 @@ inline constexpr std::uint16_t kCheckpointFormat = 1;
 inline constexpr std::uint16_t kCheckpointRedealt = 1;  // flags bit 0
 // No list may be longer than this (a window larger than this is refused by the config).
 inline constexpr std::uint32_t kMaxCheckpointExceptions = 1u << 20;
-// Largest encoded blob: the fixed fields plus both lists at their limit.
+// Bound on an encoded blob: the fixed fields plus both lists at their limit (a unit test
+// checks it against checkpoint_size()).
 inline constexpr std::uint64_t kMaxCheckpointBytes = 120 + 2ull * 8 * kMaxCheckpointExceptions;
 
 struct Checkpoint {
   std::uint16_t flags = 0;
-  std::uint64_t plan_digest = 0;
-  std::uint64_t num_samples = 0;
-  std::uint64_t seed = 0;
-  std::uint32_t nodes = 0;
-  std::uint32_t trainers_per_node = 0;
-  std::uint32_t batch_size = 0;
+  // The plan and job shape the position is in.
+  std::uint64_t plan_digest = 0, num_samples = 0, seed = 0;
+  std::uint32_t nodes = 0, trainers_per_node = 0, batch_size = 0;
   bool drop_last = false;
   std::uint32_t window = 0;
-  std::uint32_t rank = 0;
-  std::uint32_t world_size = 0;
-  std::uint64_t epoch = 0;
-  std::uint64_t batches_consumed = 0;
-  std::uint64_t samples_consumed = 0;
+  std::uint32_t rank = 0, world_size = 0;
+  // The position.
+  std::uint64_t epoch = 0, batches_consumed = 0, samples_consumed = 0;
   std::vector<std::uint64_t> early;  // delivered, planned at or after samples_consumed
   std::vector<std::uint64_t> late;   // not delivered, planned before samples_consumed
 
   bool redealt() const { return (flags & kCheckpointRedealt) != 0; }
   bool operator==(const Checkpoint&) const = default;
+
+  template <typename Self, typename Visit>
+  static void fields(Self& m, Visit&& visit) {
+    visit("flags", m.flags), visit("plan_digest", m.plan_digest), visit("num_samples", m.num_samples);
+    visit("seed", m.seed), visit("nodes", m.nodes), visit("trainers_per_node", m.trainers_per_node);
+    visit("batch_size", m.batch_size), visit("drop_last", m.drop_last);
+    visit("pad", ZeroPad<std::uint8_t>{}), visit("pad", ZeroPad<std::uint16_t>{}), visit("window", m.window);
+    visit("rank", m.rank), visit("world_size", m.world_size), visit("epoch", m.epoch);
+    visit("batches_consumed", m.batches_consumed), visit("samples_consumed", m.samples_consumed);
+    visit("early", counted(kMaxCheckpointExceptions, m.early));
+    visit("late", counted(kMaxCheckpointExceptions, m.late));
+  }
 };
 
 std::vector<std::uint8_t> encode_checkpoint(const Checkpoint& c);
+// What encode_checkpoint(c) writes: magic and format, the walked fields, the checksum.
+std::size_t checkpoint_size(const Checkpoint& c);
 // Empty string on success, else what is wrong and where ("checkpoint: field 'late' needs
-// 8 bytes at offset 96, blob has 3"). Checks: magic, format, checksum, list lengths and
+// 16 bytes at offset 96, blob has 3"). Checks: magic, format, checksum, list lengths and
 // order (strictly ascending), |early| == |late|, late < samples_consumed <= early,
 // rank < world_size == nodes * trainers_per_node, batch_size > 0.
 std::string decode_checkpoint(std::span<const std::uint8_t> bytes, Checkpoint& out);

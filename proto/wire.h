@@ -4,8 +4,9 @@
 //   magic u32 "SMX1" | version u16 | type u16 | payload_bytes u32 | reserved u32
 // `reserved` is 0, except in a Hello, where it carries the job token (set_hello_job_token).
 // Integers are little-endian (both ends run on the same host, but the layout is pinned
-// anyway so a fuzzer and a reader of a capture agree). Payloads are decoded only through
-// Reader, which bounds-checks every field: a malformed frame is a Status, never UB.
+// anyway so a fuzzer and a reader of a capture agree). Each payload's fields are listed
+// once, in its struct's fields() (proto/field_codec.h): the encoder, the bounds-checking
+// decoder and the size all walk that list, so a malformed frame is a Status, never UB.
 // Version policy: any change to a layout bumps kProtocolVersion; the daemon refuses other
 // versions in the Hello with an Error frame naming both versions.
 //
@@ -23,6 +24,9 @@
 #include <string_view>
 #include <type_traits>
 #include <vector>
+
+#include "proto/checkpoint.h"
+#include "proto/field_codec.h"
 
 namespace shardmix::proto {
 
@@ -58,10 +62,14 @@ enum class FrameType : std::uint16_t {
 
 struct FrameHeader {
   std::uint32_t magic;
-  std::uint16_t version;
-  std::uint16_t type;
-  std::uint32_t payload_bytes;
-  std::uint32_t reserved;
+  std::uint16_t version, type;
+  std::uint32_t payload_bytes, reserved;
+
+  template <typename Self, typename Visit>
+  static void fields(Self& m, Visit&& visit) {
+    visit("magic", m.magic), visit("version", m.version), visit("type", m.type);
+    visit("payload_bytes", m.payload_bytes), visit("reserved", m.reserved);
+  }
 };
 static_assert(sizeof(FrameHeader) == 16 && std::is_trivially_copyable_v<FrameHeader>);
 
@@ -87,38 +95,51 @@ inline constexpr std::uint16_t kSampleSkipped = 1;
 static_assert(sizeof(SampleDescriptor) == 32 && std::is_trivially_copyable_v<SampleDescriptor>);
 
 struct Hello {
-  std::uint32_t trainer_rank = 0;
-  std::uint32_t world_size = 0;
-  std::uint32_t pid = 0;
+  std::uint32_t trainer_rank = 0, world_size = 0, pid = 0;
+
+  template <typename Self, typename Visit>
+  static void fields(Self& m, Visit&& visit) {
+    visit("trainer_rank", m.trainer_rank), visit("world_size", m.world_size), visit("pid", m.pid);
+  }
 };
 
 struct Welcome {
-  std::uint32_t node = 0;
-  std::uint32_t nodes = 0;
-  std::uint32_t trainers_per_node = 0;
-  std::uint32_t prefetch = 0;
+  std::uint32_t node = 0, nodes = 0, trainers_per_node = 0, prefetch = 0;
   std::uint64_t num_samples = 0;
-  std::uint64_t batches_per_epoch = 0;   // per trainer, every epoch
+  std::uint64_t batches_per_epoch = 0;     // per trainer, every epoch
   std::uint64_t samples_this_trainer = 0;  // per epoch
-  std::uint64_t arena_bytes = 0;
-  std::uint64_t staging_bytes = 0;
+  std::uint64_t arena_bytes = 0, staging_bytes = 0;
   // Plan identity, copied into checkpoints (proto/checkpoint.h).
-  std::uint64_t plan_digest = 0;
-  std::uint64_t seed = 0;
+  std::uint64_t plan_digest = 0, seed = 0;
   std::uint32_t batch_size = 0;
   std::uint32_t drop_last = 0;  // 0 or 1
   std::uint32_t window = 0;
   // The epoch the daemons re-dealt from resume.checkpoint_dir (kNoResumedEpoch: none),
   // its plan digest and this trainer's batch count in it.
-  std::uint64_t resumed_epoch = 0;
-  std::uint64_t resumed_digest = 0;
-  std::uint64_t resumed_batches = 0;
+  std::uint64_t resumed_epoch = 0, resumed_digest = 0, resumed_batches = 0;
+
+  template <typename Self, typename Visit>
+  static void fields(Self& m, Visit&& visit) {
+    visit("node", m.node), visit("nodes", m.nodes), visit("trainers_per_node", m.trainers_per_node);
+    visit("prefetch", m.prefetch), visit("num_samples", m.num_samples);
+    visit("batches_per_epoch", m.batches_per_epoch), visit("samples_this_trainer", m.samples_this_trainer);
+    visit("arena_bytes", m.arena_bytes), visit("staging_bytes", m.staging_bytes);
+    visit("plan_digest", m.plan_digest), visit("seed", m.seed), visit("batch_size", m.batch_size);
+    visit("drop_last", m.drop_last), visit("window", m.window);
+    visit("resumed_epoch", m.resumed_epoch), visit("resumed_digest", m.resumed_digest);
+    visit("resumed_batches", m.resumed_batches);
+  }
 };
 inline constexpr std::uint64_t kNoResumedEpoch = ~std::uint64_t{0};
 
 struct ErrorFrame {
   std::uint16_t code = 0;  // StatusCode
   std::string message;
+
+  template <typename Self, typename Visit>
+  static void fields(Self& m, Visit&& visit) {
+    visit("code", m.code), visit("message", counted(~std::uint32_t{0}, m.message));
+  }
 };
 
 // Every StartEpoch carries a stream id chosen by the client (increasing per connection).
@@ -128,9 +149,14 @@ struct ErrorFrame {
 // to continue the pass from: the daemon delivers exactly the samples it says were not
 // delivered yet.
 struct StartEpoch {
-  std::uint64_t epoch = 0;
-  std::uint64_t stream = 0;
+  std::uint64_t epoch = 0, stream = 0;
   std::vector<std::uint8_t> resume;
+
+  template <typename Self, typename Visit>
+  static void fields(Self& m, Visit&& visit) {
+    visit("epoch", m.epoch), visit("stream", m.stream);
+    visit("resume", counted(kMaxCheckpointBytes, m.resume));
+  }
 };
 
 struct BatchFrame {
@@ -141,6 +167,13 @@ struct BatchFrame {
   // Planned position of each sample in this trainer's order for the epoch (same length
   // as samples): lets the client checkpoint exactly under shuffle.window > 0.
   std::vector<std::uint64_t> positions;
+
+  // One count for both lists: a frame built without positions carries zeros.
+  template <typename Self, typename Visit>
+  static void fields(Self& m, Visit&& visit) {
+    visit("epoch", m.epoch), visit("stream", m.stream), visit("batch", m.batch);
+    visit("samples", counted(kMaxBatchSamples, m.samples, m.positions));
+  }
 };
 
 struct Release {
@@ -151,18 +184,18 @@ struct Release {
   // epoch's start, or releasing the previous batch) until it was in hand. The daemon sums
   // it into the trainer stall time of its telemetry.
   std::uint64_t wait_us = 0;
+
+  template <typename Self, typename Visit>
+  static void fields(Self& m, Visit&& visit) {
+    visit("epoch", m.epoch), visit("stream", m.stream), visit("batch", m.batch), visit("wait_us", m.wait_us);
+  }
 };
 
 struct EpochStats {
-  std::uint64_t epoch = 0;
-  std::uint64_t stream = 0;
-  std::uint64_t batches = 0;
-  std::uint64_t samples = 0;
-  std::uint64_t bytes = 0;
-  std::uint64_t local_samples = 0;
-  std::uint64_t peer_samples = 0;
-  std::uint64_t storage_samples = 0;
-  std::uint64_t peer_bytes = 0;
+  std::uint64_t epoch = 0, stream = 0;
+  std::uint64_t batches = 0, samples = 0, bytes = 0;
+  // Where the samples came from (tier), and the bytes read from peers.
+  std::uint64_t local_samples = 0, peer_samples = 0, storage_samples = 0, peer_bytes = 0;
   std::uint64_t fetch_wait_us = 0;   // sum over fetches (per batch; per batch and owner with a window) of post-to-landing time
   // shuffle.window at work: samples delivered in another batch than planned.
   std::uint64_t substituted_samples = 0;
@@ -178,10 +211,23 @@ struct EpochStats {
   double label_entropy_mean = 0;
   double label_entropy_p5 = 0;
   double affinity = 0;               // share of this epoch's samples also received last epoch
+
+  template <typename Self, typename Visit>
+  static void fields(Self& m, Visit&& visit) {
+    visit("epoch", m.epoch), visit("stream", m.stream), visit("batches", m.batches), visit("samples", m.samples);
+    visit("bytes", m.bytes), visit("local_samples", m.local_samples), visit("peer_samples", m.peer_samples);
+    visit("storage_samples", m.storage_samples), visit("peer_bytes", m.peer_bytes);
+    visit("fetch_wait_us", m.fetch_wait_us), visit("substituted_samples", m.substituted_samples);
+    visit("unreadable_samples", m.unreadable_samples), visit("exchange_fraction", m.exchange_fraction);
+    visit("window", m.window), visit("batches_scored", m.batches_scored);
+    visit("label_entropy_mean", m.label_entropy_mean), visit("label_entropy_p5", m.label_entropy_p5);
+    visit("affinity", m.affinity);
+  }
 };
 
-// Exact payload size of a request frame type, checked before its payload is read, so a
-// header cannot make the daemon allocate more than a request needs. -1 for types that
+// Exact payload size of a request frame type (the walked size of its fields), checked
+// before its payload is read, so a header cannot make the daemon allocate more than a
+// request needs. -1 for types that
 // are never requests (daemon -> client only). StartEpoch is the one request of variable
 // size: this is its size without a resume blob, request_payload_max_bytes its largest.
 std::int64_t request_payload_bytes(FrameType type);
@@ -209,7 +255,7 @@ void encode_stats(std::vector<std::uint8_t>& out, std::string_view text);
 void set_hello_job_token(std::vector<std::uint8_t>& frame, std::uint32_t token);
 
 // Decoding. Each returns an empty string on success, else what was wrong, with the byte
-// offset ("batch frame: sample count 9 needs 288 bytes, payload has 100 at offset 16").
+// offset ("batch frame: field 'samples' needs 360 bytes at offset 28, payload has 100").
 std::string decode_header(std::span<const std::uint8_t> bytes, FrameHeader& out);
 std::string decode(std::span<const std::uint8_t> payload, Hello& out);
 std::string decode(std::span<const std::uint8_t> payload, Welcome& out);

@@ -22,6 +22,7 @@
 #include "proto/checkpoint.h"
 #include "proto/wire.h"
 #include "tests/fuzz/fuzz.h"
+#include "tests/support/sample_checkpoint.h"
 
 namespace {
 
@@ -207,21 +208,7 @@ Seeds seeds() {
   add("error", [](Bytes& f) { encode(f, ErrorFrame{6, "trainer world size 3 does not match"}); });
   add("start-epoch", [](Bytes& f) { encode(f, StartEpoch{2, 5, {}}); });
   add("start-epoch-resume", [](Bytes& f) {
-    Checkpoint c;
-    c.plan_digest = 0x1234;
-    c.num_samples = 1000;
-    c.nodes = 2;
-    c.trainers_per_node = 2;
-    c.batch_size = 8;
-    c.window = 4;
-    c.rank = 3;
-    c.world_size = 4;
-    c.epoch = 2;
-    c.batches_consumed = 3;
-    c.samples_consumed = 24;
-    c.early = {25, 30};
-    c.late = {20, 23};
-    encode(f, StartEpoch{2, 5, encode_checkpoint(c)});
+    encode(f, StartEpoch{2, 5, encode_checkpoint(shardmix::test_support::sample_checkpoint())});
   });
   add("release", [](Bytes& f) { encode(f, Release{2, 5, 7}); });
   add("get-catalog", [](Bytes& f) { encode_get_catalog(f); });
@@ -233,24 +220,11 @@ Seeds seeds() {
     encode_catalog(f, bytes);
   });
   add("epoch-end", [](Bytes& f) {
-    EpochStats s;
-    s.epoch = 1;
-    s.stream = 2;
-    s.batches = 3;
-    s.samples = 24;
-    s.bytes = 1 << 20;
-    s.local_samples = 10;
-    s.peer_samples = 14;
-    s.peer_bytes = 600000;
-    s.fetch_wait_us = 1234;
-    s.unreadable_samples = 2;
-    encode(f, s);
+    encode(f, EpochStats{.epoch = 1, .stream = 2, .batches = 3, .samples = 24, .bytes = 1 << 20, .local_samples = 10,
+                         .peer_samples = 14, .peer_bytes = 600000, .fetch_wait_us = 1234, .unreadable_samples = 2});
   });
   add("batch", [](Bytes& f) {
-    BatchFrame b;
-    b.epoch = 1;
-    b.stream = 2;
-    b.batch = 3;
+    BatchFrame b{.epoch = 1, .stream = 2, .batch = 3};
     b.samples.push_back(SampleDescriptor{17, 4, 0, 0, 0, 0, 4096, 112 * 1024});
     b.samples.push_back(SampleDescriptor{99, 0, 1, 1, 1, 0, 0, 1});
     b.samples.push_back(SampleDescriptor{5, 7, 2, 1, 2, 0, 1 << 20, 0});

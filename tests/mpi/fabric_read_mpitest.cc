@@ -30,6 +30,7 @@
 namespace {
 
 using shardmix::MpiSession;
+using shardmix::Result;
 using shardmix::Status;
 using shardmix::StatusCode;
 using shardmix::fabric::Fabric;
@@ -141,6 +142,16 @@ std::vector<PlannedRead> plan_reads(int rank, int nranks, std::size_t& local_byt
   return reads;
 }
 
+// Registers `target` as this rank's landing area, swaps endpoints with every rank and
+// starts progress: after this, reads can be posted.
+Result<LocalRegion> register_and_connect(const MpiSession& mpi, Fabric& fabric, std::vector<std::uint8_t>& target) {
+  SHARDMIX_ASSIGN_OR_RETURN(LocalRegion local, fabric.register_local(target.data(), target.size()));
+  SHARDMIX_ASSIGN_OR_RETURN(auto blobs, mpi.allgather(fabric.endpoint_blob()));
+  SHARDMIX_RETURN_IF_ERROR(fabric.connect_peers(blobs));
+  fabric.start_progress();
+  return local;
+}
+
 // The MpiSession collectives the fabric bootstrap relies on: allgather of unequal (and
 // empty) contributions, broadcast from a non-zero root, allreduce_sum.
 Status run_collectives_phase(const MpiSession& mpi, const FabricOptions&, Failures& failures) {
@@ -180,11 +191,7 @@ Status run_pattern_phase(const MpiSession& mpi, const FabricOptions& options, Fa
   std::size_t local_bytes = 0;
   const std::vector<PlannedRead> reads = plan_reads(rank, nranks, local_bytes);
   std::vector<std::uint8_t> target(local_bytes, kGuardByte);
-  SHARDMIX_ASSIGN_OR_RETURN(LocalRegion local, fabric->register_local(target.data(), target.size()));
-
-  SHARDMIX_ASSIGN_OR_RETURN(auto blobs, mpi.allgather(fabric->endpoint_blob()));
-  SHARDMIX_RETURN_IF_ERROR(fabric->connect_peers(blobs));
-  fabric->start_progress();
+  SHARDMIX_ASSIGN_OR_RETURN(LocalRegion local, register_and_connect(mpi, *fabric, target));
 
   // Good reads, issued from two threads at once (read() is documented thread-safe);
   // far more than max_outstanding_reads, so the queue and EAGAIN paths get used.
@@ -360,10 +367,7 @@ Status run_vector_phase(const MpiSession& mpi, const FabricOptions& options, Fai
   }
   std::shuffle(reads.begin(), reads.end(), rng);
   std::vector<std::uint8_t> target(local_bytes, kGuardByte);
-  SHARDMIX_ASSIGN_OR_RETURN(LocalRegion local, fabric->register_local(target.data(), target.size()));
-  SHARDMIX_ASSIGN_OR_RETURN(auto blobs, mpi.allgather(fabric->endpoint_blob()));
-  SHARDMIX_RETURN_IF_ERROR(fabric->connect_peers(blobs));
-  fabric->start_progress();
+  SHARDMIX_ASSIGN_OR_RETURN(LocalRegion local, register_and_connect(mpi, *fabric, target));
 
   Completions good(reads.size());
   std::vector<VectorRead> issued = reads;
@@ -458,10 +462,7 @@ Status run_empty_peer_phase(const MpiSession& mpi, const FabricOptions& options,
   for (std::size_t i = 0; i < exposed.size(); ++i) exposed[i] = pattern_byte(rank, i);
   SHARDMIX_RETURN_IF_ERROR(fabric->expose(exposed.data(), exposed.size()));
   std::vector<std::uint8_t> target(4096);
-  SHARDMIX_ASSIGN_OR_RETURN(LocalRegion local, fabric->register_local(target.data(), target.size()));
-  SHARDMIX_ASSIGN_OR_RETURN(auto blobs, mpi.allgather(fabric->endpoint_blob()));
-  SHARDMIX_RETURN_IF_ERROR(fabric->connect_peers(blobs));
-  fabric->start_progress();
+  SHARDMIX_ASSIGN_OR_RETURN(LocalRegion local, register_and_connect(mpi, *fabric, target));
 
   const int nonempty_peer = (empty_rank + 1) % nranks;
   Completions done(2);

@@ -13,6 +13,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "tests/support/temp_dir.h"
+
 namespace shardmix::sim {
 namespace {
 
@@ -36,25 +38,14 @@ std::string epoch_line(int epoch, double seconds = 2.0, double stall = 0.8) {
       epoch, seconds, seconds, 4000 / seconds, stall);
 }
 
-class WhatifTest : public ::testing::Test {
+class WhatifTest : public test_support::TempDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) / fmt::format("shardmix_whatif_{}_{}", info->name(), ::getpid());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string write(const std::string& name, const std::string& text) {
-    const fs::path path = dir_ / name;
-    std::ofstream(path) << text;
-    return path.string();
-  }
+  WhatifTest() : TempDirTest("whatif") {}
   std::string good_stats() {
     // Epoch 0 is slower (connection set-up) and must not count.
     return write("stats.jsonl", std::string(kJob) + "\n" + epoch_line(0, 5.0, 3.0) + "\n" + epoch_line(1) + "\n" +
                                     epoch_line(2) + "\n");
   }
-  fs::path dir_;
 };
 
 TEST_F(WhatifTest, ParsesTheJobRecordAndTheEpochs) {

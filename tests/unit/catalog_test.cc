@@ -1,4 +1,5 @@
 #include "common/catalog.h"
+#include "tests/support/temp_dir.h"
 #include "tests/unit/catalog_support.h"
 
 #include <sys/stat.h>
@@ -18,34 +19,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class CatalogTest : public ::testing::Test {
+class CatalogTest : public test_support::TempDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) / fmt::format("shardmix_catalog_{}_{}", info->name(), ::getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::permissions(dir_, fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(dir_, ec);
-  }
+  CatalogTest() : TempDirTest("catalog") {}
 
   // Creates dir_/rel with `size` bytes (parents too) and returns the absolute path.
-  std::string file(const std::string& rel, std::size_t size) {
-    const fs::path p = dir_ / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream out(p, std::ios::binary);
-    out << std::string(size, 'x');
-    return p.string();
-  }
-  std::string text_file(const std::string& rel, const std::string& text) {
-    const fs::path p = dir_ / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p, std::ios::binary) << text;
-    return p.string();
-  }
+  std::string file(const std::string& rel, std::size_t size) { return write(rel, std::string(size, 'x')); }
 
   DatasetConfig folder(const std::string& rel = "data") const {
     DatasetConfig d;
@@ -59,8 +38,6 @@ class CatalogTest : public ::testing::Test {
     d.format = DatasetFormat::kFileList;
     return d;
   }
-
-  fs::path dir_;
 };
 
 using test_support::scan_all;
@@ -265,7 +242,7 @@ TEST_F(CatalogTest, FileListParsesPathsWithSpacesCommentsAndAbsolutePaths) {
   file("lists/img/a b.jpg", 11);
   file("lists/img/c.jpg", 0);
   const std::string abs = file("elsewhere/d.jpg", 33);
-  const std::string list = text_file("lists/train.txt",
+  const std::string list = write("lists/train.txt",
                                      "# comment line\n"
                                      "\n"
                                      "img/a b.jpg 3\r\n"
@@ -302,7 +279,7 @@ TEST_F(CatalogTest, FileListBadLinesNameFileAndLine) {
       {"img 2\n", ":1: sample"},  // a directory, not a file
   };
   for (const auto& [text, expected] : cases) {
-    const std::string list = text_file("list.txt", text);
+    const std::string list = write("list.txt", text);
     auto c = scan_all(filelist(list), 1);
     ASSERT_FALSE(c.ok()) << text;
     EXPECT_NE(c.status().message().find(list + expected), std::string::npos) << c.status().message();
@@ -310,7 +287,7 @@ TEST_F(CatalogTest, FileListBadLinesNameFileAndLine) {
   auto missing = scan_all(filelist((dir_ / "none.txt").string()), 1);
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
-  auto empty = scan_all(filelist(text_file("empty.txt", "# nothing\n")), 1);
+  auto empty = scan_all(filelist(write("empty.txt", "# nothing\n")), 1);
   ASSERT_FALSE(empty.ok());
   EXPECT_NE(empty.status().message().find("empty.txt"), std::string::npos);
 }
@@ -320,7 +297,7 @@ TEST_F(CatalogTest, DuplicatesAreRejectedNamingThePath) {
   file("img/y.jpg", 1);
   for (const std::string text : {"img/x.jpg 0\nimg/y.jpg 0\nimg/x.jpg 0\n", "img/x.jpg 0\nimg/y.jpg 1\nimg/x.jpg 2\n"}) {
     for (int nranks = 1; nranks <= 3; ++nranks) {
-      auto c = scan_all(filelist(text_file("dup.txt", text)), nranks);
+      auto c = scan_all(filelist(write("dup.txt", text)), nranks);
       ASSERT_FALSE(c.ok());
       EXPECT_NE(c.status().message().find("duplicate sample path 'img/x.jpg'"), std::string::npos)
           << c.status().message();

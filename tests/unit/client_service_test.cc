@@ -20,6 +20,8 @@
 #include <optional>
 #include <sys/stat.h>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include <grp.h>
 #include <sys/wait.h>
@@ -151,6 +153,36 @@ class ServiceTest : public ::testing::Test {
     o.world_size = 4;
     o.receive_timeout_s = 30;
     return o;
+  }
+
+  // Trainer 1's options with an interrupt hook that counts its calls in `asked` and always
+  // says stop.
+  ClientOptions options_always_interrupted(std::atomic<int>& asked) {
+    ClientOptions o = options(1);
+    o.interrupted = [&asked] {
+      ++asked;
+      return true;
+    };
+    return o;
+  }
+  // Runs epoch 0 to its end, or to the Error the client throws: its code and message (kOk
+  // and "" when the epoch ended).
+  static std::pair<StatusCode, std::string> run_epoch_0(Client& client) {
+    try {
+      for (const Batch& batch : client.epoch(0)) (void)batch;
+    } catch (const Error& e) {
+      return {e.code(), e.what()};
+    }
+    return {StatusCode::kOk, ""};
+  }
+
+  // After an interrupted wait: the held reads let go, a new client of trainer 1 gets all of
+  // epoch 0, as planned.
+  void expect_a_new_client_gets_epoch_0_whole() {
+    fetcher_->hold = false;
+    fetcher_->release_held();
+    Client again = Client::connect(options(1));
+    EXPECT_EQ(consume(again, 0), planner_->plan_node(0, 0)[1].order);
   }
 
   // Consumes a whole epoch, checking every byte; returns the ids in delivery order.
@@ -774,12 +806,7 @@ TEST_F(ServiceTest, ALiveDaemonThatNeverDeliversIsAnErrorAfterTheProgressTimeout
   o.receive_timeout_s = 2;
   o.progress_timeout_s = 3;
   Client client = Client::connect(o);
-  std::string error;
-  try {
-    for (const Batch& batch : client.epoch(0)) (void)batch;
-  } catch (const Error& e) {
-    error = e.what();
-  }
+  const std::string error = run_epoch_0(client).second;
   EXPECT_GT(fetcher_->held_count(), 0u);
   fetcher_->hold = false;
   fetcher_->release_held();
@@ -799,11 +826,7 @@ TEST_F(ServiceTest, AnInterruptedWaitFailsAsCancelledAndTheRankCanConnectAgain) 
   quiet.sa_flags = 0;  // no SA_RESTART: the signal interrupts poll
   ASSERT_EQ(::sigaction(SIGUSR1, &quiet, &saved), 0);
   std::atomic<int> asked{0};
-  ClientOptions o = options(1);
-  o.interrupted = [&asked] {
-    ++asked;
-    return true;
-  };
+  const ClientOptions o = options_always_interrupted(asked);
   std::string error;
   StatusCode code = StatusCode::kOk;
   {
@@ -817,12 +840,7 @@ TEST_F(ServiceTest, AnInterruptedWaitFailsAsCancelledAndTheRankCanConnectAgain) 
         if (!done) ::pthread_kill(waiter, SIGUSR1);
       }
     });
-    try {
-      for (const Batch& batch : client.epoch(0)) (void)batch;
-    } catch (const Error& e) {
-      error = e.what();
-      code = e.code();
-    }
+    std::tie(code, error) = run_epoch_0(client);
     done = true;
     signaller.join();
   }
@@ -830,10 +848,7 @@ TEST_F(ServiceTest, AnInterruptedWaitFailsAsCancelledAndTheRankCanConnectAgain) 
   EXPECT_EQ(code, StatusCode::kCancelled) << error;
   EXPECT_NE(error.find("interrupted by a signal while waiting for the daemon of node 0"), std::string::npos) << error;
   EXPECT_GE(asked.load(), 1);
-  fetcher_->hold = false;
-  fetcher_->release_held();
-  Client again = Client::connect(options(1));
-  EXPECT_EQ(consume(again, 0), planner_->plan_node(0, 0)[1].order);
+  expect_a_new_client_gets_epoch_0_whole();
 }
 
 // A signal that lands while the waiting thread is between system calls (e.g. reading a
@@ -844,11 +859,7 @@ TEST_F(ServiceTest, AnInterruptedWaitFailsAsCancelledAndTheRankCanConnectAgain) 
 TEST_F(ServiceTest, AWaitAsksTheInterruptHookAtEveryKeepalive) {
   fetcher_->hold = true;
   std::atomic<int> asked{0};
-  ClientOptions o = options(1);
-  o.interrupted = [&asked] {
-    ++asked;
-    return true;
-  };
+  const ClientOptions o = options_always_interrupted(asked);
   std::string error;
   StatusCode code = StatusCode::kOk;
   std::promise<void> finished;
@@ -858,21 +869,13 @@ TEST_F(ServiceTest, AWaitAsksTheInterruptHookAtEveryKeepalive) {
   });
   {
     Client client = Client::connect(o);
-    try {
-      for (const Batch& batch : client.epoch(0)) (void)batch;
-    } catch (const Error& e) {
-      error = e.what();
-      code = e.code();
-    }
+    std::tie(code, error) = run_epoch_0(client);
   }
   finished.set_value();
   releaser.join();
   EXPECT_EQ(code, StatusCode::kCancelled) << (error.empty() ? "the epoch ended: the hook was never asked" : error);
   EXPECT_GE(asked.load(), 1);
-  fetcher_->hold = false;
-  fetcher_->release_held();
-  Client again = Client::connect(options(1));
-  EXPECT_EQ(consume(again, 0), planner_->plan_node(0, 0)[1].order);
+  expect_a_new_client_gets_epoch_0_whole();
 }
 
 // A daemon that is alive as a process but answers nothing (its io thread blocked, as under
@@ -890,12 +893,7 @@ TEST_F(ServiceTest, AHungDaemonIsNamedAfterTheReceiveTimeout) {
     unblocked.wait();  // the daemon's io thread hangs: no batch, no keepalive
   });
   blocked.get_future().wait();
-  std::string error;
-  try {
-    for (const Batch& batch : client.epoch(0)) (void)batch;
-  } catch (const Error& e) {
-    error = e.what();
-  }
+  const std::string error = run_epoch_0(client).second;
   unblock.set_value();
   EXPECT_NE(error.find("the daemon of node 0 ("), std::string::npos) << error;
   EXPECT_NE(error.find("d0.sock) sent nothing for 2 s, not even its keepalive"), std::string::npos) << error;

@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/temp_dir.h"
+
 namespace shardmix {
 namespace {
 
@@ -23,26 +25,18 @@ std::uint64_t physical_ram() {
   return static_cast<std::uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
 }
 
-class ConfigTest : public ::testing::Test {
+class ConfigTest : public test_support::TempDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) / fmt::format("shardmix_config_{}_{}", info->name(), ::getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string write(const std::string& name, const std::string& text) {
-    const fs::path p = dir_ / name;
-    std::ofstream(p, std::ios::binary) << text;
-    return p.string();
-  }
-
-  fs::path dir_;
+  ConfigTest() : TempDirTest("config") {}
 };
 
 std::string error_of(const Result<Config>& r) { return r.ok() ? std::string("<ok>") : r.status().message(); }
+
+// The load failed with an error that says `what`.
+void expect_error(const Result<Config>& r, std::string_view what) {
+  ASSERT_FALSE(r.ok()) << "loaded, but expected an error saying: " << what;
+  EXPECT_NE(r.status().message().find(what), std::string::npos) << r.status().message();
+}
 
 TEST_F(ConfigTest, DefaultsInTheTableMatchTheStruct) {
   auto config = load_config("", {}, {"dataset.path=/data/x"});
@@ -166,18 +160,14 @@ TEST_F(ConfigTest, WrongTypeNamesKeyExpectedTypeAndValue) {
 // said with a unit, not in the microseconds it is stored as.
 TEST_F(ConfigTest, RangeErrorsSayTheKeysOwnMinimumInItsUnit) {
   auto c = load_config(write("r.toml", "[batch]\nsize = \"abc\"\n"), {}, {"dataset.path=/d"});
-  ASSERT_FALSE(c.ok());
-  EXPECT_NE(error_of(c).find("an integer in 1..4294967295"), std::string::npos) << error_of(c);
+  expect_error(c, "an integer in 1..4294967295");
   c = load_config("", {}, {"dataset.path=/d", "telemetry.interval=500us"});
-  ASSERT_FALSE(c.ok());
-  EXPECT_NE(error_of(c).find("'telemetry.interval' must be at least 1ms, got 500us"), std::string::npos)
-      << error_of(c);
+  expect_error(c, "'telemetry.interval' must be at least 1ms, got 500us");
 }
 
 TEST_F(ConfigTest, BadTomlAndMissingFile) {
   auto c = load_config(write("bad.toml", "[batch]\nsize = = 3\n"), {}, {});
-  ASSERT_FALSE(c.ok());
-  EXPECT_NE(error_of(c).find("bad.toml:2:"), std::string::npos) << error_of(c);
+  expect_error(c, "bad.toml:2:");
   c = load_config((dir_ / "nope.toml").string(), {}, {});
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kNotFound);
@@ -231,21 +221,17 @@ TEST_F(ConfigTest, EnvAndSetValuesAreParsedByType) {
   EXPECT_EQ(c->service.staging_bytes_per_trainer, 2ull << 30);
 
   c = load_config("", {{"SHARDMIX_BATCH_SIZE", "many"}}, {"dataset.path=/d"});
-  ASSERT_FALSE(c.ok());
-  EXPECT_NE(error_of(c).find("'batch.size' in environment variable SHARDMIX_BATCH_SIZE"), std::string::npos)
-      << error_of(c);
+  expect_error(c, "'batch.size' in environment variable SHARDMIX_BATCH_SIZE");
   EXPECT_NE(error_of(c).find("many"), std::string::npos);
 }
 
 TEST_F(ConfigTest, UnknownShardmixEnvVarsAreErrorsExceptTheAllowlist) {
   auto c = load_config("", {{"SHARDMIX_BATCH_SISE", "3"}}, {"dataset.path=/d"});
-  ASSERT_FALSE(c.ok());
-  EXPECT_NE(error_of(c).find("SHARDMIX_BATCH_SISE"), std::string::npos) << error_of(c);
+  expect_error(c, "SHARDMIX_BATCH_SISE");
   EXPECT_NE(error_of(c).find("SHARDMIX_BATCH_SIZE (for batch.size)"), std::string::npos) << error_of(c);
 
   c = load_config("", {{"SHARDMIX_SERVICE_PREFECH", "3"}}, {"dataset.path=/d"});  // section prefix
-  ASSERT_FALSE(c.ok());
-  EXPECT_NE(error_of(c).find("SHARDMIX_SERVICE_PREFETCH (for service.prefetch)"), std::string::npos) << error_of(c);
+  expect_error(c, "SHARDMIX_SERVICE_PREFETCH (for service.prefetch)");
   c = load_config("", {{"SHARDMIX_BATHC_SIZE", "3"}}, {"dataset.path=/d"});  // near miss of a key
   EXPECT_FALSE(c.ok());
   c = load_config("", {{"SHARDMIX_LOG_FILE", "/x"}}, {"dataset.path=/d"});
@@ -270,16 +256,11 @@ TEST_F(ConfigTest, UnknownShardmixEnvVarsAreErrorsExceptTheAllowlist) {
 
 TEST_F(ConfigTest, SetErrors) {
   auto c = load_config("", {}, {"dataset.path=/d", "batch.sise=4"});
-  ASSERT_FALSE(c.ok());
-  EXPECT_NE(error_of(c).find("unknown config key 'batch.sise' in --set batch.sise=4"), std::string::npos)
-      << error_of(c);
+  expect_error(c, "unknown config key 'batch.sise' in --set batch.sise=4");
   c = load_config("", {}, {"dataset.path"});
-  ASSERT_FALSE(c.ok());
-  EXPECT_NE(error_of(c).find("section.key=value"), std::string::npos) << error_of(c);
+  expect_error(c, "section.key=value");
   c = load_config("", {}, {"dataset.path=/d", "batch.drop_last=maybe"});
-  ASSERT_FALSE(c.ok());
-  EXPECT_NE(error_of(c).find("'batch.drop_last' in --set batch.drop_last=maybe"), std::string::npos)
-      << error_of(c);
+  expect_error(c, "'batch.drop_last' in --set batch.drop_last=maybe");
 }
 
 TEST_F(ConfigTest, ValidationNamesKeyAndSource) {
@@ -319,8 +300,7 @@ TEST_F(ConfigTest, ValidationNamesKeyAndSource) {
   auto c = load_config(file, {}, {"dataset.path=/d", "batch.size=1"});
   EXPECT_TRUE(c.ok()) << c.status().to_string();
   c = load_config(file, {}, {"dataset.path=/d"});
-  ASSERT_FALSE(c.ok());
-  EXPECT_NE(error_of(c).find("v.toml:2"), std::string::npos) << error_of(c);
+  expect_error(c, "v.toml:2");
   // The largest seed TOML can hold is accepted.
   c = load_config("", {}, {"dataset.path=/d", "shuffle.seed=9223372036854775807"});
   ASSERT_TRUE(c.ok()) << c.status().to_string();
@@ -413,8 +393,7 @@ TEST_F(ConfigTest, ReuseRoundsAndRotationEpochsAreExclusive) {
   ASSERT_TRUE(rounds.ok()) << rounds.status().to_string();
   EXPECT_EQ(rounds->cache.reuse_rounds, 4u);
   auto both = load_config("", {}, {"dataset.path=/d", "cache.reuse_rounds=4", "cache.rotation_epochs=1"});
-  ASSERT_FALSE(both.ok());
-  EXPECT_NE(error_of(both).find("cache.reuse_rounds"), std::string::npos) << error_of(both);
+  expect_error(both, "cache.reuse_rounds");
   EXPECT_NE(error_of(both).find("cache.rotation_epochs"), std::string::npos) << error_of(both);
 }
 
@@ -586,11 +565,8 @@ TEST(ConfigDurationTest, DurationKeyRoundTripsThroughPrintedToml) {
   EXPECT_EQ(c->inject.slow_peer_rank, 2);
   const std::string toml = config_to_toml(*c);
   EXPECT_NE(toml.find("slow_peer_delay = \"1500us\""), std::string::npos) << toml;
-  const std::string path = ::testing::TempDir() + "/duration_roundtrip.toml";
-  {
-    std::ofstream out(path);
-    out << toml;
-  }
+  const test_support::TempDir dir("config");
+  const std::string path = dir.write("duration_roundtrip.toml", toml);
   auto again = load_config(path, {}, {});
   ASSERT_TRUE(again.ok()) << again.status().message();
   EXPECT_EQ(*again, *c);

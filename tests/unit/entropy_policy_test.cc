@@ -23,22 +23,7 @@
 namespace shardmix {
 namespace {
 
-struct Case {
-  std::vector<std::uint64_t> sizes;
-  std::vector<std::int32_t> labels;  // non-decreasing in id, as the catalog assigns ids
-  JobShape job;
-  ShuffleConfig shuffle;
-  PlacementPolicy policy = PlacementPolicy::kSorted;
-};
-
-std::ostream& operator<<(std::ostream& os, const Case& c) {
-  const std::set<std::int32_t> classes(c.labels.begin(), c.labels.end());
-  return os << "N=" << c.sizes.size() << " C=" << classes.size() << " nodes=" << c.job.nodes
-            << " tpn=" << c.job.trainers_per_node << " B=" << c.job.batch_size << " drop_last=" << c.job.drop_last
-            << " ceiling=" << c.shuffle.exchange_fraction << " floor=" << c.shuffle.min_entropy
-            << " seed=" << c.shuffle.seed
-            << " policy=" << (c.policy == PlacementPolicy::kSorted ? "sorted" : "balanced");
-}
+using Case = test_support::PlanCase;  // Q is the ceiling, min_entropy the floor
 
 rc::Gen<Case> gen_case() {
   // Full size from the first test: RapidCheck's inRange favours the low end while its size
@@ -63,22 +48,17 @@ rc::Gen<Case> gen_case() {
     c.job.batch_size = *rc::gen::oneOf(rc::gen::inRange<std::uint32_t>(1, 9), rc::gen::inRange<std::uint32_t>(1, 40),
                                        rc::gen::element<std::uint32_t>(4, 8, 16, 32));
     c.job.drop_last = *rc::gen::arbitrary<bool>();
-    c.shuffle.exchange_fraction =
-        *rc::gen::oneOf(rc::gen::element(0.0, 0.01, 0.1, 0.5, 1.0),
-                        rc::gen::map(rc::gen::inRange(0, 1001), [](int x) { return x / 1000.0; }));
+    c.shuffle.exchange_fraction = *test_support::gen_exchange_fraction();
     c.shuffle.min_entropy = *rc::gen::oneOf(rc::gen::element(0.05, 0.3, 0.5, 0.7, 0.9, 1.0),
                                             rc::gen::map(rc::gen::inRange(1, 1001), [](int x) { return x / 1000.0; }));
     c.shuffle.seed = *rc::gen::arbitrary<std::uint64_t>();
-    c.policy = *rc::gen::element(PlacementPolicy::kBalanced, PlacementPolicy::kSorted);
+    c.policy = *test_support::gen_policy();
     return c;
   }));
 }
 
 using Built = test_support::BuiltPlan;
-
-Built build(const Case& c) {
-  return test_support::build_plan(c.sizes, c.job, c.policy, c.shuffle.seed);
-}
+using test_support::build_plan;
 
 std::uint64_t distinct_labels(const std::vector<std::int32_t>& labels) {
   return std::set<std::int32_t>(labels.begin(), labels.end()).size();
@@ -129,12 +109,7 @@ void check_exactly_once(const Case& c, const Built& b, const std::vector<Trainer
   std::uint64_t delivered = 0;
   for (const TrainerPlan& p : plans) {
     RC_ASSERT(p.num_batches() == b.shape.batches_per_trainer);
-    RC_ASSERT(p.batch_begin.back() == p.order.size());
-    for (std::uint64_t k = 0; k < p.num_batches(); ++k) {
-      const std::uint64_t len = p.batch_begin[k + 1] - p.batch_begin[k];
-      RC_ASSERT(len <= c.job.batch_size);
-      if (k + 1 < p.num_batches() || c.job.drop_last) RC_ASSERT(len == c.job.batch_size);
-    }
+    test_support::check_batch_lengths(p, c.job);
     for (SampleId id : p.order) {
       RC_ASSERT(id < c.sizes.size());
       ++seen[id];
@@ -148,7 +123,7 @@ void check_exactly_once(const Case& c, const Built& b, const std::vector<Trainer
 
 RC_GTEST_PROP(EntropyAware, PlansDeliverEverySampleExactlyOnceWithEqualBatchCounts, ()) {
   const Case c = *gen_case();
-  const Built b = build(c);
+  const Built b = build_plan(c);
   EpochPlanner planner(b.shape, b.placement, c.shuffle, c.labels);
   for (std::uint64_t epoch : {0ull, 3ull}) {
     const auto all = planner.plan_all(epoch);
@@ -165,7 +140,7 @@ RC_GTEST_PROP(EntropyAware, PlansDeliverEverySampleExactlyOnceWithEqualBatchCoun
 
 RC_GTEST_PROP(EntropyAware, ChoosesTheMostLocalCandidateThatReachesTheFloor, ()) {
   Case c = *gen_case();
-  const Built b = build(c);
+  const Built b = build_plan(c);
   const std::uint64_t epoch = *rc::gen::inRange<std::uint64_t>(0, 5);
   if (*rc::gen::inRange(0, 3) != 0) {
     // Mostly aim the floor between the figures at Q = 0 and at the ceiling, where the
@@ -235,7 +210,7 @@ RC_GTEST_PROP(EntropyAware, ChoosesTheMostLocalCandidateThatReachesTheFloor, ())
 RC_GTEST_PROP(EntropyAware, ZeroFloorIgnoresLabelsAndEvaluatesNothing, ()) {
   Case c = *gen_case();
   c.shuffle.min_entropy = 0.0;
-  const Built b = build(c);
+  const Built b = build_plan(c);
   EpochPlanner with_labels(b.shape, b.placement, c.shuffle, c.labels);
   EpochPlanner without_labels(b.shape, b.placement, c.shuffle);
   const EpochChoice chosen = with_labels.choice(2);
@@ -253,8 +228,8 @@ RC_GTEST_PROP(EntropyAware, ZeroFloorIgnoresLabelsAndEvaluatesNothing, ()) {
 RC_GTEST_PROP(EntropyAware, IndependentPlannersMakeTheSameChoice, ()) {
   // Two daemons: separately built placement, labels copied, epochs asked in another order.
   const Case c = *gen_case();
-  const Built b1 = build(c);
-  const Built b2 = build(c);
+  const Built b1 = build_plan(c);
+  const Built b2 = build_plan(c);
   const std::vector<std::int32_t> labels2 = c.labels;
   EpochPlanner p1(b1.shape, b1.placement, c.shuffle, c.labels);
   EpochPlanner p2(b2.shape, b2.placement, c.shuffle, labels2);
@@ -288,7 +263,7 @@ Case class_sorted_case(double ceiling, double floor) {
 
 TEST(EntropyAware, ClassSortedFloorOfHalfPicksAnIntermediateFraction) {
   const Case c = class_sorted_case(1.0, 0.5);
-  const Built b = build(c);
+  const Built b = build_plan(c);
   EpochPlanner planner(b.shape, b.placement, c.shuffle, c.labels);
   EXPECT_EQ(planner.num_classes(), 10u);
   for (std::uint64_t epoch : {0ull, 1ull}) {
@@ -364,7 +339,7 @@ TEST(EntropyAware, ZeroFloorPlansAreThePlainPlannersWithOrWithoutLabels) {
 
 TEST(EntropyAware, ZeroFloorUsesTheConfiguredFraction) {
   const Case c = class_sorted_case(0.3, 0.0);
-  const Built b = build(c);
+  const Built b = build_plan(c);
   EpochPlanner planner(b.shape, b.placement, c.shuffle, c.labels);
   const EpochChoice chosen = planner.choice(0);
   EXPECT_EQ(chosen.exchange_fraction, 0.3);
@@ -379,7 +354,7 @@ TEST(EntropyAware, ClassMixedShardsNeedNoExchange) {
   c.policy = PlacementPolicy::kBalanced;
   Rng rng(3);
   for (auto& s : c.sizes) s = 1000 + rng.below(100000);
-  const Built b = build(c);
+  const Built b = build_plan(c);
   EpochPlanner planner(b.shape, b.placement, c.shuffle, c.labels);
   const EpochChoice chosen = planner.choice(0);
   EXPECT_EQ(chosen.exchange_fraction, 0.0);
@@ -390,7 +365,7 @@ TEST(EntropyAware, ClassMixedShardsNeedNoExchange) {
 TEST(EntropyAware, UnreachableFloorUsesTheCeilingAndSaysSo) {
   // Ceiling 0.05: each node keeps 95% of its class-sorted share; 0.9 is out of reach.
   const Case c = class_sorted_case(0.05, 0.9);
-  const Built b = build(c);
+  const Built b = build_plan(c);
   EpochPlanner planner(b.shape, b.placement, c.shuffle, c.labels);
   EXPECT_EQ(planner.candidates(), (std::vector<double>{0.0, 0.005, 0.01, 0.02, 0.05}));
   const EpochChoice chosen = planner.choice(4);
@@ -403,7 +378,7 @@ TEST(EntropyAware, UnreachableFloorUsesTheCeilingAndSaysSo) {
 
 TEST(EntropyAware, WithoutLabelsNothingCanBeScored) {
   const Case c = class_sorted_case(0.5, 0.2);
-  const Built b = build(c);
+  const Built b = build_plan(c);
   EpochPlanner planner(b.shape, b.placement, c.shuffle);  // labels forgotten
   const EpochChoice chosen = planner.choice(0);
   EXPECT_FALSE(chosen.floor_reached);
@@ -422,7 +397,7 @@ TEST(EntropyAware, CandidatesAreTheGridBelowTheCeilingThenTheCeiling) {
 
 TEST(EntropyAware, ChoiceSurvivesMemoEvictionAndConcurrentCallers) {
   const Case c = class_sorted_case(1.0, 0.6);
-  const Built b = build(c);
+  const Built b = build_plan(c);
   EpochPlanner planner(b.shape, b.placement, c.shuffle, c.labels);
   const EpochChoice first = planner.choice(0);
   // Several threads plan different epochs at once (more than the memo holds, so epoch 0 is

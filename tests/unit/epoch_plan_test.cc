@@ -18,19 +18,7 @@
 namespace shardmix {
 namespace {
 
-struct Case {
-  std::vector<std::uint64_t> sizes;
-  JobShape job;
-  ShuffleConfig shuffle;
-  PlacementPolicy policy = PlacementPolicy::kBalanced;
-};
-
-std::ostream& operator<<(std::ostream& os, const Case& c) {
-  return os << "N=" << c.sizes.size() << " nodes=" << c.job.nodes << " tpn=" << c.job.trainers_per_node
-            << " B=" << c.job.batch_size << " drop_last=" << c.job.drop_last
-            << " Q=" << c.shuffle.exchange_fraction << " seed=" << c.shuffle.seed
-            << " policy=" << (c.policy == PlacementPolicy::kSorted ? "sorted" : "balanced");
-}
+using Case = test_support::PlanCase;
 
 rc::Gen<Case> gen_case() {
   return rc::gen::exec([] {
@@ -46,20 +34,15 @@ rc::Gen<Case> gen_case() {
     c.job.batch_size = *rc::gen::oneOf(rc::gen::inRange<std::uint32_t>(1, 9),
                                        rc::gen::inRange<std::uint32_t>(1, 300));
     c.job.drop_last = *rc::gen::arbitrary<bool>();
-    c.shuffle.exchange_fraction =
-        *rc::gen::oneOf(rc::gen::element(0.0, 0.01, 0.1, 0.5, 1.0),
-                        rc::gen::map(rc::gen::inRange(0, 1001), [](int x) { return x / 1000.0; }));
+    c.shuffle.exchange_fraction = *test_support::gen_exchange_fraction();
     c.shuffle.seed = *rc::gen::arbitrary<std::uint64_t>();
-    c.policy = *rc::gen::element(PlacementPolicy::kBalanced, PlacementPolicy::kSorted);
+    c.policy = *test_support::gen_policy();
     return c;
   });
 }
 
 using Built = test_support::BuiltPlan;
-
-Built build(const Case& c) {
-  return test_support::build_plan(c.sizes, c.job, c.policy, c.shuffle.seed);
-}
+using test_support::build_plan;
 
 // Exactly once, equal batch counts, batch sizes, drop_last accounting.
 void check_epoch(const Case& c, const Built& b, const std::vector<TrainerPlan>& plans) {
@@ -73,12 +56,7 @@ void check_epoch(const Case& c, const Built& b, const std::vector<TrainerPlan>& 
     const TrainerPlan& p = plans[t];
     RC_ASSERT(p.num_batches() == nb);                      // equal batch counts
     RC_ASSERT(p.batch_begin.front() == 0u);
-    RC_ASSERT(p.batch_begin.back() == p.order.size());
-    for (std::uint64_t k = 0; k < nb; ++k) {
-      const std::uint64_t len = p.batch_begin[k + 1] - p.batch_begin[k];
-      RC_ASSERT(len <= c.job.batch_size);
-      if (k + 1 < nb || c.job.drop_last) RC_ASSERT(len == c.job.batch_size);  // only the last may be short
-    }
+    test_support::check_batch_lengths(p, c.job);  // only the last may be short
     for (SampleId id : p.order) {
       RC_ASSERT(id < n);
       ++seen[id];
@@ -101,14 +79,14 @@ void check_epoch(const Case& c, const Built& b, const std::vector<TrainerPlan>& 
 RC_GTEST_PROP(EpochPlan, DeliversEverySampleExactlyOnceWithEqualBatchCounts, ()) {
   const Case c = *gen_case();
   RC_TAG(c.job.drop_last ? "drop_last" : "keep_last");
-  const Built b = build(c);
+  const Built b = build_plan(c);
   EpochPlanner planner(b.shape, b.placement, c.shuffle);
   for (std::uint64_t epoch : {0ull, 1ull, 7ull}) check_epoch(c, b, planner.plan_all(epoch));
 }
 
 RC_GTEST_PROP(EpochPlan, NodePlansAgreeWithTheGlobalPlan, ()) {
   const Case c = *gen_case();
-  const Built b = build(c);
+  const Built b = build_plan(c);
   EpochPlanner planner(b.shape, b.placement, c.shuffle);
   const auto all = planner.plan_all(3);
   for (std::uint32_t k = 0; k < c.job.nodes; ++k) {
@@ -123,8 +101,8 @@ RC_GTEST_PROP(EpochPlan, NodePlansAgreeWithTheGlobalPlan, ()) {
 
 RC_GTEST_PROP(EpochPlan, SameInputsGiveTheSamePlan, ()) {
   const Case c = *gen_case();
-  const Built b1 = build(c);
-  const Built b2 = build(c);
+  const Built b1 = build_plan(c);
+  const Built b2 = build_plan(c);
   RC_ASSERT(b1.placement.owner == b2.placement.owner);
   EpochPlanner p1(b1.shape, b1.placement, c.shuffle);
   EpochPlanner p2(b2.shape, b2.placement, c.shuffle);
@@ -136,7 +114,7 @@ RC_GTEST_PROP(EpochPlan, SameInputsGiveTheSamePlan, ()) {
 RC_GTEST_PROP(EpochPlan, ZeroExchangeKeepsEverySampleOnItsNode, ()) {
   Case c = *gen_case();
   c.shuffle.exchange_fraction = 0.0;
-  const Built b = build(c);
+  const Built b = build_plan(c);
   EpochPlanner planner(b.shape, b.placement, c.shuffle);
   const auto plans = planner.plan_all(2);
   for (std::uint32_t t = 0; t < plans.size(); ++t) {
@@ -146,7 +124,7 @@ RC_GTEST_PROP(EpochPlan, ZeroExchangeKeepsEverySampleOnItsNode, ()) {
 
 RC_GTEST_PROP(Placement, GivesEachNodeItsQuotaAndValidOffsets, ()) {
   const Case c = *gen_case();
-  const Built b = build(c);
+  const Built b = build_plan(c);
   RC_ASSERT(b.placement.owner.size() == c.sizes.size());
   for (std::uint32_t k = 0; k < c.job.nodes; ++k) {
     RC_ASSERT(b.placement.owned[k].size() == b.shape.node_owned[k]);
@@ -178,7 +156,7 @@ Case fixed_case(std::size_t n, std::uint32_t nodes, std::uint32_t tpn, std::uint
 
 TEST(EpochPlan, NewEpochOrNewSeedChangesTheOrder) {
   Case c = fixed_case(1000, 4, 1, 16, false, 1.0);
-  const Built b = build(c);
+  const Built b = build_plan(c);
   EpochPlanner planner(b.shape, b.placement, c.shuffle);
   const auto e0 = planner.plan_all(0);
   const auto e1 = planner.plan_all(1);
@@ -189,30 +167,26 @@ TEST(EpochPlan, NewEpochOrNewSeedChangesTheOrder) {
   EXPECT_NE(e0[0].order, reseeded.plan_all(0)[0].order);
 }
 
-TEST(EpochPlan, FullExchangeServesMostSamplesFromPeers) {
-  // With Q = 1 a trainer's samples are a uniform draw: (N-1)/N of them live elsewhere.
-  Case c = fixed_case(4000, 4, 1, 8, false, 1.0);
-  const Built b = build(c);
-  EpochPlanner planner(b.shape, b.placement, c.shuffle);
-  const auto plans = planner.plan_all(0);
-  std::uint64_t remote = 0;
-  for (std::uint32_t t = 0; t < 4; ++t) {
-    for (SampleId id : plans[t].order) remote += b.placement.owner[id] != t;
-  }
-  EXPECT_NEAR(static_cast<double>(remote) / 4000.0, 0.75, 0.03);
-}
-
-TEST(EpochPlan, ExchangeFractionSetsTheRemoteShare) {
-  Case c = fixed_case(8000, 4, 2, 10, false, 0.25);
-  const Built b = build(c);
+// The share of epoch 0's samples that trainers get from another node's cache.
+double remote_share(const Case& c) {
+  const Built b = build_plan(c);
   EpochPlanner planner(b.shape, b.placement, c.shuffle);
   const auto plans = planner.plan_all(0);
   std::uint64_t remote = 0;
   for (std::uint32_t t = 0; t < plans.size(); ++t) {
     for (SampleId id : plans[t].order) remote += b.placement.owner[id] != c.job.node_of_trainer(t);
   }
+  return static_cast<double>(remote) / static_cast<double>(c.sizes.size());
+}
+
+TEST(EpochPlan, FullExchangeServesMostSamplesFromPeers) {
+  // With Q = 1 a trainer's samples are a uniform draw: (N-1)/N of them live elsewhere.
+  EXPECT_NEAR(remote_share(fixed_case(4000, 4, 1, 8, false, 1.0)), 0.75, 0.03);
+}
+
+TEST(EpochPlan, ExchangeFractionSetsTheRemoteShare) {
   // Q of the samples enter the global pool; 3/4 of those land on another node.
-  EXPECT_NEAR(static_cast<double>(remote) / 8000.0, 0.25 * 0.75, 0.02);
+  EXPECT_NEAR(remote_share(fixed_case(8000, 4, 2, 10, false, 0.25)), 0.25 * 0.75, 0.02);
 }
 
 // The knob's promise on the worst case for local shuffles: with class-sorted placement
@@ -229,7 +203,7 @@ TEST(EpochPlan, LabelEntropyFallsAsExchangeFractionFallsOnClassSortedPlacement) 
     for (std::size_t i = 0; i < labels.size(); ++i) {
       labels[i] = static_cast<std::int32_t>(i * kClasses / labels.size());  // ids are class-sorted
     }
-    const Built b = build(c);
+    const Built b = build_plan(c);
     for (const std::uint64_t epoch : {0u, 3u}) {
       double previous = 2.0;
       for (const double q : {1.0, 0.5, 0.25, 0.1, 0.0}) {
@@ -257,7 +231,7 @@ TEST(EpochPlan, LabelEntropyFallsAsExchangeFractionFallsOnClassSortedPlacement) 
 
 TEST(EpochPlan, KeptShareChangesEveryEpoch) {
   Case c = fixed_case(2000, 2, 1, 10, false, 0.5);
-  const Built b = build(c);
+  const Built b = build_plan(c);
   EpochPlanner planner(b.shape, b.placement, c.shuffle);
   auto as_set = [](const TrainerPlan& p) { return std::set<SampleId>(p.order.begin(), p.order.end()); };
   EXPECT_NE(as_set(planner.plan_all(0)[0]), as_set(planner.plan_all(1)[0]));
@@ -287,7 +261,7 @@ TEST(EpochPlan, MoreTrainersThanSamples) {
 
 TEST(Placement, BalancedPlacementEvensOutBytes) {
   Case c = fixed_case(16384, 4, 1, 32, false, 1.0);
-  const Built b = build(c);
+  const Built b = build_plan(c);
   const auto [lo, hi] = std::minmax_element(b.placement.sample_bytes.begin(), b.placement.sample_bytes.end());
   const std::uint64_t biggest = *std::max_element(c.sizes.begin(), c.sizes.end());
   EXPECT_LE(*hi - *lo, biggest);
@@ -296,7 +270,7 @@ TEST(Placement, BalancedPlacementEvensOutBytes) {
 TEST(Placement, SortedPlacementIsContiguous) {
   Case c = fixed_case(100, 4, 1, 8, false, 1.0);
   c.policy = PlacementPolicy::kSorted;
-  const Built b = build(c);
+  const Built b = build_plan(c);
   EXPECT_TRUE(std::is_sorted(b.placement.owner.begin(), b.placement.owner.end()));
   EXPECT_EQ(b.placement.owned[0].front(), 0u);
   EXPECT_EQ(b.placement.owned[3].back(), 99u);

@@ -57,29 +57,34 @@ struct Node {
   LocalRegion local;
 };
 
+// One fabric per node on this host: each exposes kExposed bytes of 0x10 + rank, registers
+// a target of `target_bytes` and knows every node's endpoint. Progress is not started.
+void create_connected_nodes(std::vector<Node>& nodes, const FabricOptions& options, std::size_t target_bytes) {
+  std::vector<std::vector<std::uint8_t>> blobs;
+  const int size = static_cast<int>(nodes.size());
+  for (int rank = 0; rank < size; ++rank) {
+    Node& node = nodes[static_cast<std::size_t>(rank)];
+    auto created = Fabric::create(options, rank, size);
+    ASSERT_TRUE(created.ok()) << created.status().to_string();
+    node.fabric = std::move(*created);
+    node.exposed.assign(kExposed, static_cast<std::uint8_t>(0x10 + rank));
+    ASSERT_TRUE(node.fabric->expose(node.exposed.data(), node.exposed.size()).ok());
+    node.target.assign(target_bytes, 0);
+    auto local = node.fabric->register_local(node.target.data(), node.target.size());
+    ASSERT_TRUE(local.ok()) << local.status().to_string();
+    node.local = *local;
+    blobs.push_back(node.fabric->endpoint_blob());
+  }
+  for (Node& node : nodes) ASSERT_TRUE(node.fabric->connect_peers(blobs).ok());
+}
+
 class FabricDeadPeerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const FabricOptions options{.provider = "tcp", .interface = "lo", .max_outstanding_reads = 4};
     nodes_.resize(3);
-    std::vector<std::vector<std::uint8_t>> blobs;
-    for (int rank = 0; rank < 3; ++rank) {
-      Node& node = nodes_[static_cast<std::size_t>(rank)];
-      auto created = Fabric::create(options, rank, 3);
-      ASSERT_TRUE(created.ok()) << created.status().to_string();
-      node.fabric = std::move(*created);
-      node.exposed.assign(kExposed, static_cast<std::uint8_t>(0x10 + rank));
-      ASSERT_TRUE(node.fabric->expose(node.exposed.data(), node.exposed.size()).ok());
-      node.target.assign(kExposed * 8, 0);
-      auto local = node.fabric->register_local(node.target.data(), node.target.size());
-      ASSERT_TRUE(local.ok()) << local.status().to_string();
-      node.local = *local;
-      blobs.push_back(node.fabric->endpoint_blob());
-    }
-    for (Node& node : nodes_) {
-      ASSERT_TRUE(node.fabric->connect_peers(blobs).ok());
-      node.fabric->start_progress();
-    }
+    ASSERT_NO_FATAL_FAILURE(create_connected_nodes(nodes_, options, kExposed * 8));
+    for (Node& node : nodes_) node.fabric->start_progress();
     // Connect rank 0 to both peers while they are alive.
     for (int peer : {1, 2}) {
       Outcome outcome;
@@ -174,21 +179,7 @@ TEST(FabricHeartbeat, OneOutstandingReadIsRefusedWithThreeRanks) {
 TEST(FabricHeartbeat, HeartbeatGoesAheadOfQueuedDataReads) {
   const FabricOptions options{.provider = "tcp", .interface = "lo", .max_outstanding_reads = 2};
   std::vector<Node> nodes(3);
-  std::vector<std::vector<std::uint8_t>> blobs;
-  for (int rank = 0; rank < 3; ++rank) {
-    Node& node = nodes[static_cast<std::size_t>(rank)];
-    auto created = Fabric::create(options, rank, 3);
-    ASSERT_TRUE(created.ok()) << created.status().to_string();
-    node.fabric = std::move(*created);
-    node.exposed.assign(kExposed, static_cast<std::uint8_t>(0x10 + rank));
-    ASSERT_TRUE(node.fabric->expose(node.exposed.data(), node.exposed.size()).ok());
-    node.target.assign(kExposed, 0);
-    auto local = node.fabric->register_local(node.target.data(), node.target.size());
-    ASSERT_TRUE(local.ok()) << local.status().to_string();
-    node.local = *local;
-    blobs.push_back(node.fabric->endpoint_blob());
-  }
-  for (Node& node : nodes) ASSERT_TRUE(node.fabric->connect_peers(blobs).ok());
+  ASSERT_NO_FATAL_FAILURE(create_connected_nodes(nodes, options, kExposed));
   nodes[1].fabric->start_progress();
   nodes[2].fabric->start_progress();
 

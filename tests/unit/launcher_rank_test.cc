@@ -6,8 +6,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "client/client.h"
 
@@ -37,66 +39,59 @@ class LauncherRankTest : public ::testing::Test {
     for (const auto& [k, v] : saved_) ::setenv(k.c_str(), v.c_str(), 1);
   }
   static void set(const char* name, const char* value) { ::setenv(name, value, 1); }
+  static void set_all(std::initializer_list<std::pair<const char*, const char*>> variables) {
+    for (const auto& [name, value] : variables) set(name, value);
+  }
+  // detect_launcher_rank() finds rank of world_size, read from `source` when one is given.
+  static void expect_rank(int rank, int world_size, const std::string& source = "") {
+    const LauncherRank r = detect_launcher_rank();
+    EXPECT_EQ(r.rank, rank);
+    EXPECT_EQ(r.world_size, world_size);
+    if (!source.empty()) EXPECT_EQ(r.source, source);
+  }
+  // `r` places this trainer at rank, local rank of local_size per node, on `nodes` nodes.
+  static void expect_place(const LauncherRank& r, int rank, int local_rank, int local_size, int nodes) {
+    EXPECT_EQ(r.rank, rank);
+    EXPECT_EQ(r.local_rank, local_rank);
+    EXPECT_EQ(r.local_size, local_size);
+    EXPECT_EQ(r.nodes, nodes);
+  }
 
  private:
   std::map<std::string, std::string> saved_;
 };
 
-TEST_F(LauncherRankTest, NoLauncherMeansRankZeroOfOne) {
-  const LauncherRank r = detect_launcher_rank();
-  EXPECT_EQ(r.rank, 0);
-  EXPECT_EQ(r.world_size, 1);
-  EXPECT_EQ(r.source, "default");
-}
+TEST_F(LauncherRankTest, NoLauncherMeansRankZeroOfOne) { expect_rank(0, 1, "default"); }
 
 TEST_F(LauncherRankTest, OpenMpi) {
-  set("OMPI_COMM_WORLD_RANK", "5");
-  set("OMPI_COMM_WORLD_SIZE", "8");
-  const LauncherRank r = detect_launcher_rank();
-  EXPECT_EQ(r.rank, 5);
-  EXPECT_EQ(r.world_size, 8);
-  EXPECT_EQ(r.source, "OMPI_COMM_WORLD_RANK");
+  set_all({{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "8"}});
+  expect_rank(5, 8, "OMPI_COMM_WORLD_RANK");
 }
 
 TEST_F(LauncherRankTest, Slurm) {
-  set("SLURM_PROCID", "17");
-  set("SLURM_NTASKS", "64");
-  const LauncherRank r = detect_launcher_rank();
-  EXPECT_EQ(r.rank, 17);
-  EXPECT_EQ(r.world_size, 64);
+  set_all({{"SLURM_PROCID", "17"}, {"SLURM_NTASKS", "64"}});
+  expect_rank(17, 64);
 }
 
 TEST_F(LauncherRankTest, Torchrun) {
-  set("RANK", "3");
-  set("WORLD_SIZE", "4");
-  const LauncherRank r = detect_launcher_rank();
-  EXPECT_EQ(r.rank, 3);
-  EXPECT_EQ(r.world_size, 4);
+  set_all({{"RANK", "3"}, {"WORLD_SIZE", "4"}});
+  expect_rank(3, 4);
 }
 
 TEST_F(LauncherRankTest, Pmi) {
-  set("PMI_RANK", "2");
-  set("PMI_SIZE", "6");
+  set_all({{"PMI_RANK", "2"}, {"PMI_SIZE", "6"}});
   EXPECT_EQ(detect_launcher_rank().rank, 2);
 }
 
 TEST_F(LauncherRankTest, ExplicitSettingWinsOverTheLauncher) {
-  set("OMPI_COMM_WORLD_RANK", "0");
-  set("OMPI_COMM_WORLD_SIZE", "1");
-  set("SHARDMIX_RANK", "1");
-  set("SHARDMIX_WORLD_SIZE", "4");
-  const LauncherRank r = detect_launcher_rank();
-  EXPECT_EQ(r.rank, 1);
-  EXPECT_EQ(r.world_size, 4);
-  EXPECT_EQ(r.source, "SHARDMIX_RANK");
+  set_all({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"}, {"SHARDMIX_RANK", "1"},
+           {"SHARDMIX_WORLD_SIZE", "4"}});
+  expect_rank(1, 4, "SHARDMIX_RANK");
 }
 
 TEST_F(LauncherRankTest, MpirunInsideSlurmUsesMpisNumbering) {
   // srun-launched mpirun jobs carry both; the MPI rank is the trainer's rank.
-  set("SLURM_PROCID", "0");
-  set("SLURM_NTASKS", "1");
-  set("OMPI_COMM_WORLD_RANK", "6");
-  set("OMPI_COMM_WORLD_SIZE", "8");
+  set_all({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"OMPI_COMM_WORLD_RANK", "6"}, {"OMPI_COMM_WORLD_SIZE", "8"}});
   EXPECT_EQ(detect_launcher_rank().rank, 6);
 }
 
@@ -118,20 +113,13 @@ TEST_F(LauncherRankTest, OpenMpiLocalRankAndSize) {
   set("OMPI_COMM_WORLD_LOCAL_SIZE", "4");
   set("OMPI_APP_CTX_NUM_PROCS", "8");  // one app context: not MPMD
   const LauncherRank r = detect_launcher_rank();
-  EXPECT_EQ(r.rank, 5);
-  EXPECT_EQ(r.local_rank, 1);
-  EXPECT_EQ(r.local_size, 4);
-  EXPECT_EQ(r.nodes, 2);
+  expect_place(r, 5, 1, 4, 2);
 }
 
 TEST_F(LauncherRankTest, OpenMpiMpmdCountsOnlyThisAppsRanks) {
   // mpirun -np 2 shardmixd : -np 4 ./train  -> the trainers are world ranks 2..5 of 6.
-  set("OMPI_COMM_WORLD_RANK", "4");
-  set("OMPI_COMM_WORLD_SIZE", "6");
-  set("OMPI_COMM_WORLD_LOCAL_RANK", "4");
-  set("OMPI_COMM_WORLD_LOCAL_SIZE", "6");
-  set("OMPI_APP_CTX_NUM_PROCS", "2 4");
-  set("OMPI_MCA_orte_app_num", "1");
+  set_all({{"OMPI_COMM_WORLD_RANK", "4"}, {"OMPI_COMM_WORLD_SIZE", "6"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "4"},
+           {"OMPI_COMM_WORLD_LOCAL_SIZE", "6"}, {"OMPI_APP_CTX_NUM_PROCS", "2 4"}, {"OMPI_MCA_orte_app_num", "1"}});
   const LauncherRank r = detect_launcher_rank();
   EXPECT_EQ(r.rank, 2);
   EXPECT_EQ(r.world_size, 4);
@@ -141,43 +129,27 @@ TEST_F(LauncherRankTest, OpenMpiMpmdCountsOnlyThisAppsRanks) {
 }
 
 TEST_F(LauncherRankTest, SlurmLocalIdAndNodes) {
-  set("SLURM_PROCID", "6");
-  set("SLURM_NTASKS", "8");
-  set("SLURM_LOCALID", "2");
-  set("SLURM_NNODES", "2");
+  set_all({{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "2"}, {"SLURM_NNODES", "2"}});
   const LauncherRank r = detect_launcher_rank();
-  EXPECT_EQ(r.rank, 6);
-  EXPECT_EQ(r.local_rank, 2);
-  EXPECT_EQ(r.local_size, 4);
-  EXPECT_EQ(r.nodes, 2);
+  expect_place(r, 6, 2, 4, 2);
   EXPECT_EQ(r.describe(), "8 trainers (rank 6, local rank 2 of 4 per node, 2 nodes; from SLURM_PROCID)");
 }
 
 TEST_F(LauncherRankTest, TorchrunLocalRankAndSize) {
-  set("RANK", "7");
-  set("WORLD_SIZE", "16");
-  set("LOCAL_RANK", "3");
-  set("LOCAL_WORLD_SIZE", "4");
+  set_all({{"RANK", "7"}, {"WORLD_SIZE", "16"}, {"LOCAL_RANK", "3"}, {"LOCAL_WORLD_SIZE", "4"}});
   const LauncherRank r = detect_launcher_rank();
-  EXPECT_EQ(r.rank, 7);
-  EXPECT_EQ(r.local_rank, 3);
-  EXPECT_EQ(r.local_size, 4);
-  EXPECT_EQ(r.nodes, 4);
+  expect_place(r, 7, 3, 4, 4);
 }
 
 TEST_F(LauncherRankTest, HydraLocalRank) {
-  set("PMI_RANK", "3");
-  set("PMI_SIZE", "4");
-  set("MPI_LOCALRANKID", "1");
-  set("MPI_LOCALNRANKS", "2");
+  set_all({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}});
   const LauncherRank r = detect_launcher_rank();
   EXPECT_EQ(r.local_rank, 1);
   EXPECT_EQ(r.local_size, 2);
 }
 
 TEST_F(LauncherRankTest, ARankOutsideTheWorldIsIgnored) {
-  set("SLURM_PROCID", "4");
-  set("SLURM_NTASKS", "4");
+  set_all({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "4"}});
   EXPECT_EQ(detect_launcher_rank().source, "default");
 }
 
@@ -215,8 +187,7 @@ class LayoutCheckTest : public LauncherRankTest {
 };
 
 TEST_F(LayoutCheckTest, AWrongWorldSizeNamesBothLayouts) {
-  set("SLURM_PROCID", "1");
-  set("SLURM_NTASKS", "6");
+  set_all({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "6"}});
   const Status s = connect_error();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("6 trainers (rank 1"), std::string::npos) << s.message();
@@ -237,10 +208,7 @@ TEST_F(LayoutCheckTest, AWrongNumberOfTrainersOnThisHostIsRefused) {
 
 TEST_F(LayoutCheckTest, LauncherNodesAreTheDaemonsNodesWhenTheyCountTheSame) {
   // srun over 2 (emulated) nodes with 2 tasks each, both daemons on this host: fine...
-  set("SLURM_PROCID", "3");
-  set("SLURM_NTASKS", "4");
-  set("SLURM_LOCALID", "1");
-  set("SLURM_NNODES", "2");
+  set_all({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"}, {"SLURM_NNODES", "2"}});
   EXPECT_EQ(connect_error().code(), StatusCode::kUnavailable);  // past the check: no daemon listens
   // ... but on 1 node of 4 tasks (this host, both daemons), rank 3 must be local rank 3.
   set("SLURM_NNODES", "1");
@@ -260,10 +228,8 @@ TEST_F(LayoutCheckTest, ATrainerMappedToTheWrongNodeIsRefused) {
 }
 
 TEST_F(LayoutCheckTest, AMatchingLayoutGetsPastTheCheck) {
-  set("OMPI_COMM_WORLD_RANK", "3");
-  set("OMPI_COMM_WORLD_SIZE", "4");
-  set("OMPI_COMM_WORLD_LOCAL_RANK", "3");
-  set("OMPI_COMM_WORLD_LOCAL_SIZE", "4");
+  set_all({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
+           {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
   const Status s = connect_error();  // no daemon listens: the connect itself fails
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.to_string();
   EXPECT_NE(s.message().find("d1.sock"), std::string::npos) << s.message();

@@ -30,11 +30,16 @@ struct FakeHeartbeats {
   }
 };
 
-TEST(PeerMonitorTest, AnsweringPeersAreNeverDeclaredDead) {
+// Every test's fake heartbeats, and the instant its polls count from.
+class PeerMonitorTest : public ::testing::Test {
+ protected:
   FakeHeartbeats hb;
+  const Clock::time_point t0{};
+};
+
+TEST_F(PeerMonitorTest, AnsweringPeersAreNeverDeclaredDead) {
   PeerMonitor monitor(0, 3, 2s, hb.hook());
   EXPECT_EQ(monitor.interval(), 200ms);
-  const Clock::time_point t0{};
   for (int i = 0; i < 100; ++i) {  // 100 intervals = 10 timeouts
     EXPECT_FALSE(monitor.poll(t0 + i * 200ms).has_value()) << "poll " << i;
     hb.answer(1);
@@ -44,10 +49,8 @@ TEST(PeerMonitorTest, AnsweringPeersAreNeverDeclaredDead) {
   EXPECT_EQ(monitor.monitored(), 2u);
 }
 
-TEST(PeerMonitorTest, AnUnansweredHeartbeatMakesThePeerDeadAfterTheTimeout) {
-  FakeHeartbeats hb;
+TEST_F(PeerMonitorTest, AnUnansweredHeartbeatMakesThePeerDeadAfterTheTimeout) {
   PeerMonitor monitor(1, 3, 2s, hb.hook());
-  const Clock::time_point t0{};
   std::optional<PeerMonitor::Failure> dead;
   int polls = 0;
   for (auto t = t0; !dead && t < t0 + 10s; t += 100ms, ++polls) {
@@ -63,10 +66,8 @@ TEST(PeerMonitorTest, AnUnansweredHeartbeatMakesThePeerDeadAfterTheTimeout) {
   EXPECT_EQ(monitor.poll(t0 + 20s)->rank, 2u);
 }
 
-TEST(PeerMonitorTest, AFailedHeartbeatOrSampleReadMakesThePeerDeadAtOnce) {
-  FakeHeartbeats hb;
+TEST_F(PeerMonitorTest, AFailedHeartbeatOrSampleReadMakesThePeerDeadAtOnce) {
   PeerMonitor monitor(0, 4, 10s, hb.hook());
-  const Clock::time_point t0{};
   EXPECT_FALSE(monitor.poll(t0).has_value());
   hb.answer(3, Status(StatusCode::kUnavailable, "read from peer 3: Transport endpoint is not connected"));
   auto dead = monitor.poll(t0 + 1ms);
@@ -81,10 +82,8 @@ TEST(PeerMonitorTest, AFailedHeartbeatOrSampleReadMakesThePeerDeadAtOnce) {
   EXPECT_NE(by_sample.failure()->reason.find("a sample read failed"), std::string::npos);
 }
 
-TEST(PeerMonitorTest, OurOwnShutdownAndUnreadablePeersAreNotFailures) {
-  FakeHeartbeats hb;
+TEST_F(PeerMonitorTest, OurOwnShutdownAndUnreadablePeersAreNotFailures) {
   PeerMonitor monitor(0, 3, 1s, hb.hook());
-  const Clock::time_point t0{};
   EXPECT_FALSE(monitor.poll(t0).has_value());
   hb.answer(1, Status(StatusCode::kCancelled, "read from peer 1: the fabric has stopped"));
   hb.answer(2, Status(StatusCode::kInvalidArgument, "read from peer 2: the peer exposes no memory"));
@@ -98,12 +97,10 @@ TEST(PeerMonitorTest, OurOwnShutdownAndUnreadablePeersAreNotFailures) {
   EXPECT_TRUE(hb.pending[2].empty());
 }
 
-TEST(PeerMonitorTest, AForgottenPeerIsNotWatchedAndTheNextFailureIsReported) {
+TEST_F(PeerMonitorTest, AForgottenPeerIsNotWatchedAndTheNextFailureIsReported) {
   // Degraded mode: rank 3 died and was acted on; the others are still watched, rank 3's
   // late errors and heartbeats are ignored, and a second death is reported on its own.
-  FakeHeartbeats hb;
   PeerMonitor monitor(0, 4, 1s, hb.hook());
-  const Clock::time_point t0{};
   EXPECT_FALSE(monitor.poll(t0).has_value());
   hb.answer(3, Status(StatusCode::kUnavailable, "read from peer 3: connection refused"));
   ASSERT_EQ(monitor.poll(t0 + 1ms)->rank, 3u);
@@ -129,13 +126,11 @@ TEST(PeerMonitorTest, AForgottenPeerIsNotWatchedAndTheNextFailureIsReported) {
   EXPECT_EQ(dead->rank, 2u);
 }
 
-TEST(PeerMonitorTest, TheHeartbeatsDueWhenAPeerTimesOutAreStillSent) {
+TEST_F(PeerMonitorTest, TheHeartbeatsDueWhenAPeerTimesOutAreStillSent) {
   // Rank 2 goes silent; rank 0's heartbeat falls due in the very poll that declares rank
   // 2 dead. It must still be posted: after forget(2) a live rank 0 is never declared dead.
-  FakeHeartbeats hb;
   PeerMonitor monitor(1, 3, 1s, hb.hook());
   ASSERT_EQ(monitor.interval(), 100ms);
-  const Clock::time_point t0{};
   std::optional<PeerMonitor::Failure> dead;
   auto t = t0;
   for (; !dead && t < t0 + 5s; t += 100ms) {

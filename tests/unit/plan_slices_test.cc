@@ -22,20 +22,7 @@
 namespace shardmix {
 namespace {
 
-struct Case {
-  std::vector<std::uint64_t> sizes;
-  JobShape job;
-  ShuffleConfig shuffle;
-  PlacementPolicy policy = PlacementPolicy::kBalanced;
-  std::uint64_t capacity = kNoCapacityLimit;
-};
-
-std::ostream& operator<<(std::ostream& os, const Case& c) {
-  return os << "N=" << c.sizes.size() << " nodes=" << c.job.nodes << " tpn=" << c.job.trainers_per_node
-            << " B=" << c.job.batch_size << " drop_last=" << c.job.drop_last << " Q=" << c.shuffle.exchange_fraction
-            << " seed=" << c.shuffle.seed << " capacity=" << c.capacity
-            << " policy=" << (c.policy == PlacementPolicy::kSorted ? "sorted" : "balanced");
-}
+using Case = test_support::PlanCase;
 
 rc::Gen<Case> gen_case() {
   return rc::gen::resize(100, rc::gen::exec([] {
@@ -52,7 +39,7 @@ rc::Gen<Case> gen_case() {
         *rc::gen::oneOf(rc::gen::element(0.0, 0.01, 0.5, 1.0),
                         rc::gen::map(rc::gen::inRange(0, 1001), [](int x) { return x / 1000.0; }));
     c.shuffle.seed = *rc::gen::arbitrary<std::uint64_t>();
-    c.policy = *rc::gen::element(PlacementPolicy::kBalanced, PlacementPolicy::kSorted);
+    c.policy = *test_support::gen_policy();
     // Residency must not change the plan (placement.h): capacities from none to unlimited.
     c.capacity = *rc::gen::element(std::uint64_t{kNoCapacityLimit}, std::uint64_t{0}, std::uint64_t{4096}, std::uint64_t{100000});
     return c;
@@ -60,10 +47,7 @@ rc::Gen<Case> gen_case() {
 }
 
 using Built = test_support::BuiltPlan;
-
-Built build(const Case& c) {
-  return test_support::build_plan(c.sizes, c.job, c.policy, c.shuffle.seed, c.capacity);
-}
+using test_support::build_plan;
 
 // Samples of the epoch that no trainer gets (the drop_last leftovers), ascending.
 std::vector<SampleId> leftovers(std::uint64_t n, const std::vector<TrainerPlan>& plans) {
@@ -81,7 +65,7 @@ std::vector<SampleId> leftovers(std::uint64_t n, const std::vector<TrainerPlan>&
 RC_GTEST_PROP(PlanSlices, EverySampleOnceEqualBatchCountsAndTrainerSlicesAgree, ()) {
   const Case c = *gen_case();
   RC_TAG(c.job.drop_last ? "drop_last" : "keep_last");
-  const Built b = build(c);
+  const Built b = build_plan(c);
   EpochPlanner planner(b.shape, b.placement, c.shuffle);
   const std::uint64_t n = c.sizes.size();
   for (std::uint64_t epoch : {0ull, 5ull}) {
@@ -93,12 +77,7 @@ RC_GTEST_PROP(PlanSlices, EverySampleOnceEqualBatchCountsAndTrainerSlicesAgree, 
       const TrainerPlan& p = all[t];
       RC_ASSERT(p.num_batches() == b.shape.batches_per_trainer);  // equal batch counts
       RC_ASSERT(p.order.size() == b.shape.trainer_quota[t]);
-      RC_ASSERT(p.batch_begin.back() == p.order.size());
-      for (std::uint64_t k = 0; k < p.num_batches(); ++k) {
-        const std::uint64_t len = p.batch_begin[k + 1] - p.batch_begin[k];
-        RC_ASSERT(len <= c.job.batch_size);
-        if (k + 1 < p.num_batches() || c.job.drop_last) RC_ASSERT(len == c.job.batch_size);
-      }
+      test_support::check_batch_lengths(p, c.job);
       for (SampleId id : p.order) {
         RC_ASSERT(id < n);
         ++seen[id];
@@ -125,7 +104,7 @@ RC_GTEST_PROP(PlanSlices, EverySampleOnceEqualBatchCountsAndTrainerSlicesAgree, 
 RC_GTEST_PROP(PlanSlices, DropLastLeftoversChangeAcrossEpochs, ()) {
   Case c = *gen_case();
   c.job.drop_last = true;
-  const Built b = build(c);
+  const Built b = build_plan(c);
   EpochPlanner planner(b.shape, b.placement, c.shuffle);
   const std::uint64_t n = c.sizes.size();
   std::set<std::vector<SampleId>> distinct;
@@ -143,8 +122,8 @@ RC_GTEST_PROP(PlanSlices, DropLastLeftoversChangeAcrossEpochs, ()) {
 
 RC_GTEST_PROP(PlanSlices, SameSeedSamePlanOtherEpochOtherPlan, ()) {
   const Case c = *gen_case();
-  const Built b1 = build(c);
-  const Built b2 = build(c);
+  const Built b1 = build_plan(c);
+  const Built b2 = build_plan(c);
   EpochPlanner p1(b1.shape, b1.placement, c.shuffle);
   EpochPlanner p2(b2.shape, b2.placement, c.shuffle);
   const auto a = p1.plan_all(3);
@@ -163,7 +142,7 @@ RC_GTEST_PROP(PlanSlices, SameSeedSamePlanOtherEpochOtherPlan, ()) {
 RC_GTEST_PROP(PlanSlices, ForeignSamplesNeverExceedTheDeficit, ()) {
   Case c = *gen_case();
   if (*rc::gen::arbitrary<bool>()) c.shuffle.exchange_fraction = 0.0;
-  const Built b = build(c);
+  const Built b = build_plan(c);
   EpochPlanner planner(b.shape, b.placement, c.shuffle);
   const double q = c.shuffle.exchange_fraction;
   for (std::uint32_t k = 0; k < c.job.nodes; ++k) {
@@ -201,7 +180,7 @@ RC_GTEST_PROP(PlanSlices, EntropyChoiceOnManyNodesScoresASeededSubsetOfNodes, ()
   c.shuffle.exchange_fraction = 1.0;
   c.shuffle.min_entropy = *rc::gen::element(0.2, 0.5, 0.9, 5.0);
   const auto labels = sorted_labels(n, *rc::gen::element<std::uint64_t>(2, 10, 50));
-  const Built b = build(c);
+  const Built b = build_plan(c);
   EpochPlanner planner(b.shape, b.placement, c.shuffle, labels);
   EpochPlanner twin(b.shape, b.placement, c.shuffle, labels);
   const std::uint64_t epoch = *rc::gen::inRange<std::uint64_t>(0, 100);

@@ -15,6 +15,7 @@
 #include "common/resume_plan.h"
 #include "proto/checkpoint.h"
 #include "server/resume_loader.h"
+#include "tests/support/sample_checkpoint.h"
 
 namespace shardmix {
 namespace {
@@ -173,21 +174,7 @@ RC_GTEST_PROP(ResumePlanTest, RedealingToAnotherWorldSizeDeliversEverySampleOnce
 }
 
 TEST(CheckpointBlobTest, RoundTripsAndRefusesDamage) {
-  proto::Checkpoint c;
-  c.plan_digest = 0x1234;
-  c.num_samples = 1000;
-  c.seed = 7;
-  c.nodes = 2;
-  c.trainers_per_node = 2;
-  c.batch_size = 8;
-  c.window = 4;
-  c.rank = 3;
-  c.world_size = 4;
-  c.epoch = 5;
-  c.batches_consumed = 3;
-  c.samples_consumed = 24;
-  c.early = {25, 30};
-  c.late = {20, 23};
+  const proto::Checkpoint c = test_support::sample_checkpoint();
   const auto blob = proto::encode_checkpoint(c);
   proto::Checkpoint back;
   ASSERT_EQ(proto::decode_checkpoint(blob, back), "");

@@ -24,6 +24,7 @@
 #include "common/slot_reuse.h"
 #include "common/staging_allocator.h"
 #include "common/trainer_scheduler.h"
+#include "tests/unit/plan_support.h"
 #include "tests/unit/scheduler_world.h"
 
 namespace shardmix {
@@ -46,12 +47,7 @@ bool holds_sample(const std::vector<std::uint8_t>& from, std::uint64_t offset, S
   return true;
 }
 
-std::vector<std::uint64_t> random_sizes(std::uint64_t seed, std::size_t n) {
-  Rng rng(seed);
-  std::vector<std::uint64_t> sizes(n);
-  for (auto& s : sizes) s = 1 + rng.below(700);
-  return sizes;
-}
+using test_support::random_sizes;
 
 // --- Residency per generation and delta layouts --------------------------------------
 
@@ -118,27 +114,8 @@ struct Message {
   std::uint64_t generation;
 };
 
-template <typename Read, typename Result = Status>
-struct Pending {
-  std::vector<Read> reads;
-  std::function<void(const Result&)> done;
-};
-
-struct QueuedPeers : PeerFetcher {
-  std::deque<Pending<PeerRead>> pending;
-  void fetch(std::vector<PeerRead> reads, std::function<void(const Status&)> done) override {
-    pending.push_back({std::move(reads), std::move(done)});
-  }
-};
-
-struct QueuedStorage : StorageFetcher {
-  std::deque<Pending<StorageRead, StorageOutcome>> pending;
-  std::uint64_t reads = 0;
-  void fetch(std::vector<StorageRead> r, std::function<void(const StorageOutcome&)> done) override {
-    reads += r.size();
-    pending.push_back({std::move(r), std::move(done)});
-  }
-};
+using test_support::QueuedPeers;
+using test_support::QueuedStorage;
 
 struct Node {
   std::vector<std::uint8_t> arena;
@@ -196,9 +173,7 @@ struct Cluster {
     catalog = std::move(Catalog::from_entries(std::move(entries), {}).value());
     sizes = catalog.sizes();  // the catalog sorts by label, then path: ids are its own
     shape = make_plan_shape(n, JobShape{nodes, 1, batch, false});
-    std::uint64_t total = 0;
-    for (auto s : sizes) total += align_to_arena(s);
-    capacity = static_cast<std::uint64_t>(share * static_cast<double>(total) / nodes);
+    capacity = test_support::capacity_for_share(sizes, nodes, share);
     placement = make_placement(sizes, shape, PlacementPolicy::kBalanced, seed, capacity);
     ShuffleConfig shuffle;
     shuffle.seed = 5;

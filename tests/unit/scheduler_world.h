@@ -1,9 +1,12 @@
-// Shared fixtures of the scheduler tests (trainer_scheduler_test, storage_tier_test): a
-// small synthetic job (catalog, plan shape, placement, planner, scheduler context) and a
-// FrameSink that records what the scheduler sends.
+// Shared fixtures of the scheduler tests (trainer_scheduler_test, storage_tier_test,
+// rotation_test): a small synthetic job (catalog, plan shape, placement, planner,
+// scheduler context), a FrameSink that records what the scheduler sends, and peer and
+// storage fetchers whose calls queue up until the test completes them.
 // Thread-safety: none; test-only values.
 #pragma once
 
+#include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -25,6 +28,29 @@ struct RecordingSink : FrameSink {
   void send_batch(const proto::BatchFrame& b) override { batches.push_back(b); }
   void send_epoch_end(const proto::EpochStats& s) override { ends.push_back(s); }
   void send_error(const Status& s) override { errors.push_back(s); }
+};
+
+// One fetch call of either kind, held until the test completes it with done().
+template <typename Read, typename Result = Status>
+struct Pending {
+  std::vector<Read> reads;
+  std::function<void(const Result&)> done;
+};
+
+struct QueuedPeers : PeerFetcher {
+  std::deque<Pending<PeerRead>> pending;
+  void fetch(std::vector<PeerRead> reads, std::function<void(const Status&)> done) override {
+    pending.push_back({std::move(reads), std::move(done)});
+  }
+};
+
+struct QueuedStorage : StorageFetcher {
+  std::deque<Pending<StorageRead, StorageOutcome>> pending;
+  std::vector<StorageRead> all;  // every read ever posted, in posting order
+  void fetch(std::vector<StorageRead> reads, std::function<void(const StorageOutcome&)> done) override {
+    all.insert(all.end(), reads.begin(), reads.end());
+    pending.push_back({std::move(reads), std::move(done)});
+  }
 };
 
 // n samples of 100..5099 bytes (drawn from `catalog_seed`), labels i % 7, one trainer per

@@ -28,6 +28,7 @@
 #include "common/epoch_plan.h"
 #include "common/placement.h"
 #include "server/cache_loader.h"
+#include "tests/support/temp_dir.h"
 #include "server/sample_reader.h"
 #include "server/storage_reader.h"
 #include "tests/unit/catalog_support.h"
@@ -66,26 +67,10 @@ Bytes tfrecord_shard(int shard, int n) {
   return out;
 }
 
-class ShardFileCacheTest : public ::testing::Test {
+// write() overwrites in place (same inode when the file exists), as an editor would.
+class ShardFileCacheTest : public test_support::TempDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) / fmt::format("shardmix_fdcache_{}_{}", info->name(), ::getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  // Writes in place (same inode when the file exists), as an editor or `dd conv=notrunc` would.
-  std::string write(const std::string& rel, const Bytes& bytes) const {
-    const fs::path p = dir_ / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p, std::ios::binary)
-        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    return p.string();
-  }
+  ShardFileCacheTest() : TempDirTest("fdcache") {}
   // Writes a new file and renames it over `rel` (a new inode), as dataset tools replace files.
   void replace(const std::string& rel, const Bytes& bytes) const {
     write(rel + ".new", bytes);
@@ -98,7 +83,6 @@ class ShardFileCacheTest : public ::testing::Test {
     d.sample_ext = "jpg";
     return d;
   }
-  fs::path dir_;
 };
 
 struct ReadOutcome {
@@ -286,6 +270,16 @@ TEST_F(ShardFileCacheTest, AShardRenamedAwayIsNotFoundAndInPlaceChangesAreSeen) 
   EXPECT_EQ(cache.stats().changed, 1u);
 }
 
+// Every sample of `c` sits in `arena` at its placement offset, byte for byte as on disk.
+void expect_arena_holds_every_sample(const std::vector<std::uint8_t>& arena, const Placement& placement,
+                                     const Catalog& c, const DatasetConfig& d) {
+  for (SampleId id = 0; id < c.size(); ++id) {
+    ASSERT_EQ(std::string(reinterpret_cast<const char*>(arena.data() + placement.arena_offset[id]), c.sample_bytes(id)),
+              bytes_on_disk(c, d, id))
+        << c.location(id);
+  }
+}
+
 TEST_F(ShardFileCacheTest, TheLoaderReadsShardsInStorageOrderSoEachIsOpenedOnce) {
   // 6 shards whose samples cycle through 3 labels: in id order (label, shard, offset) a
   // loader would visit every shard 3 times, and a cache of 2 descriptors would miss on
@@ -302,11 +296,7 @@ TEST_F(ShardFileCacheTest, TheLoaderReadsShardsInStorageOrderSoEachIsOpenedOnce)
   ShardFileCache cache(2);
   auto loaded = load_owned_samples(*c, placement, 0, d, 1, arena.data(), {}, {}, {}, &cache);
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
-  for (SampleId id = 0; id < c->size(); ++id) {
-    ASSERT_EQ(std::string(reinterpret_cast<const char*>(arena.data() + placement.arena_offset[id]), c->sample_bytes(id)),
-              bytes_on_disk(*c, d, id))
-        << c->location(id);
-  }
+  expect_arena_holds_every_sample(arena, placement, *c, d);
   EXPECT_EQ(cache.stats().opens, 6u);
 
   // A cache rotation's reload, given in id order, is read in storage order too.
@@ -317,10 +307,7 @@ TEST_F(ShardFileCacheTest, TheLoaderReadsShardsInStorageOrderSoEachIsOpenedOnce)
   auto reloaded = load_entering_samples(*c, d, entering, 1, arena.data(), {}, &reload_cache);
   ASSERT_TRUE(reloaded.ok()) << reloaded.status().to_string();
   EXPECT_EQ(reloaded->samples, c->size());
-  for (SampleId id = 0; id < c->size(); ++id) {
-    ASSERT_EQ(std::string(reinterpret_cast<const char*>(arena.data() + placement.arena_offset[id]), c->sample_bytes(id)),
-              bytes_on_disk(*c, d, id));
-  }
+  expect_arena_holds_every_sample(arena, placement, *c, d);
   EXPECT_EQ(reload_cache.stats().opens, 6u);
 }
 

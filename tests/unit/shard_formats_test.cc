@@ -14,6 +14,7 @@
 #include <rapidcheck/gtest.h>
 
 #include "common/catalog.h"
+#include "tests/support/temp_dir.h"
 #include "tests/unit/catalog_support.h"
 #include "server/sample_reader.h"
 
@@ -46,6 +47,22 @@ Bytes ustar_header(std::string_view name, char type, std::uint64_t size, bool br
   return h;
 }
 void append(Bytes& out, const Bytes& more) { out.insert(out.end(), more.begin(), more.end()); }
+
+// `prefix`, then a length-delimited protobuf field `tag` holding `inner` (short: one length byte).
+Bytes delimited(std::uint8_t tag, const Bytes& inner, Bytes prefix = {}) {
+  prefix.push_back(tag);
+  prefix.push_back(static_cast<std::uint8_t>(inner.size()));
+  append(prefix, inner);
+  return prefix;
+}
+
+// A tf.train.Example whose one feature `name` is the Int64List with the bytes `list`, wrapped by
+// hand: Example { Features { map entry { key, Feature { int64_list } } } }.
+Bytes example_with_int64_list(const std::string& name, const Bytes& list) {
+  Bytes key = {0x0a, static_cast<std::uint8_t>(name.size())};
+  key.insert(key.end(), name.begin(), name.end());
+  return delimited(0x0a, delimited(0x0a, delimited(0x12, delimited(0x1a, list), key)));
+}
 void pad(Bytes& out) { out.resize((out.size() + 511) / 512 * 512, 0); }
 
 TEST(Crc32cTest, KnownValues) {
@@ -252,27 +269,9 @@ TEST(ExampleTest, ReadsTheInt64FeaturePackedOrNot) {
   ASSERT_FALSE(wrong_kind.ok());
   EXPECT_NE(wrong_kind.status().message().find("bytes_list, not an int64_list"), std::string::npos);
   // Unpacked: Int64List { value: 7 (varint field 1) }, built by hand.
-  const Bytes list = {0x08, 0x07};
-  Bytes feature = {0x1a, static_cast<std::uint8_t>(list.size())};
-  append(feature, list);
-  Bytes entry = {0x0a, 0x01, 'y', 0x12, static_cast<std::uint8_t>(feature.size())};
-  append(entry, feature);
-  Bytes features = {0x0a, static_cast<std::uint8_t>(entry.size())};
-  append(features, entry);
-  Bytes example = {0x0a, static_cast<std::uint8_t>(features.size())};
-  append(example, features);
-  EXPECT_EQ(*example_int64_feature(example, "y"), 7);
+  EXPECT_EQ(*example_int64_feature(example_with_int64_list("y", {0x08, 0x07}), "y"), 7);
   // Two values (packed): refused.
-  const Bytes list2 = {0x0a, 0x02, 0x01, 0x02};
-  Bytes f2 = {0x1a, static_cast<std::uint8_t>(list2.size())};
-  append(f2, list2);
-  Bytes e2 = {0x0a, 0x01, 'y', 0x12, static_cast<std::uint8_t>(f2.size())};
-  append(e2, f2);
-  Bytes fs2 = {0x0a, static_cast<std::uint8_t>(e2.size())};
-  append(fs2, e2);
-  Bytes ex2 = {0x0a, static_cast<std::uint8_t>(fs2.size())};
-  append(ex2, fs2);
-  auto r2 = example_int64_feature(ex2, "y");
+  auto r2 = example_int64_feature(example_with_int64_list("y", {0x0a, 0x02, 0x01, 0x02}), "y");
   ASSERT_FALSE(r2.ok());
   EXPECT_NE(r2.status().message().find("more than 1"), std::string::npos) << r2.status().message();
 }
@@ -381,25 +380,9 @@ TEST(TfRecordTest, DamageIsNamedWithFileAndOffset) {
 
 // ---------------------------------------------------------------- datasets on disk
 
-class ShardDatasetTest : public ::testing::Test {
+class ShardDatasetTest : public test_support::TempDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) / fmt::format("shardmix_shards_{}_{}", info->name(), ::getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string write(const std::string& rel, const Bytes& bytes) {
-    const fs::path p = dir_ / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                             static_cast<std::streamsize>(bytes.size()));
-    return p.string();
-  }
+  ShardDatasetTest() : TempDirTest("shards") {}
   DatasetConfig dataset(DatasetFormat format, const std::string& rel) const {
     DatasetConfig d;
     d.path = (dir_ / rel).string();
@@ -408,7 +391,6 @@ class ShardDatasetTest : public ::testing::Test {
     d.label_feature = "label";
     return d;
   }
-  fs::path dir_;
 };
 
 using test_support::scan_all;
@@ -645,26 +627,22 @@ RC_GTEST_PROP(ShardFormatsProperty, FolderTarAndTfRecordVersionsYieldTheSameSamp
     const auto payload = *rc::gen::container<std::vector<std::uint8_t>>(rc::gen::arbitrary<std::uint8_t>());
     samples.emplace_back(make_example("label", label, "image", payload), label);
   }
-  const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("shardmix_prop_{}", ::getpid());
-  fs::remove_all(dir);
-  auto put = [](const fs::path& p, const Bytes& b) {
-    fs::create_directories(p.parent_path());
-    std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-  };
+  const test_support::TempDir dir("prop");  // emptied for each generated case
+  auto put = [&](const fs::path& rel, const Bytes& b) { dir.write(rel, b); };
   for (int c = 0; c < classes; ++c) fs::create_directories(dir / "folder" / fmt::format("c{:03d}", c));
   Bytes tar, tfr;
   int shard = 0;
   auto flush = [&] {
     append_tar_end(tar);
-    put(dir / "wds" / fmt::format("s{:04d}.tar", shard), tar);
-    put(dir / "tfr" / fmt::format("s{:04d}.tfrecord", shard), tfr);
+    put(fs::path("wds") / fmt::format("s{:04d}.tar", shard), tar);
+    put(fs::path("tfr") / fmt::format("s{:04d}.tfrecord", shard), tfr);
     tar.clear();
     tfr.clear();
     ++shard;
   };
   for (int i = 0; i < n; ++i) {
     const auto& [bytes, label] = samples[static_cast<std::size_t>(i)];
-    put(dir / "folder" / fmt::format("c{:03d}", label) / fmt::format("{}.bin", i), bytes);
+    put(fs::path("folder") / fmt::format("c{:03d}", label) / fmt::format("{}.bin", i), bytes);
     append_tar_member(tar, fmt::format("{:05d}.bin", i), bytes);
     const std::string cls = std::to_string(label);
     append_tar_member(tar, fmt::format("{:05d}.cls", i), bytes_of(cls));
@@ -689,7 +667,6 @@ RC_GTEST_PROP(ShardFormatsProperty, FolderTarAndTfRecordVersionsYieldTheSameSamp
   const auto folder = multiset(DatasetFormat::kFolder, "folder");
   const auto wds = multiset(DatasetFormat::kWebDataset, "wds");
   const auto tfrecord = multiset(DatasetFormat::kTfRecord, "tfr");
-  fs::remove_all(dir);
   RC_ASSERT(folder.size() == static_cast<std::size_t>(n));
   RC_ASSERT(wds == folder);
   RC_ASSERT(tfrecord == folder);

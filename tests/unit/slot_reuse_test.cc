@@ -14,16 +14,12 @@
 #include "common/placement.h"
 #include "common/rng.h"
 #include "common/slot_reuse.h"
+#include "tests/unit/plan_support.h"
 
 namespace shardmix {
 namespace {
 
-std::vector<std::uint64_t> random_sizes(std::uint64_t seed, std::size_t n) {
-  Rng rng(seed);
-  std::vector<std::uint64_t> sizes(n);
-  for (auto& s : sizes) s = 1 + rng.below(700);
-  return sizes;
-}
+using test_support::random_sizes;
 
 TEST(GenerationClockTest, RotationByEpochsIgnoresBatches) {
   const GenerationClock clock = GenerationClock::make(2, 0, 10);
@@ -64,9 +60,7 @@ struct World {
   World(std::uint32_t nodes, std::size_t n, std::uint32_t batch, double share, std::uint32_t rounds, std::uint64_t seed)
       : sizes(random_sizes(seed, n)) {
     shape = make_plan_shape(n, JobShape{nodes, 1, batch, false});
-    std::uint64_t total = 0;
-    for (auto s : sizes) total += align_to_arena(s);
-    capacity = static_cast<std::uint64_t>(share * static_cast<double>(total) / nodes);
+    capacity = test_support::capacity_for_share(sizes, nodes, share);
     placement = make_placement(sizes, shape, PlacementPolicy::kBalanced, seed, capacity);
     ShuffleConfig shuffle;
     shuffle.seed = seed;

@@ -23,32 +23,16 @@
 namespace shardmix {
 namespace {
 
-// A fetcher of either kind: calls queue up until the test completes them.
-template <typename Read, typename Result = Status>
-struct Pending {
-  std::vector<Read> reads;
-  std::function<void(const Result&)> done;
-};
+using test_support::Pending;
+using FakePeers = test_support::QueuedPeers;
 
-struct FakePeers : PeerFetcher {
-  std::deque<Pending<PeerRead>> pending;
-  void fetch(std::vector<PeerRead> reads, std::function<void(const Status&)> done) override {
-    pending.push_back({std::move(reads), std::move(done)});
-  }
-};
-
-struct FakeStorage : StorageFetcher {
-  std::deque<Pending<StorageRead, StorageOutcome>> pending;
-  std::vector<StorageRead> all;  // every read ever posted, in posting order
+// Queued storage reads that fail as the test says when completed.
+struct FakeStorage : test_support::QueuedStorage {
   Status fail_with;              // every read fails with it
   std::set<SampleId> unreadable;  // these fail every time
   std::set<SampleId> flaky;       // these fail the first time they are read
   std::map<SampleId, int> fail_on_read;  // this sample's n-th read fails
   std::map<SampleId, int> reads_of;
-  void fetch(std::vector<StorageRead> reads, std::function<void(const StorageOutcome&)> done) override {
-    all.insert(all.end(), reads.begin(), reads.end());
-    pending.push_back({std::move(reads), std::move(done)});
-  }
   // What pending group k completes with: its failed reads, like StorageReaderPool.
   StorageOutcome outcome_of(std::size_t k) {
     StorageOutcome o;

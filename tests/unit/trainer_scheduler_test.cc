@@ -16,16 +16,9 @@
 namespace shardmix {
 namespace {
 
-struct FakeFetcher : PeerFetcher {
-  struct Call {
-    std::vector<PeerRead> reads;
-    std::function<void(const Status&)> done;
-  };
-  std::deque<Call> pending;
+// Queued peer reads that all land (or all fail with fail_with) when the test says.
+struct FakeFetcher : test_support::QueuedPeers {
   Status fail_with;
-  void fetch(std::vector<PeerRead> reads, std::function<void(const Status&)> done) override {
-    pending.push_back({std::move(reads), std::move(done)});
-  }
   void complete_all() {
     while (!pending.empty()) {
       auto call = std::move(pending.front());
@@ -43,13 +36,29 @@ struct World : test_support::SchedulerWorld {
       : SchedulerWorld(3, n, nodes, batch, prefetch, window) {}
 };
 
-TEST(TrainerScheduler, DeliversThePlanInOrderWithCredits) {
-  World w(200, 4, 8, 3);
-  auto ring_ptr = std::make_shared<StagingAllocator>(0, 1 << 20);
-  StagingAllocator& ring = *ring_ptr;
+// Node 0's trainer scheduler in world `w`, staging [base, base + bytes), queued peer reads
+// and a sink recording what it sends. Tests take the parts by structured binding.
+struct Rig {
+  explicit Rig(const World& w, std::uint64_t staging_bytes = 1 << 20, std::uint64_t staging_base = 0)
+      : staging(std::make_shared<StagingAllocator>(staging_base, staging_bytes)),
+        scheduler(std::make_shared<TrainerScheduler>(w.context, 0, staging, fetcher, sink)) {}
+  std::shared_ptr<StagingAllocator> staging;
   FakeFetcher fetcher;
   RecordingSink sink;
-  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
+  std::shared_ptr<TrainerScheduler> scheduler;
+
+  // The trainer goes away; once the reads in flight land, all of staging is free again.
+  void close_and_expect_staging_free() {
+    scheduler->close();
+    fetcher.complete_all();
+    EXPECT_TRUE(staging->empty());
+  }
+};
+
+TEST(TrainerScheduler, DeliversThePlanInOrderWithCredits) {
+  World w(200, 4, 8, 3);
+  Rig rig(w);
+  auto& [ring_ptr, fetcher, sink, scheduler] = rig;
   scheduler->start_epoch(0, 1);
   const auto plan = w.planner->plan_node(0, 0)[0];
   EXPECT_LE(scheduler->outstanding_batches(), 3u);
@@ -80,17 +89,13 @@ TEST(TrainerScheduler, DeliversThePlanInOrderWithCredits) {
   EXPECT_EQ(sink.ends[0].local_samples + sink.ends[0].peer_samples, plan.order.size());
   EXPECT_TRUE(sink.errors.empty());
   // The next epoch's first batches are assembled ahead; closing frees them too.
-  scheduler->close();
-  fetcher.complete_all();
-  EXPECT_TRUE(ring.empty());
+  rig.close_and_expect_staging_free();
 }
 
 TEST(TrainerScheduler, WithoutReleasesStopsAtThePrefetchDepth) {
   World w(400, 2, 4, 2);
-  auto ring_ptr = std::make_shared<StagingAllocator>(0, 1 << 20);
-  FakeFetcher fetcher;
-  RecordingSink sink;
-  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
+  Rig rig(w);
+  auto& [ring_ptr, fetcher, sink, scheduler] = rig;
   scheduler->start_epoch(0, 1);
   fetcher.complete_all();
   fetcher.complete_all();
@@ -103,11 +108,9 @@ TEST(TrainerScheduler, WithoutReleasesStopsAtThePrefetchDepth) {
 
 TEST(TrainerScheduler, SmallStagingAllocatorStillDeliversEverything) {
   World w(300, 4, 6, 4);
-  auto ring_ptr = std::make_shared<StagingAllocator>(4096, 6 * 5200);
+  Rig rig(w, 6 * 5200, 4096);
+  auto& [ring_ptr, fetcher, sink, scheduler] = rig;
   StagingAllocator& ring = *ring_ptr;  // room for about one batch of peer samples
-  FakeFetcher fetcher;
-  RecordingSink sink;
-  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
   scheduler->start_epoch(1, 2);
   std::size_t released = 0;
   for (int guard = 0; sink.ends.empty() && guard < 10000; ++guard) {
@@ -125,18 +128,14 @@ TEST(TrainerScheduler, SmallStagingAllocatorStillDeliversEverything) {
   ASSERT_EQ(sink.ends.size(), 1u);
   EXPECT_EQ(sink.ends[0].batches, w.shape.batches_per_trainer);
   // The next epoch's first batches are assembled ahead; closing frees them too.
-  scheduler->close();
-  fetcher.complete_all();
-  EXPECT_TRUE(ring.empty());
+  rig.close_and_expect_staging_free();
 }
 
 TEST(TrainerScheduler, FetchErrorReachesTheTrainer) {
   World w(100, 2, 10, 2);
-  auto ring_ptr = std::make_shared<StagingAllocator>(0, 1 << 20);
-  FakeFetcher fetcher;
+  Rig rig(w);
+  auto& [ring_ptr, fetcher, sink, scheduler] = rig;
   fetcher.fail_with = make_error(StatusCode::kUnavailable, "peer rank 1 is gone");
-  RecordingSink sink;
-  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
   scheduler->start_epoch(0, 1);
   fetcher.complete_all();
   ASSERT_EQ(sink.errors.size(), 1u);
@@ -145,11 +144,9 @@ TEST(TrainerScheduler, FetchErrorReachesTheTrainer) {
 
 TEST(TrainerScheduler, ClosingMidEpochFreesStagingWhenFetchesLand) {
   World w(200, 4, 8, 4);
-  auto ring_ptr = std::make_shared<StagingAllocator>(0, 1 << 20);
+  Rig rig(w);
+  auto& [ring_ptr, fetcher, sink, scheduler] = rig;
   StagingAllocator& ring = *ring_ptr;
-  FakeFetcher fetcher;
-  RecordingSink sink;
-  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
   scheduler->start_epoch(0, 1);
   ASSERT_FALSE(fetcher.pending.empty());
   scheduler->close();
@@ -161,11 +158,8 @@ TEST(TrainerScheduler, ClosingMidEpochFreesStagingWhenFetchesLand) {
 
 TEST(TrainerScheduler, RestartingAnEpochMidwayStartsOver) {
   World w(200, 2, 8, 2);
-  auto ring_ptr = std::make_shared<StagingAllocator>(0, 1 << 20);
-  StagingAllocator& ring = *ring_ptr;
-  FakeFetcher fetcher;
-  RecordingSink sink;
-  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
+  Rig rig(w);
+  auto& [ring_ptr, fetcher, sink, scheduler] = rig;
   scheduler->start_epoch(0, 1);
   fetcher.complete_all();
   scheduler->start_epoch(1, 2);
@@ -181,9 +175,7 @@ TEST(TrainerScheduler, RestartingAnEpochMidwayStartsOver) {
   ASSERT_EQ(sink.ends.size(), 1u);
   EXPECT_EQ(sink.ends[0].epoch, 1u);
   // The next epoch's first batches are assembled ahead; closing frees them too.
-  scheduler->close();
-  fetcher.complete_all();
-  EXPECT_TRUE(ring.empty());
+  rig.close_and_expect_staging_free();
 }
 
 // Consumes the current pass completely (completing fetches, releasing every batch).
@@ -202,10 +194,8 @@ void drain(TrainerScheduler& scheduler, FakeFetcher& fetcher, RecordingSink& sin
 
 TEST(TrainerScheduler, WorksAheadAcrossTheEpochBoundaryAndAdoptsIt) {
   World w(300, 4, 8, 4);
-  auto ring_ptr = std::make_shared<StagingAllocator>(0, 1 << 20);
-  FakeFetcher fetcher;
-  RecordingSink sink;
-  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
+  Rig rig(w);
+  auto& [ring_ptr, fetcher, sink, scheduler] = rig;
   scheduler->start_epoch(0, 1);
   std::vector<SampleId> e0;
   drain(*scheduler, fetcher, sink, 1, 0, 0, e0);
@@ -227,10 +217,8 @@ TEST(TrainerScheduler, WorksAheadAcrossTheEpochBoundaryAndAdoptsIt) {
 
 TEST(TrainerScheduler, DiscardsAheadWorkWhenAnotherEpochIsAsked) {
   World w(300, 4, 8, 4);
-  auto ring_ptr = std::make_shared<StagingAllocator>(0, 1 << 20);
-  FakeFetcher fetcher;
-  RecordingSink sink;
-  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, ring_ptr, fetcher, sink);
+  Rig rig(w);
+  auto& [ring_ptr, fetcher, sink, scheduler] = rig;
   scheduler->start_epoch(0, 1);
   std::vector<SampleId> e0;
   drain(*scheduler, fetcher, sink, 1, 0, 0, e0);
@@ -249,10 +237,8 @@ TEST(TrainerScheduler, DiscardsAheadWorkWhenAnotherEpochIsAsked) {
 // as shuffle_metrics computes it, affinity against the previous epoch (none before).
 TEST(TrainerScheduler, EpochEndCarriesTheQualityOfWhatWasSent) {
   World w(300, 3, 8, 3);
-  auto staging = std::make_shared<StagingAllocator>(0, 1 << 24);
-  FakeFetcher fetcher;
-  RecordingSink sink;
-  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, fetcher, sink);
+  Rig rig(w, 1 << 24);
+  auto& [staging, fetcher, sink, scheduler] = rig;
   std::vector<std::set<SampleId>> received(2);
   for (std::uint64_t e = 0; e < 2; ++e) {
     const std::size_t from = sink.batches.size();
@@ -305,10 +291,8 @@ RC_GTEST_PROP(TrainerSchedulerWindow, DeliversEveryPlannedSampleOnceWithinTheWin
   World w(n, nodes, batch, prefetch, window);
   // Enough staging that nothing can run out: everything staged ahead plus two batches.
   const std::uint64_t capacity = (std::uint64_t{prefetch} * batch + window + 2 * batch) * 5200;
-  auto staging = std::make_shared<StagingAllocator>(0, capacity);
-  FakeFetcher fetcher;
-  RecordingSink sink;
-  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, fetcher, sink);
+  Rig rig(w, capacity);
+  auto& [staging, fetcher, sink, scheduler] = rig;
   const TrainerPlan plan = w.planner->plan_node(2, 0)[0];
   const auto at = positions_of(plan);
   scheduler->start_epoch(2, 7);
@@ -396,10 +380,8 @@ TEST(TrainerSchedulerWindow, ASlowPeerIsOvertakenOnlyWithAWindow) {
   }
   for (const std::uint32_t window : {0u, kWindow}) {
     World w(400, 4, 8, 2, window);
-    auto staging = std::make_shared<StagingAllocator>(0, 1 << 24);
-    FakeFetcher fetcher;
-    RecordingSink sink;
-    auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, fetcher, sink);
+    Rig rig(w, 1 << 24);
+    auto& [staging, fetcher, sink, scheduler] = rig;
     scheduler->start_epoch(epoch, 1);
     const auto plan = w.planner->plan_node(epoch, 0)[0];
     // Every read from node 1 hangs; the others land.
@@ -466,10 +448,8 @@ TEST(TrainerSchedulerWindow, ZeroWindowIsIndependentOfReadTiming) {
   std::vector<std::vector<SampleId>> runs;
   for (const std::uint64_t seed : {1u, 2u}) {
     World w(300, 3, 7, 3, 0);
-    auto staging = std::make_shared<StagingAllocator>(0, 1 << 24);
-    FakeFetcher fetcher;
-    RecordingSink sink;
-    auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, fetcher, sink);
+    Rig rig(w, 1 << 24);
+    auto& [staging, fetcher, sink, scheduler] = rig;
     scheduler->start_epoch(0, 1);
     Rng choices(seed);
     std::size_t released = 0;
@@ -499,10 +479,8 @@ TEST(TrainerSchedulerWindow, ZeroWindowIsIndependentOfReadTiming) {
 TEST(TrainerSchedulerWindow, StagingTooSmallForTheWindowIsAnErrorNotAHang) {
   World w(400, 4, 8, 1, 64);
   // About one and a half batches of peer samples.
-  auto staging = std::make_shared<StagingAllocator>(0, 12 * 5200);
-  FakeFetcher fetcher;
-  RecordingSink sink;
-  auto scheduler = std::make_shared<TrainerScheduler>(w.context, 0, staging, fetcher, sink);
+  Rig rig(w, 12 * 5200);
+  auto& [staging, fetcher, sink, scheduler] = rig;
   scheduler->start_epoch(0, 1);
   std::size_t released = 0;
   // Reads from node 1 hang until nothing else can move, then land.

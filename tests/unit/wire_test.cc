@@ -1,0 +1,254 @@
+// proto/wire.h and proto/checkpoint.h through their field lists (proto/field_codec.h,
+// docs/decisions/0045): every message encodes to the pinned bytes below (the layouts of
+// protocol version 7 and checkpoint format 1), to exactly its walked size, and every
+// truncation of it fails naming the field and offset where the bytes ran out.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "proto/checkpoint.h"
+#include "proto/wire.h"
+#include "tests/support/sample_checkpoint.h"
+
+namespace shardmix::proto {
+namespace {
+
+using Bytes = std::vector<std::uint8_t>;
+
+std::string hex(std::span<const std::uint8_t> bytes) {
+  std::string out;
+  char digits[3];
+  for (std::uint8_t b : bytes) {
+    std::snprintf(digits, sizeof(digits), "%02x", b);
+    out += digits;
+  }
+  return out;
+}
+
+using test_support::sample_checkpoint;
+
+Welcome sample_welcome() { return Welcome{1, 4, 2, 3, 1000, 16, 125, 1 << 20, 1 << 16, 0xdeadbeef, 77, 8, 1, 5, 2, 0x1234, 9}; }
+
+BatchFrame sample_batch() {
+  // Fewer positions than samples: the missing one travels as 0.
+  return BatchFrame{1, 2, 3,
+                    {SampleDescriptor{17, 4, 0, 0, 0, 0, 4096, 112 * 1024},
+                     SampleDescriptor{8, 3, 1, 1, 2, kSampleSkipped, 0, 0}},
+                    {24}};
+}
+
+EpochStats sample_epoch_stats() { return EpochStats{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0.25, 13, 14, 1.5, 0.75, 0.125}; }
+
+template <typename Message>
+Bytes frame_of(const Message& m) {
+  Bytes frame;
+  encode(frame, m);
+  return frame;
+}
+
+TEST(Wire, EveryMessageEncodesToItsPinnedBytes) {
+  EXPECT_EQ(hex(frame_of(Hello{3, 8, 4242})), "534d5831070001000c00000000000000030000000800000092100000");
+  EXPECT_EQ(hex(frame_of(sample_welcome())),
+            "534d5831070002006c0000000000000001000000040000000200000003000000e803000000000000100000000000"
+            "00007d0000000000000000001000000000000000010000000000efbeadde000000004d0000000000000008000000"
+            "0100000005000000020000000000000034120000000000000900000000000000");
+  EXPECT_EQ(hex(frame_of(ErrorFrame{6, "trainer world size 3 does not match"})),
+            "534d5831070003002900000000000000060023000000747261696e657220776f726c642073697a65203320646f65"
+            "73206e6f74206d61746368");
+  EXPECT_EQ(hex(frame_of(StartEpoch{2, 5, {}})), "534d58310700040014000000000000000200000000000000050000000000000000000000");
+  EXPECT_EQ(hex(frame_of(sample_batch())),
+            "534d5831070005006c000000000000000100000000000000020000000000000003000000000000000200000011000000"
+            "040000000000000000000000001000000000000000c00100000000000800000003000000010000000102010000000000"
+            "00000000000000000000000018000000000000000000000000000000");
+  EXPECT_EQ(hex(frame_of(Release{2, 5, 7, 123})),
+            "534d58310700060020000000000000000200000000000000050000000000000007000000000000007b00000000000000");
+  EXPECT_EQ(hex(frame_of(sample_epoch_stats())),
+            "534d5831070007008c000000000000000100000000000000020000000000000003000000000000000400000000000000"
+            "050000000000000006000000000000000700000000000000080000000000000009000000000000000a00000000000000"
+            "0b000000000000000c00000000000000000000000000d03f0d0000000e00000000000000000000000000f83f00000000"
+            "0000e83f000000000000c03f");
+  EXPECT_EQ(hex(encode_checkpoint(sample_checkpoint())),
+            "534d584b010001003412000000000000e8030000000000006300000000000000020000000200000008000000010000000"
+            "400000003000000040000000200000000000000030000000000000018000000000000000200000019000000000000001e"
+            "00000000000000020000001400000000000000170000000000000007c389df4e655ba0");
+  // The resume blob travels inside the StartEpoch as it is.
+  const Bytes blob = encode_checkpoint(sample_checkpoint());
+  EXPECT_EQ(hex(frame_of(StartEpoch{2, 5, blob})),
+            "534d58310700040098000000000000000200000000000000050000000000000084000000" + hex(blob));
+}
+
+// The encoded size of every message is the size its field list walks to, and the header says so.
+template <typename Message>
+void expect_walked_size(const Message& m) {
+  const Bytes frame = frame_of(m);
+  ASSERT_GE(frame.size(), sizeof(FrameHeader));
+  FrameHeader h{};
+  ASSERT_EQ(decode_header(std::span(frame).first(sizeof(FrameHeader)), h), "");
+  EXPECT_EQ(frame.size() - sizeof(FrameHeader), encoded_size(m)) << hex(frame);
+  EXPECT_EQ(h.payload_bytes, encoded_size(m)) << hex(frame);
+}
+
+TEST(Wire, EncodedSizeIsTheWalkedSize) {
+  expect_walked_size(Hello{3, 8, 4242});
+  expect_walked_size(sample_welcome());
+  expect_walked_size(ErrorFrame{6, "trainer world size 3 does not match"});
+  expect_walked_size(ErrorFrame{});
+  expect_walked_size(StartEpoch{2, 5, {}});
+  expect_walked_size(StartEpoch{2, 5, encode_checkpoint(sample_checkpoint())});
+  expect_walked_size(sample_batch());
+  expect_walked_size(BatchFrame{});
+  expect_walked_size(Release{2, 5, 7, 123});
+  expect_walked_size(sample_epoch_stats());
+  EXPECT_EQ(encode_checkpoint(sample_checkpoint()).size(), checkpoint_size(sample_checkpoint()));
+  EXPECT_EQ(encode_checkpoint(Checkpoint{}).size(), checkpoint_size(Checkpoint{}));
+  // The daemon's fixed request sizes are the walked sizes of what clients send.
+  EXPECT_EQ(request_payload_bytes(FrameType::kHello), static_cast<std::int64_t>(frame_of(Hello{}).size() - 16));
+  EXPECT_EQ(request_payload_bytes(FrameType::kRelease), static_cast<std::int64_t>(frame_of(Release{}).size() - 16));
+  EXPECT_EQ(request_payload_bytes(FrameType::kStartEpoch),
+            static_cast<std::int64_t>(frame_of(StartEpoch{}).size() - 16));
+}
+
+TEST(Wire, CheckpointLimitCoversTheLargestBlob) {
+  Checkpoint largest;
+  largest.early.assign(kMaxCheckpointExceptions, 0);
+  largest.late.assign(kMaxCheckpointExceptions, 0);
+  EXPECT_LE(checkpoint_size(largest), kMaxCheckpointBytes);
+  EXPECT_EQ(request_payload_max_bytes(FrameType::kStartEpoch),
+            request_payload_bytes(FrameType::kStartEpoch) + static_cast<std::int64_t>(kMaxCheckpointBytes));
+}
+
+// Where each field starts and how many bytes it needs, from the field list: what a
+// truncated payload's error must name.
+struct FieldSpan {
+  std::string name;
+  std::size_t offset;
+  std::size_t bytes;
+};
+class FieldSpans {
+ public:
+  template <PlainField T>
+  void operator()(std::string_view name, const T&) {
+    add(name, sizeof(T));
+  }
+  void operator()(std::string_view name, const bool&) { add(name, 1); }
+  template <typename... Arrays>
+  void operator()(std::string_view name, const Counted<Arrays...>& list) {
+    add(name, sizeof(std::uint32_t));
+    add(name, std::get<0>(list.arrays).size() * (sizeof(ElementOf<Arrays>) + ...));
+  }
+  template <typename T>
+  void operator()(std::string_view name, ZeroPad<T>) {
+    add(name, sizeof(T));
+  }
+  std::vector<FieldSpan> spans;
+
+ private:
+  void add(std::string_view name, std::size_t bytes) {
+    const std::size_t offset = spans.empty() ? 0 : spans.back().offset + spans.back().bytes;
+    spans.push_back({std::string(name), offset, bytes});
+  }
+};
+
+template <typename Message>
+void expect_truncations_name_the_field(const Message& m, const std::string& what) {
+  const Bytes frame = frame_of(m);
+  const std::span<const std::uint8_t> payload = std::span(frame).subspan(sizeof(FrameHeader));
+  FieldSpans layout;
+  Message::fields(m, layout);
+  for (std::size_t cut = 0; cut < payload.size(); ++cut) {
+    const FieldSpan* field = nullptr;
+    for (const FieldSpan& s : layout.spans) {
+      if (s.bytes > 0 && s.offset <= cut && cut < s.offset + s.bytes) field = &s;
+    }
+    ASSERT_NE(field, nullptr) << what << " cut at " << cut;
+    Message back{};
+    EXPECT_EQ(decode(payload.first(cut), back),
+              what + ": field '" + field->name + "' needs " + std::to_string(field->bytes) + " bytes at offset " +
+                  std::to_string(field->offset) + ", payload has " + std::to_string(cut - field->offset));
+  }
+  Message back{};
+  EXPECT_EQ(decode(payload, back), "") << what;
+  Bytes longer(payload.begin(), payload.end());
+  longer.push_back(0);
+  EXPECT_EQ(decode(longer, back),
+            what + ": 1 unexpected trailing bytes at offset " + std::to_string(payload.size()));
+}
+
+TEST(Wire, TruncatedPayloadsNameTheFieldAndOffset) {
+  expect_truncations_name_the_field(Hello{3, 8, 4242}, "hello frame");
+  expect_truncations_name_the_field(sample_welcome(), "welcome frame");
+  expect_truncations_name_the_field(ErrorFrame{6, "trainer world size 3 does not match"}, "error frame");
+  expect_truncations_name_the_field(StartEpoch{2, 5, encode_checkpoint(sample_checkpoint())}, "start-epoch frame");
+  expect_truncations_name_the_field(BatchFrame{1, 2, 3, sample_batch().samples, {24, 25}}, "batch frame");
+  expect_truncations_name_the_field(Release{2, 5, 7, 123}, "release frame");
+  expect_truncations_name_the_field(sample_epoch_stats(), "epoch-end frame");
+  // The same errors, spelled out, as an operator reads them.
+  const Bytes hello = frame_of(Hello{3, 8, 4242});
+  Hello h;
+  EXPECT_EQ(decode(std::span(hello).subspan(16, 5), h),
+            "hello frame: field 'world_size' needs 4 bytes at offset 4, payload has 1");
+  const Bytes welcome = frame_of(sample_welcome());
+  Welcome w;
+  EXPECT_EQ(decode(std::span(welcome).subspan(16, 83), w),
+            "welcome frame: field 'window' needs 4 bytes at offset 80, payload has 3");
+  const Bytes error = frame_of(ErrorFrame{6, "trainer world size 3 does not match"});
+  ErrorFrame e;
+  EXPECT_EQ(decode(std::span(error).subspan(16, 10), e),
+            "error frame: field 'message' needs 35 bytes at offset 6, payload has 4");
+  FrameHeader header;
+  EXPECT_EQ(decode_header(std::span(hello).first(7), header),
+            "frame header: field 'type' needs 2 bytes at offset 6, payload has 1");
+}
+
+TEST(Wire, CountsOverTheirLimitOrPayloadAreRefused) {
+  Bytes frame = frame_of(BatchFrame{});
+  const std::uint32_t huge = kMaxBatchSamples + 1;
+  std::memcpy(frame.data() + 16 + 24, &huge, sizeof(huge));
+  BatchFrame b;
+  EXPECT_EQ(decode(std::span(frame).subspan(16), b),
+            "batch frame: field 'samples' count 1048577 at offset 24 exceeds the limit of 1048576");
+  Bytes start = frame_of(StartEpoch{});
+  const std::uint32_t big_blob = static_cast<std::uint32_t>(kMaxCheckpointBytes) + 1;
+  std::memcpy(start.data() + 16 + 16, &big_blob, sizeof(big_blob));
+  StartEpoch s;
+  EXPECT_EQ(decode(std::span(start).subspan(16), s),
+            "start-epoch frame: field 'resume' count " + std::to_string(big_blob) +
+                " at offset 16 exceeds the limit of " + std::to_string(kMaxCheckpointBytes));
+  // A count within the limit but beyond the payload names what it needs.
+  const std::uint32_t three = 3;
+  std::memcpy(frame.data() + 16 + 24, &three, sizeof(three));
+  EXPECT_EQ(decode(std::span(frame).subspan(16), b),
+            "batch frame: field 'samples' needs 120 bytes at offset 28, payload has 0");
+}
+
+// A checkpoint whose bytes were edited and re-checksummed, as a buggy writer would leave it.
+Bytes with_byte(Bytes blob, std::size_t offset, std::uint8_t value) {
+  blob[offset] = value;
+  const std::uint64_t sum = fnv1a64(std::span(blob).first(blob.size() - 8));
+  std::memcpy(blob.data() + blob.size() - 8, &sum, 8);
+  return blob;
+}
+
+TEST(Wire, CheckpointBoolAndPaddingHaveOneEncoding) {
+  const Bytes blob = encode_checkpoint(sample_checkpoint());
+  Checkpoint c;
+  ASSERT_EQ(decode_checkpoint(blob, c), "");
+  EXPECT_EQ(c, sample_checkpoint());
+  // magic 4, format 2, flags 2, three u64 24, three u32 12: drop_last at 44, padding at 45..47.
+  EXPECT_EQ(decode_checkpoint(with_byte(blob, 44, 2), c), "checkpoint: field 'drop_last' at offset 44 is 2, not 0 or 1");
+  EXPECT_EQ(decode_checkpoint(with_byte(blob, 45, 1), c), "checkpoint: field 'pad' at offset 45 is padding but not zero");
+  EXPECT_EQ(decode_checkpoint(with_byte(blob, 47, 1), c), "checkpoint: field 'pad' at offset 46 is padding but not zero");
+  EXPECT_EQ(decode_checkpoint(with_byte(blob, 6, 2), c), "checkpoint: unknown flags 2");
+  // Truncated inside the fields yet checksummed: names the list and where it ran out.
+  Bytes cut(blob.begin(), blob.end() - 8 - 8);
+  cut.resize(cut.size() + 8);
+  const Bytes short_list = with_byte(cut, 0, blob[0]);
+  EXPECT_EQ(decode_checkpoint(short_list, c), "checkpoint: field 'late' needs 16 bytes at offset 108, blob has 8");
+}
+
+}  // namespace
+}  // namespace shardmix::proto
