@@ -381,7 +381,11 @@ TEST(TrainerSchedulerWindow, ASlowPeerIsOvertakenOnlyWithAWindow) {
   for (const std::uint32_t window : {0u, kWindow}) {
     World w(400, 4, 8, 2, window);
     Rig rig(w, 1 << 24);
-    auto& [staging, fetcher, sink, scheduler] = rig;
+    // Plain references, not a structured binding: the lambda below captures `fetcher`, which
+    // clang 14 (the asan stage) does not allow for a binding.
+    auto& fetcher = rig.fetcher;
+    auto& sink = rig.sink;
+    auto& scheduler = rig.scheduler;
     scheduler->start_epoch(epoch, 1);
     const auto plan = w.planner->plan_node(epoch, 0)[0];
     // Every read from node 1 hangs; the others land.
