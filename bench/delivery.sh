@@ -22,18 +22,20 @@
 # end of each epoch, median over epochs); --lockstep-only skips them.
 #
 #   bash bench/delivery.sh [--quick] [--providers "tcp shm"] [--repeat 3] [--samples 65536] [--epochs 4]
-#                          [--lockstep-only]
+#                          [--lockstep-only] [--out bench/results/delivery-latest.json]
 # Env: SHARDMIX_BUILD_DIR (default build/, configure it Release), SHARDMIX_BENCH_DIR
-# (dataset cache, default /tmp/shardmix-bench). Writes bench/results/delivery-latest.json
-# and prints a Markdown table.
+# (dataset cache, default /tmp/shardmix-bench). Writes --out (default
+# bench/results/delivery-latest.json, the file docs/performance.md quotes) and prints the
+# Markdown tables.
 set -euo pipefail
 # shellcheck source=bench/lib.sh
 source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
 # 65,536 x 112 KiB (7.3 GB, held in the daemons' RAM): long enough epochs for peer delivery.
 samples=65536 median_kib=112 epochs=4 repeat=3 providers="tcp shm" fi_seconds=3 modes="lockstep free"
+out=$repo/bench/results/delivery-latest.json
 quick_sizes() { samples=4096 epochs=3 repeat=1 fi_seconds=1; }
-bench_parse_args quick:quick_sizes providers repeat samples epochs lockstep-only:'modes=lockstep' -- "$@"
+bench_parse_args quick:quick_sizes providers repeat samples epochs lockstep-only:'modes=lockstep' out -- "$@"
 bench_check_positive_ints repeat samples epochs
 ((epochs >= 2)) || sm_die "--epochs must be at least 2 (epoch 0 is a warm-up), got $epochs" 2
 bench_require_built server/shardmixd tools/shardmix-consume tools/shardmix-gen bench/shardmix-bench-memcpy \
@@ -76,4 +78,4 @@ for provider in $providers; do
   done
 done
 
-python3 "$bench_dir/delivery_report.py" "$raw" "$repo/bench/results/delivery-latest.json" "$samples" "$median_kib"
+python3 "$bench_dir/delivery_report.py" "$raw" "$out" "$samples" "$median_kib"
