@@ -6,7 +6,8 @@
 # job ends (the trainers with an empty last batch still join the collective), and no
 # trainer began waiting for batch k+1 before every trainer had batch k (check_lockstep.py
 # on the traces' batch times). The same job without --lockstep runs too and its drift is
-# reported, not judged: free-running trainers may or may not run ahead.
+# reported, not judged: free-running trainers may or may not run ahead. Last, a lockstep
+# trainer SIGKILLed mid-epoch: the job ends, failed, instead of hanging in the collective.
 #   tests/e2e/lockstep_e2e.sh [tcp|shm]
 set -euo pipefail
 SM_PROG=lockstep_e2e
@@ -50,3 +51,23 @@ empty=$(cat "$tmp"/lockstep/empty-rank-*.csv | grep -vc '^epoch' || true)
 sm_section "free-running, for comparison (reported, not judged)"
 run_job "$tmp/free" "$tmp/daemons-free.log"
 "$python" "$SM_E2E/check_lockstep.py" "$tmp/free" --trainers "$trainers"
+
+# A trainer SIGKILLed mid-epoch must not leave the others waiting in the collective for
+# ever: mpirun sees the rank die and ends the job, which fails (and not by our timeout).
+sm_section "lockstep, trainer rank 1 SIGKILLed mid-epoch: the job must end, failed"
+cat >"$tmp/victim.sh" <<'TRAINER'
+#!/usr/bin/env bash
+# After exec, $$ is the trainer itself.
+[[ ${OMPI_COMM_WORLD_RANK:-0} == 1 ]] && { sleep 0.5; kill -KILL $$; } &
+exec "$@" --compute-ms 20
+TRAINER
+rc=0
+e2e_launch 120 "$tmp/daemons-killed.log" --nodes "$nodes" --config "$tmp/c.toml" --trainers-per-node "$per_node" \
+  -- bash "$tmp/victim.sh" "$consume" --epochs "$epochs" --lockstep >"$tmp/killed.out" 2>&1 || rc=$?
+# launch.sh's own line, not only its status: mpirun reports the SIGKILL as 137, which
+# timeout's -k would give too.
+if ((rc == 124)) || ! grep -Eq 'trainers finished in .* with exit code [1-9]' "$tmp/killed.out"; then
+  cat "$tmp/killed.out" >&2
+  sm_die "after trainer rank 1 was killed the job hung or succeeded (launch.sh exit code $rc)" 1
+fi
+echo "a killed trainer ended the job: launch.sh exit code $rc"
