@@ -14,10 +14,9 @@ SM_PROG=lockstep_e2e
 # shellcheck source=tests/e2e/lib.sh
 source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
-provider=${1:-tcp}
-nodes=2 per_node=2 epochs=2 batch=8
-trainers=$((nodes * per_node))
 e2e_init lockstep
+provider=${1:-tcp} nodes=2 per_node=2 epochs=2 batch=8
+trainers=$((nodes * per_node))
 # 802 = 25 full steps of 4 x 8, then 2 left over: two trainers get 1 sample, two an empty batch.
 e2e_gen_dataset 802 8 16 5
 settings=(dataset.path="$tmp/data" batch.size="$batch" shuffle.seed=11 fabric.provider="$provider"
