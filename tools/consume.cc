@@ -183,7 +183,8 @@ int main(int argc, char** argv) {
   bool lockstep = false;
   app.add_flag("--lockstep", lockstep,
                "Hold all trainers of the job in step as DDP does: one MPI_Allreduce of one int per batch over "
-               "the trainer ranks (run them under mpirun, e.g. deploy/launch.sh)");
+               "the trainer ranks (run them as their own mpirun job, as deploy/launch.sh does; not under "
+               "deploy/mpmd.sh, whose wrapper is the MPI rank)");
   CLI11_PARSE(app, argc, argv);
   if (lockstep && (synthetic_batches > 0 || first_batch_only || checkpoint_after > 0)) {
     // Those leave the loop early or never enter it: the other trainers would wait in the
