@@ -13,6 +13,17 @@ def fmt_range(entry):
     return f"{entry['gbps']:.2f} ({entry['gbps_min']:.2f}-{entry['gbps_max']:.2f})"
 
 
+def method_sentence(d):
+    """How the ShardMix figures were taken: a result written before decision 0050 has no
+    "method" and used free-running trainers with per-epoch spans."""
+    if "method" not in d:
+        return ("GB/s, median over 3 runs x 3 epochs (min-max); free-running trainers, an epoch's rate is all "
+                "trainers' bytes over the wall-clock span from the first trainer's start to the last one's end.")
+    return ("GB/s, median over the runs (min-max); trainers in lockstep (one MPI_Allreduce per batch), a run's "
+            "rate is all trainers' bytes of the measured epochs over the whole span from the first trainer's "
+            "first batch of epoch 1 to the last trainer's last batch.")
+
+
 def main():
     path = sys.argv[1] if len(sys.argv) > 1 else "bench/results/delivery-latest.json"
     d = json.load(open(path))
@@ -20,9 +31,7 @@ def main():
     providers = d["providers"]
     print(f"Measured {d['date']} on this development machine ({d['machine']}, KVM guest): "
           f"{d['dataset']}, 4 daemons + 4 trainer processes, batch 32, prefetch 8. "
-          "Baselines measured in the same run. GB/s, median over 3 runs x 3 epochs (min-max); an "
-          "epoch's rate is all trainers' bytes over the wall-clock span from the first trainer's "
-          "start to the last one's end.")
+          "Baselines measured in the same run. " + method_sentence(d))
     print()
     print("| provider | Q = 0, all local, trainers copy | Q = 1, global, trainers copy | Q = 1, global, views only "
           "| of which peer (views only) | memcpy 1 thread | memcpy 2 threads | raw `fi_read` (4 ranks, qd 8) |")

@@ -15,7 +15,7 @@
 #      stall and tier fractions side by side; bench/results/whatif-latest.json.
 # Rates are samples over the span of epochs 1..E-1 (epoch 0 includes connection set-up),
 # from the stats file, in both the jobs and the simulator. The trainers are not held in
-# step: shardmix-consume has no lockstep mode (each trainer paces itself with
+# step: shardmix-consume runs without --lockstep here (each trainer paces itself with
 # --compute-ms, as in bench/stall.sh), while the simulator models DDP lockstep.
 #
 #   bash bench/whatif_check.sh [--samples 16384] [--median-kib 16] [--epochs 5] [--compute-ms 16]

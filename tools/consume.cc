@@ -17,6 +17,12 @@
 // --resume-dir DIR continues: from DIR/rank-<R>.ckpt (same world size), or, when the
 // daemons re-dealt an epoch from resume.checkpoint_dir, from Client::resumed_epoch();
 // --epochs then counts from the resumed epoch.
+// --lockstep (docs/decisions/0050) holds the trainers in step as DDP's gradient all-reduce
+// does: after each batch's body every trainer joins one MPI_Allreduce of one int over all
+// trainer ranks of the job, so no trainer asks for batch k+1 before every trainer has
+// finished batch k. With --trace it also writes DIR/batch-rank-<R>.csv:
+//   epoch,rank,batch,t_request,t_received
+// (monotonic seconds: when the trainer began waiting for the batch, and when it was in hand).
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -31,6 +37,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <mpi.h>
 #include <xxhash.h>
 
 #include "client/client.h"
@@ -53,6 +60,43 @@ std::string csv_field(std::string_view s) {
 double monotonic_seconds(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(t.time_since_epoch()).count();
 }
+
+// --lockstep: the trainers are the ranks of one mpirun job (deploy/launch.sh starts them
+// so, on one machine or across hosts), so MPI_COMM_WORLD is exactly the job's trainers.
+// One MPI_Allreduce(MAX) of "I still have a batch" per batch is the stand-in for DDP's
+// per-step gradient all-reduce. A trainer whose epoch has ended (fewer batches, or only its
+// empty last batch left behind it) keeps joining with 0 until the maximum is 0, so trainers
+// with different batch counts cannot deadlock. Leaving main without finish() (an error, an
+// exception) calls MPI_Abort: mpirun then ends every trainer instead of leaving the others
+// blocked in the collective; a trainer killed by a signal ends the job through mpirun too.
+class Lockstep {
+ public:
+  Lockstep(int* argc, char*** argv) { MPI_Init(argc, argv); }
+  Lockstep(const Lockstep&) = delete;
+  Lockstep& operator=(const Lockstep&) = delete;
+  ~Lockstep() {
+    if (!finished_) MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  // After a batch's body: returns once every trainer has finished its batch of this step.
+  void batch_done() { all_reduce_max(1); }
+  // After the epoch's last batch: takes part until no trainer has a batch left.
+  void epoch_done() {
+    while (all_reduce_max(0) != 0) {
+    }
+  }
+  void finish() {
+    finished_ = true;
+    MPI_Finalize();
+  }
+
+ private:
+  static int all_reduce_max(int mine) {
+    int max = 0;
+    MPI_Allreduce(&mine, &max, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    return max;
+  }
+  bool finished_ = false;
+};
 
 // DS-Analyzer's reference run (Mohan et al., VLDB 2021): the same per-batch work fed from
 // memory, so its epoch time is the trainer's own; a loader's epoch time minus this is stall.
@@ -136,7 +180,20 @@ int main(int argc, char** argv) {
   app.add_flag("--first-batch-only", first_batch_only,
                "Print when the first batch was in hand (a 'JSON {...}' line with t_first_batch) and exit at once, "
                "without finishing the epoch: bench/startup.sh's mpirun-to-first-batch");
+  bool lockstep = false;
+  app.add_flag("--lockstep", lockstep,
+               "Hold all trainers of the job in step as DDP does: one MPI_Allreduce of one int per batch over "
+               "the trainer ranks (run them as their own mpirun job, as deploy/launch.sh does; not under "
+               "deploy/mpmd.sh, whose wrapper is the MPI rank)");
   CLI11_PARSE(app, argc, argv);
+  if (lockstep && (synthetic_batches > 0 || first_batch_only || checkpoint_after > 0)) {
+    // Those leave the loop early or never enter it: the other trainers would wait in the
+    // collective for a batch that never comes.
+    std::fprintf(stderr,
+                 "shardmix-consume: --lockstep cannot be combined with --synthetic-batches, --first-batch-only "
+                 "or --checkpoint-after\n");
+    return 2;
+  }
   if (synthetic_batches > 0) {
     return run_synthetic(epochs, synthetic_batches, synthetic_batch_bytes, touch, compute_ms, json);
   }
@@ -145,6 +202,8 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  std::optional<Lockstep> in_step;
+  if (lockstep) in_step.emplace(&argc, &argv);
   try {
     shardmix::ClientOptions options;
     options.daemon = daemon;
@@ -153,6 +212,7 @@ int main(int argc, char** argv) {
     std::FILE* trace = nullptr;
     std::FILE* skipped_trace = nullptr;
     std::FILE* empty_trace = nullptr;
+    std::FILE* batch_times = nullptr;
     const shardmix::Catalog* catalog = nullptr;
     if (!trace_dir.empty()) {
       std::filesystem::create_directories(trace_dir);
@@ -170,7 +230,8 @@ int main(int argc, char** argv) {
       trace = open_csv("rank", "epoch,rank,batch,position,sample_id,path,label,bytes,xxh64,tier,owner\n");
       skipped_trace = open_csv("skipped-rank", "epoch,rank,batch,sample_id,path\n");
       empty_trace = open_csv("empty-rank", "epoch,rank,batch\n");
-      if (trace == nullptr || skipped_trace == nullptr || empty_trace == nullptr) return 1;
+      batch_times = open_csv("batch-rank", "epoch,rank,batch,t_request,t_received\n");
+      if (trace == nullptr || skipped_trace == nullptr || empty_trace == nullptr || batch_times == nullptr) return 1;
       catalog = &client.catalog();
     }
     if (touch != "hash" && !trace_dir.empty()) {
@@ -207,14 +268,23 @@ int main(int argc, char** argv) {
       // (touching its bytes and --compute-ms) or from the epoch's start, until the batch
       // is in hand. The wait that only ends the epoch (no batch) is not counted.
       std::chrono::steady_clock::duration stall{0};
+      // --lockstep: time spent in the per-batch collective, waiting for the other trainers.
+      std::chrono::steady_clock::duration in_step_wait{0};
       auto waiting_since = start;
+      auto last_batch_done = start;
       // When the first batch was in hand: bench/startup.sh's "mpirun to first batch".
       std::optional<std::chrono::steady_clock::time_point> first_batch_at;
       const bool resuming = e == first_epoch && !resume_blob.empty();
       for (const shardmix::Batch& batch : resuming ? client.epoch(e, resume_blob) : client.epoch(e)) {
-        stall += std::chrono::steady_clock::now() - waiting_since;
+        const auto received = std::chrono::steady_clock::now();
+        stall += received - waiting_since;
+        if (batch_times != nullptr) {
+          std::fprintf(batch_times, "%llu,%d,%llu,%.9f,%.9f\n", static_cast<unsigned long long>(e), rank,
+                       static_cast<unsigned long long>(batch.index()), monotonic_seconds(waiting_since),
+                       monotonic_seconds(received));
+        }
         if (!first_batch_at) {
-          first_batch_at = std::chrono::steady_clock::now();
+          first_batch_at = received;
           if (first_batch_only) {
             std::printf("JSON {\"rank\": %d, \"epoch\": %llu, \"first_batch_only\": true, \"samples\": %zu, "
                         "\"t_start\": %.6f, \"t_first_batch\": %.6f}\n",
@@ -286,7 +356,19 @@ int main(int argc, char** argv) {
           std::fwrite(rows.data(), 1, rows.size(), trace);
           rows.clear();
         }
-        waiting_since = std::chrono::steady_clock::now();
+        last_batch_done = std::chrono::steady_clock::now();
+        if (in_step) {
+          in_step->batch_done();
+          waiting_since = std::chrono::steady_clock::now();
+          in_step_wait += waiting_since - last_batch_done;
+        } else {
+          waiting_since = last_batch_done;
+        }
+      }
+      if (in_step) {
+        const auto ended = std::chrono::steady_clock::now();
+        in_step->epoch_done();
+        in_step_wait += std::chrono::steady_clock::now() - ended;
       }
       const double stall_seconds = std::chrono::duration<double>(stall).count();
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -306,7 +388,7 @@ int main(int argc, char** argv) {
             "JSON {\"rank\": %d, \"epoch\": %llu, \"samples\": %llu, \"bytes\": %llu, \"batches\": %llu, "
             "\"seconds\": %.6f, \"local_samples\": %llu, \"peer_samples\": %llu, \"storage_samples\": %llu, \"peer_bytes\": %llu, "
             "\"daemon_fetch_wait_us\": %llu, \"stall_seconds\": %.6f, \"t_start\": %.6f, \"t_end\": %.6f, "
-            "\"t_first_batch\": %.6f}\n",
+            "\"t_first_batch\": %.6f, \"t_last_batch\": %.6f, \"lockstep\": %s, \"lockstep_wait_seconds\": %.6f}\n",
             rank, static_cast<unsigned long long>(e), static_cast<unsigned long long>(samples),
             static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(batches), secs,
             static_cast<unsigned long long>(stats ? stats->local_samples : 0),
@@ -314,7 +396,9 @@ int main(int argc, char** argv) {
             static_cast<unsigned long long>(stats ? stats->storage_samples : 0),
             static_cast<unsigned long long>(stats ? stats->peer_bytes : 0),
             static_cast<unsigned long long>(stats ? stats->fetch_wait_us : 0), stall_seconds, monotonic_seconds(start),
-            monotonic_seconds(start) + secs, monotonic_seconds(first_batch_at.value_or(start)));
+            monotonic_seconds(start) + secs, monotonic_seconds(first_batch_at.value_or(start)),
+            monotonic_seconds(last_batch_done), in_step ? "true" : "false",
+            std::chrono::duration<double>(in_step_wait).count());
       }
       std::fflush(stdout);
       if (!between_epochs.empty() && e + 1 < first_epoch + epochs) {
@@ -334,9 +418,11 @@ int main(int argc, char** argv) {
     }
     if (skipped_trace != nullptr) std::fclose(skipped_trace);
     if (empty_trace != nullptr) std::fclose(empty_trace);
+    if (batch_times != nullptr) std::fclose(batch_times);
   } catch (const shardmix::Error& e) {
     std::fprintf(stderr, "shardmix-consume: %s\n", e.what());
     return 1;
   }
+  if (in_step) in_step->finish();
   return 0;
 }
