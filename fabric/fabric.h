@@ -31,8 +31,8 @@ namespace shardmix::fabric {
 inline constexpr std::size_t kMaxReadSegments = 4;
 
 struct FabricOptions {
-  // "auto": verbs when an RDMA device is present (rdma-core's ibv_get_device_list),
-  // else tcp. Otherwise a libfabric provider name: "tcp" (used as tcp;ofi_rxm), "shm",
+  // "auto": verbs when an RDMA device is present (rdma-core's ibv_get_device_list) and
+  // fi_getinfo offers it, else tcp (choose_provider; a fallback is logged as a warning). Otherwise a libfabric provider name: "tcp" (used as tcp;ofi_rxm), "shm",
   // "verbs" (as verbs;ofi_rxm), or any name fi_info lists.
   std::string provider = "auto";
   std::string interface;                 // domain name filter, e.g. "lo"; "" = first match
