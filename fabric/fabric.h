@@ -65,12 +65,10 @@ struct ProviderReport {
   std::string domain_name;
   int mr_mode = 0;           // granted FI_MR_* bits; mr_mode_names() spells them
   std::uint64_t mode = 0;    // FI_CONTEXT etc. the provider requires; mode_names()
-  std::size_t max_msg_size = 0;
-  std::size_t tx_size = 0;
-  std::size_t rx_size = 0;
-  std::size_t iov_limit = 0;
-  std::size_t rma_iov_limit = 0;
-  std::size_t mr_key_size = 0;
+  std::size_t max_msg_size = 0;                   // ep_attr
+  std::size_t tx_size = 0, rx_size = 0;           // tx_attr->size, rx_attr->size
+  std::size_t iov_limit = 0, rma_iov_limit = 0;   // tx_attr: segments per read, local and remote
+  std::size_t mr_key_size = 0;                    // domain_attr: bytes in a key
   std::string threading;         // e.g. "FI_THREAD_SAFE"
   std::string data_progress;     // e.g. "FI_PROGRESS_MANUAL"
   std::string control_progress;
