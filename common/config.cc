@@ -182,7 +182,7 @@ const KeySpec kKeys[] = {
    "", 0, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(cache.reuse_rounds)},
 
   {"fabric.provider", KeyType::kString, "auto",
-   "libfabric provider: \"auto\" (verbs, then tcp; shm inside a node), or a name such as tcp, shm, verbs, efa, cxi.",
+   "libfabric provider: \"auto\" (verbs when rdma-core lists an RDMA device, else tcp; a listed device whose verbs provider fi_getinfo rejects falls back to tcp with a warning), or a name such as tcp, shm, verbs, efa, cxi, which never falls back (docs/fabric.md, decision 0049).",
    "\"auto\" picks the fastest provider found; name one to pin behaviour across clusters or to debug.",
    "", 0, 0, 0, 0, true, SHARDMIX_STR_KEY(fabric.provider)},
   {"fabric.interface", KeyType::kString, "",

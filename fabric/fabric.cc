@@ -58,28 +58,12 @@ constexpr auto kMaxIdleBackoff = std::chrono::microseconds(1000);
 // stop_progress waits this long for reads already handed to the provider.
 constexpr auto kStopDrainTimeout = std::chrono::seconds(5);
 
-std::string mr_mode_string(int mr_mode) {
-  std::string out;
-  auto add = [&](int bit, const char* name) {
-    if ((mr_mode & bit) == 0) return;
-    if (!out.empty()) out += '|';
-    out += name;
-  };
-  add(FI_MR_LOCAL, "FI_MR_LOCAL");
-  add(FI_MR_VIRT_ADDR, "FI_MR_VIRT_ADDR");
-  add(FI_MR_ALLOCATED, "FI_MR_ALLOCATED");
-  add(FI_MR_PROV_KEY, "FI_MR_PROV_KEY");
-  add(FI_MR_ENDPOINT, "FI_MR_ENDPOINT");
-  add(FI_MR_RAW, "FI_MR_RAW");
-  return out.empty() ? "none" : out;
-}
-
 Status fi_error(const char* call, int rc) {
   return make_error(StatusCode::kUnavailable, "{} failed: {} ({})", call, fi_strerror(-rc), rc);
 }
 
 // The hints every query uses; `prov_name` may be empty (any provider).
-FiInfoPtr make_hints(const std::string& prov_name) {
+FiInfoPtr make_hints(const std::string& prov_name, std::optional<int> mr_mode = std::nullopt) {
   FiInfoPtr hints(fi_allocinfo());
   if (!hints) return hints;
   hints->ep_attr->type = FI_EP_RDM;
@@ -87,7 +71,7 @@ FiInfoPtr make_hints(const std::string& prov_name) {
   // Every op context points at a struct fi_context2 we own, so providers that need
   // scratch space in it may use it.
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
-  hints->domain_attr->mr_mode = kRequestedMrMode;
+  hints->domain_attr->mr_mode = mr_mode.value_or(kRequestedMrMode);
   // Producers call fi_cq_signal from their own threads while the progress thread sits in
   // fi_cq_sread; FI_THREAD_SAFE makes that legal (tcp;ofi_rxm and shm default to it anyway).
   hints->domain_attr->threading = FI_THREAD_SAFE;
@@ -97,26 +81,38 @@ FiInfoPtr make_hints(const std::string& prov_name) {
 
 // "tcp;ofi_rxm (eth0, lo), shm (shm)": what this machine offers, for error messages.
 std::string describe_rdm_rma_providers() {
-  FiInfoPtr hints = make_hints("");
-  fi_info* list = nullptr;
-  if (!hints || fi_getinfo(kFabricApiVersion, nullptr, nullptr, 0, hints.get(), &list) != 0 || list == nullptr) {
-    return "none";
-  }
-  FiInfoPtr owner(list);
   std::vector<std::pair<std::string, std::set<std::string>>> providers;
-  for (fi_info* info = list; info != nullptr; info = info->next) {
-    const std::string prov = info->fabric_attr->prov_name ? info->fabric_attr->prov_name : "?";
-    const std::string domain = info->domain_attr->name ? info->domain_attr->name : "?";
-    auto it = std::find_if(providers.begin(), providers.end(), [&](const auto& p) { return p.first == prov; });
-    if (it == providers.end()) it = providers.insert(providers.end(), {prov, {}});
-    it->second.insert(domain);
+  for (const ProviderReport& report : query_rdm_rma_providers("", std::nullopt)) {
+    auto it = std::find_if(providers.begin(), providers.end(),
+                           [&](const auto& p) { return p.first == report.prov_name; });
+    if (it == providers.end()) it = providers.insert(providers.end(), {report.prov_name, {}});
+    it->second.insert(report.domain_name);
   }
+  if (providers.empty()) return "none";
   std::string out;
   for (const auto& [prov, domains] : providers) {
     if (!out.empty()) out += ", ";
     out += fmt::format("{} ({})", prov, fmt::join(domains, ", "));
   }
   return out;
+}
+
+// "name|name" of the bits of `value` that `names` knows, or "none".
+template <typename Bits>
+std::string bit_names(Bits value, std::initializer_list<std::pair<Bits, const char*>> names) {
+  std::string out;
+  for (const auto& [bit, name] : names) {
+    if ((value & bit) == 0) continue;
+    if (!out.empty()) out += '|';
+    out += name;
+  }
+  return out.empty() ? "none" : out;
+}
+
+// fi_tostr's name of an enum value (its buffer is static: copied at once).
+std::string enum_name(const void* value, fi_type type) {
+  const char* text = fi_tostr(value, type);
+  return text != nullptr ? text : "?";
 }
 
 bool names_match(const char* name, const std::string& wanted) { return name != nullptr && wanted == name; }
@@ -177,6 +173,74 @@ struct InflightRead {
 };
 
 }  // namespace
+
+std::string mr_mode_names(int mr_mode) {
+  return bit_names<int>(mr_mode, {{FI_MR_LOCAL, "FI_MR_LOCAL"},
+                                  {FI_MR_RAW, "FI_MR_RAW"},
+                                  {FI_MR_VIRT_ADDR, "FI_MR_VIRT_ADDR"},
+                                  {FI_MR_ALLOCATED, "FI_MR_ALLOCATED"},
+                                  {FI_MR_PROV_KEY, "FI_MR_PROV_KEY"},
+                                  {FI_MR_MMU_NOTIFY, "FI_MR_MMU_NOTIFY"},
+                                  {FI_MR_RMA_EVENT, "FI_MR_RMA_EVENT"},
+                                  {FI_MR_ENDPOINT, "FI_MR_ENDPOINT"},
+                                  {FI_MR_HMEM, "FI_MR_HMEM"}});
+}
+
+std::string mode_names(std::uint64_t mode) {
+  return bit_names<std::uint64_t>(mode, {{FI_CONTEXT, "FI_CONTEXT"},
+                                         {FI_CONTEXT2, "FI_CONTEXT2"},
+                                         {FI_MSG_PREFIX, "FI_MSG_PREFIX"},
+                                         {FI_ASYNC_IOV, "FI_ASYNC_IOV"},
+                                         {FI_RX_CQ_DATA, "FI_RX_CQ_DATA"},
+                                         {FI_LOCAL_MR, "FI_LOCAL_MR"},
+                                         {FI_NOTIFY_FLAGS_ONLY, "FI_NOTIFY_FLAGS_ONLY"},
+                                         {FI_RESTRICTED_COMP, "FI_RESTRICTED_COMP"},
+                                         {FI_BUFFERED_RECV, "FI_BUFFERED_RECV"}});
+}
+
+std::vector<ProviderReport> query_rdm_rma_providers(const std::string& prov_name, std::optional<int> mr_mode) {
+  std::vector<ProviderReport> reports;
+  FiInfoPtr hints = make_hints(prov_name, mr_mode);
+  fi_info* list = nullptr;
+  if (!hints || fi_getinfo(kFabricApiVersion, nullptr, nullptr, 0, hints.get(), &list) != 0 || list == nullptr) {
+    return reports;
+  }
+  FiInfoPtr owner(list);
+  for (const fi_info* info = list; info != nullptr; info = info->next) {
+    ProviderReport& r = reports.emplace_back();
+    r.prov_name = info->fabric_attr->prov_name ? info->fabric_attr->prov_name : "?";
+    r.fabric_name = info->fabric_attr->name ? info->fabric_attr->name : "?";
+    r.domain_name = info->domain_attr->name ? info->domain_attr->name : "?";
+    r.mr_mode = info->domain_attr->mr_mode;
+    r.mode = info->mode;
+    r.max_msg_size = info->ep_attr->max_msg_size;
+    r.tx_size = info->tx_attr->size;
+    r.rx_size = info->rx_attr->size;
+    r.iov_limit = info->tx_attr->iov_limit;
+    r.rma_iov_limit = info->tx_attr->rma_iov_limit;
+    r.mr_key_size = info->domain_attr->mr_key_size;
+    r.threading = enum_name(&info->domain_attr->threading, FI_TYPE_THREADING);
+    r.data_progress = enum_name(&info->domain_attr->data_progress, FI_TYPE_PROGRESS);
+    r.control_progress = enum_name(&info->domain_attr->control_progress, FI_TYPE_PROGRESS);
+  }
+  return reports;
+}
+
+FabricOptions fabric_options_from(const FabricConfig& config) {
+  FabricOptions options;
+  options.provider = config.provider;
+  options.interface = config.interface;
+  options.max_outstanding_reads = config.max_outstanding_reads;
+  options.max_read_segments = config.max_read_segments;
+  return options;
+}
+
+Result<ProviderChoice> choose_provider_for(const FabricOptions& options) {
+  const int rdma_devices = options.provider == "auto" ? count_rdma_devices() : 0;
+  return choose_provider(options.provider, rdma_devices, [&](const std::string& prov_name) {
+    return !query_rdm_rma_providers(prov_name, options.requested_mr_mode).empty();
+  });
+}
 
 void log_close_failure(const char* what, int rc) noexcept {
   try {
@@ -295,10 +359,11 @@ Status Fabric::Impl::open(const FabricOptions& options) {
   if (options.max_outstanding_reads == 0) {
     return make_error(StatusCode::kInvalidArgument, "fabric.max_outstanding_reads must be at least 1");
   }
-  const int rdma_devices = options.provider == "auto" ? count_rdma_devices() : 0;
-  SHARDMIX_ASSIGN_OR_RETURN(std::string wanted_provider, resolve_provider_name(options.provider, rdma_devices));
+  SHARDMIX_ASSIGN_OR_RETURN(ProviderChoice choice, choose_provider_for(options));
+  if (!choice.warning.empty()) log::get("fabric")->warn("{}", choice.warning);
+  const std::string& wanted_provider = choice.prov_name;
 
-  FiInfoPtr hints = make_hints(wanted_provider);
+  FiInfoPtr hints = make_hints(wanted_provider, options.requested_mr_mode);
   if (!hints) return make_error(StatusCode::kResourceExhausted, "fi_allocinfo failed");
   fi_info* list = nullptr;
   if (int rc = fi_getinfo(kFabricApiVersion, nullptr, nullptr, 0, hints.get(), &list); rc != 0 || list == nullptr) {
@@ -425,7 +490,7 @@ Status Fabric::Impl::open(const FabricOptions& options) {
   for (std::size_t slot = max_inflight; slot-- > 0;) free_slots.push_back(slot);
 
   log::get("fabric")->info("provider {} domain {} mr_mode {} cq wait {} max outstanding reads {}, segments per read {}",
-                           provider_name, domain_name, mr_mode_string(mr_mode),
+                           provider_name, domain_name, mr_mode_names(mr_mode),
                            wait_mode == CqWaitMode::kBlockingSread ? "fi_cq_sread" : "poll+backoff", max_inflight,
                            max_segments);
   return Status::ok_status();
@@ -916,6 +981,7 @@ Result<std::unique_ptr<Fabric>> Fabric::create(const FabricOptions& options, int
 
 const std::string& Fabric::provider_name() const { return impl_->provider_name; }
 const std::string& Fabric::domain_name() const { return impl_->domain_name; }
+int Fabric::mr_mode() const { return impl_->mr_mode; }
 
 Status Fabric::expose(void* base, std::size_t length) {
   Impl& impl = *impl_;

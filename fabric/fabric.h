@@ -15,11 +15,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "common/config.h"
 #include "common/status.h"
+#include "fabric/provider.h"
 
 namespace shardmix::fabric {
 
@@ -28,8 +31,8 @@ namespace shardmix::fabric {
 inline constexpr std::size_t kMaxReadSegments = 4;
 
 struct FabricOptions {
-  // "auto": verbs when an RDMA device is present (rdma-core's ibv_get_device_list),
-  // else tcp. Otherwise a libfabric provider name: "tcp" (used as tcp;ofi_rxm), "shm",
+  // "auto": verbs when an RDMA device is present (rdma-core's ibv_get_device_list) and
+  // fi_getinfo offers it, else tcp (choose_provider; a fallback is logged as a warning). Otherwise a libfabric provider name: "tcp" (used as tcp;ofi_rxm), "shm",
   // "verbs" (as verbs;ofi_rxm), or any name fi_info lists.
   std::string provider = "auto";
   std::string interface;                 // domain name filter, e.g. "lo"; "" = first match
@@ -40,7 +43,46 @@ struct FabricOptions {
   std::uint32_t max_outstanding_reads = 8;
   // Segments per read (fabric.max_read_segments): 1 posts every sample as its own fi_read.
   std::uint32_t max_read_segments = kMaxReadSegments;
+  // The mr_mode bits asked of fi_getinfo (FI_MR_* from rdma/fi_domain.h); unset = the
+  // portable set (LOCAL|VIRT_ADDR|ALLOCATED|PROV_KEY|ENDPOINT). Not a config key: the
+  // mr_mode test and shardmix-doctor set it to check that every mode a provider grants
+  // works. Whatever subset the provider grants is honoured either way.
+  std::optional<int> requested_mr_mode;
 };
+
+// The daemon's fabric options from its [fabric] config section (requested_mr_mode unset).
+FabricOptions fabric_options_from(const FabricConfig& config);
+
+// The provider Fabric::create opens for these options, and why: resolve_provider_name's
+// mapping plus choose_provider's verbs-to-tcp fallback, with fi_getinfo as the judge of
+// "usable" (the hints Fabric::create uses).
+Result<ProviderChoice> choose_provider_for(const FabricOptions& options);
+
+// One fi_getinfo answer for FI_EP_RDM with RMA reads, as shardmix-doctor reports it.
+struct ProviderReport {
+  std::string prov_name;     // e.g. "tcp;ofi_rxm"
+  std::string fabric_name;
+  std::string domain_name;
+  int mr_mode = 0;           // granted FI_MR_* bits; mr_mode_names() spells them
+  std::uint64_t mode = 0;    // FI_CONTEXT etc. the provider requires; mode_names()
+  std::size_t max_msg_size = 0;                   // ep_attr
+  std::size_t tx_size = 0, rx_size = 0;           // tx_attr->size, rx_attr->size
+  std::size_t iov_limit = 0, rma_iov_limit = 0;   // tx_attr: segments per read, local and remote
+  std::size_t mr_key_size = 0;                    // domain_attr: bytes in a key
+  std::string threading;         // e.g. "FI_THREAD_SAFE"
+  std::string data_progress;     // e.g. "FI_PROGRESS_MANUAL"
+  std::string control_progress;
+};
+
+// Every FI_EP_RDM+FI_RMA answer fi_getinfo gives for `prov_name` ("" = any provider) with
+// the hints Fabric::create uses, `mr_mode` replacing the default mr_mode bits when set.
+// An empty vector when there is none (a refused mr_mode included).
+std::vector<ProviderReport> query_rdm_rma_providers(const std::string& prov_name, std::optional<int> mr_mode);
+
+// "FI_MR_LOCAL|FI_MR_VIRT_ADDR", or "none".
+std::string mr_mode_names(int mr_mode);
+// "FI_CONTEXT|FI_RX_CQ_DATA", or "none".
+std::string mode_names(std::uint64_t mode);
 
 // A locally registered region that can be the target of reads.
 struct LocalRegion {
@@ -85,6 +127,8 @@ class Fabric {
   // e.g. "tcp;ofi_rxm", "shm"
   const std::string& provider_name() const;
   const std::string& domain_name() const;
+  // The FI_MR_* bits the provider granted (a subset of those requested).
+  int mr_mode() const;
 
   // Registers [base, base+length) once for remote reads by peers. length may be 0
   // (a node that owns nothing); the blob then says so and reads of it fail cleanly.

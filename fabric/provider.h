@@ -5,8 +5,10 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 
@@ -20,8 +22,28 @@ namespace shardmix::fabric {
 // An empty string is an invalid argument.
 Result<std::string> resolve_provider_name(std::string_view requested, int rdma_device_count);
 
-// Number of RDMA devices rdma-core sees (ibv_get_device_list); 0 when there are none
-// or the verbs stack is unusable.
+// Which prov_name a job asks fi_getinfo for, and why (shardmix-doctor prints both).
+struct ProviderChoice {
+  std::string prov_name;  // e.g. "tcp;ofi_rxm"
+  std::string reason;     // one sentence: the config value and what decided it
+  std::string warning;    // non-empty when "auto" fell back from a present but unusable verbs
+};
+
+// Whether fi_getinfo offers an FI_EP_RDM endpoint with RMA reads for a prov_name.
+using ProviderUsable = std::function<bool(const std::string& prov_name)>;
+
+// resolve_provider_name, plus the fallback: under "auto" with RDMA devices present, a
+// verbs;ofi_rxm that `usable` rejects (no usable port, rdma-core without the provider,
+// a libfabric built without verbs) falls back to tcp;ofi_rxm with a warning. A provider
+// the config names ("verbs" included) never falls back: Fabric::create then fails and
+// names it (docs/decisions/0049). `usable` is asked only in that one case.
+Result<ProviderChoice> choose_provider(std::string_view requested, int rdma_device_count,
+                                       const ProviderUsable& usable);
+
+// Names of the RDMA devices rdma-core sees (ibv_get_device_list), e.g. "mlx5_0"; empty
+// when there are none or the verbs stack is unusable.
+std::vector<std::string> rdma_device_names();
+// rdma_device_names().size().
 int count_rdma_devices();
 
 // How the progress thread idles on a provider's CQ.

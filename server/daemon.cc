@@ -864,8 +864,7 @@ Status Daemon::open_fabric() {
   if (single_host && config_.fabric.interface.empty() && config_.fabric.netns.empty()) {
     ::setenv("FI_TCP_IFACE", "lo", 0);  // all daemons on one host: keep tcp on loopback
   }
-  fabric::FabricOptions fabric_options{config_.fabric.provider, config_.fabric.interface,
-                                       config_.fabric.max_outstanding_reads, config_.fabric.max_read_segments};
+  const fabric::FabricOptions fabric_options = fabric::fabric_options_from(config_.fabric);
   heartbeat_bytes_.assign(static_cast<std::size_t>(nodes_), 0);
   auto fabric_or = fabric::Fabric::create(fabric_options, rank_, nodes_);
   Status fabric_status = fabric_or.status();

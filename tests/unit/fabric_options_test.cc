@@ -38,6 +38,62 @@ TEST(FabricProvider, EmptyNameIsRejected) {
   EXPECT_NE(name.status().message().find("fabric.provider"), std::string::npos);
 }
 
+// A fake fi_getinfo verdict: which prov_names it was asked about, and what it answers.
+struct FakeGetinfo {
+  bool verbs_usable = true;
+  std::vector<std::string> asked;
+  ProviderUsable usable() {
+    return [this](const std::string& prov_name) {
+      asked.push_back(prov_name);
+      return prov_name != "verbs;ofi_rxm" || verbs_usable;
+    };
+  }
+};
+
+ProviderChoice chosen(std::string_view requested, int rdma_devices, FakeGetinfo& getinfo) {
+  Result<ProviderChoice> choice = choose_provider(requested, rdma_devices, getinfo.usable());
+  EXPECT_TRUE(choice.ok()) << choice.status().to_string();
+  return choice.ok() ? *choice : ProviderChoice{};
+}
+
+TEST(FabricProviderChoice, AutoKeepsAUsableVerbs) {
+  FakeGetinfo getinfo;
+  const ProviderChoice choice = chosen("auto", 2, getinfo);
+  EXPECT_EQ(choice.prov_name, "verbs;ofi_rxm");
+  EXPECT_TRUE(choice.warning.empty()) << choice.warning;
+  EXPECT_NE(choice.reason.find("2 RDMA device"), std::string::npos) << choice.reason;
+}
+
+TEST(FabricProviderChoice, AutoFallsBackToTcpWithAWarningWhenVerbsIsUnusable) {
+  FakeGetinfo getinfo{.verbs_usable = false};
+  const ProviderChoice choice = chosen("auto", 1, getinfo);
+  EXPECT_EQ(choice.prov_name, "tcp;ofi_rxm");
+  EXPECT_NE(choice.warning.find("verbs;ofi_rxm is unusable"), std::string::npos) << choice.warning;
+  EXPECT_NE(choice.warning.find("falling back to tcp;ofi_rxm"), std::string::npos) << choice.warning;
+  EXPECT_EQ(getinfo.asked, std::vector<std::string>{"verbs;ofi_rxm"});
+}
+
+TEST(FabricProviderChoice, NamedVerbsNeverFallsBack) {
+  FakeGetinfo getinfo{.verbs_usable = false};
+  const ProviderChoice choice = chosen("verbs", 1, getinfo);
+  EXPECT_EQ(choice.prov_name, "verbs;ofi_rxm");
+  EXPECT_TRUE(choice.warning.empty());
+  EXPECT_TRUE(getinfo.asked.empty()) << "a named provider is not probed for a fallback";
+}
+
+TEST(FabricProviderChoice, AutoWithoutDevicesIsTcpWithoutAsking) {
+  FakeGetinfo getinfo;
+  const ProviderChoice choice = chosen("auto", 0, getinfo);
+  EXPECT_EQ(choice.prov_name, "tcp;ofi_rxm");
+  EXPECT_NE(choice.reason.find("no RDMA device"), std::string::npos) << choice.reason;
+  EXPECT_TRUE(getinfo.asked.empty());
+}
+
+TEST(FabricProviderChoice, EmptyNameIsRejected) {
+  FakeGetinfo getinfo;
+  EXPECT_EQ(choose_provider("", 1, getinfo.usable()).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(FabricProvider, ShmPollsBecauseItsSreadNeverReturns) {
   EXPECT_EQ(cq_wait_mode_for("shm"), CqWaitMode::kPollWithBackoff);
   EXPECT_EQ(cq_wait_mode_for("tcp;ofi_rxm"), CqWaitMode::kBlockingSread);
