@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Delivery benchmark (issue: first working ShardMix). In one run, on one dataset:
-#   - ShardMix delivered samples/s and GB/s, 4 daemons + 4 trainers, per provider, with
+#   - ShardMix delivered samples/s and GB/s, N daemons + N trainers (--nodes, default 4),
+#     per provider, with
 #     shuffle.exchange_fraction 0 (every sample from local RAM) and 1 (global shuffle,
 #     3/4 of the samples read from peers with fi_read);
 #   - the baselines measured in the same run: memcpy of the same bytes (1 and 2 threads)
-#     and raw fi_read of the same size distribution on the same provider (4 ranks).
+#     and raw fi_read of the same size distribution on the same provider (N ranks).
 # Three ShardMix variants: Q=0 with trainers copying every sample out of shared memory
 # (--touch copy, as a trainer staging data for a GPU would), compared with memcpy of the
 # same bytes; Q=1 with copying trainers (what such a trainer sees); and Q=1 with trainers
@@ -22,7 +23,7 @@
 # end of each epoch, median over epochs); --lockstep-only skips them.
 #
 #   bash bench/delivery.sh [--quick] [--providers "tcp shm"] [--repeat 3] [--samples 65536] [--epochs 4]
-#                          [--lockstep-only] [--out bench/results/delivery-latest.json]
+#                          [--nodes 4] [--lockstep-only] [--out bench/results/delivery-latest.json]
 # Env: SHARDMIX_BUILD_DIR (default build/, configure it Release), SHARDMIX_BENCH_DIR
 # (dataset cache, default /tmp/shardmix-bench). Writes --out (default
 # bench/results/delivery-latest.json, the file docs/performance.md quotes) and prints the
@@ -32,11 +33,11 @@ set -euo pipefail
 source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
 # 65,536 x 112 KiB (7.3 GB, held in the daemons' RAM): long enough epochs for peer delivery.
-samples=65536 median_kib=112 epochs=4 repeat=3 providers="tcp shm" fi_seconds=3 modes="lockstep free"
+samples=65536 median_kib=112 epochs=4 repeat=3 providers="tcp shm" fi_seconds=3 modes="lockstep free" nodes=4
 out=$repo/bench/results/delivery-latest.json
 quick_sizes() { samples=4096 epochs=3 repeat=1 fi_seconds=1; }
-bench_parse_args quick:quick_sizes providers repeat samples epochs lockstep-only:'modes=lockstep' out -- "$@"
-bench_check_positive_ints repeat samples epochs
+bench_parse_args quick:quick_sizes providers repeat samples epochs nodes lockstep-only:'modes=lockstep' out -- "$@"
+bench_check_positive_ints repeat samples epochs nodes
 ((epochs >= 2)) || sm_die "--epochs must be at least 2 (epoch 0 is a warm-up), got $epochs" 2
 bench_require_built server/shardmixd tools/shardmix-consume tools/shardmix-gen bench/shardmix-bench-memcpy \
   bench/shardmix-bench-fabric-read
@@ -53,8 +54,8 @@ done
 
 for provider in $providers; do
   for ((r = 0; r < repeat; r++)); do
-    echo "== raw fi_read, $provider, 4 ranks, qd 8 (run $((r + 1))/$repeat)"
-    bench_fabric_read 4 "$provider" --median-kib "$median_kib" --lognormal-sigma 0.5 --count 2048 \
+    echo "== raw fi_read, $provider, $nodes ranks, qd 8 (run $((r + 1))/$repeat)"
+    bench_fabric_read "$nodes" "$provider" --median-kib "$median_kib" --lognormal-sigma 0.5 --count 2048 \
       --seconds "$fi_seconds" --seed "$r" >"$work/f.txt" 2>&1 || { cat "$work/f.txt"; exit 1; }
     grep -v '^JSON ' "$work/f.txt" | tail -4
     bench_json_lines "\"provider_run\": \"$provider\"" <"$work/f.txt" >>"$raw"
@@ -66,10 +67,10 @@ for provider in $providers; do
       [[ $mode == lockstep ]] && mode_flag=(--lockstep)
       for variant in "0 copy" "1 copy" "1 none"; do
         read -r q touch <<<"$variant"
-        echo "== ShardMix $mode, $provider, exchange_fraction $q, touch $touch, 4 daemons + 4 trainers (run $((r + 1))/$repeat)"
+        echo "== ShardMix $mode, $provider, exchange_fraction $q, touch $touch, $nodes daemons + $nodes trainers (run $((r + 1))/$repeat)"
         sm_write_config "$work/c.toml" dataset.path="$data" batch.size=32 shuffle.seed=$((r + 1)) \
           shuffle.exchange_fraction="$q" fabric.provider="$provider" service.prefetch=8 log.level=warn
-        bench_launch_or_die "$work/s.txt" "$work/d.log" --nodes 4 --config "$work/c.toml" -- \
+        bench_launch_or_die "$work/s.txt" "$work/d.log" --nodes "$nodes" --config "$work/c.toml" -- \
           "$build/tools/shardmix-consume" --epochs "$epochs" --touch "$touch" --json "${mode_flag[@]}"
         bench_json_lines "\"bench\": \"shardmix\", \"mode\": \"$mode\", \"provider\": \"$provider\", \"q\": $q, \"touch\": \"$touch\", \"run\": $r" \
           <"$work/s.txt" >>"$raw"
@@ -78,4 +79,4 @@ for provider in $providers; do
   done
 done
 
-python3 "$bench_dir/delivery_report.py" "$raw" "$out" "$samples" "$median_kib"
+python3 "$bench_dir/delivery_report.py" "$raw" "$out" "$samples" "$median_kib" "$nodes"

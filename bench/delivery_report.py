@@ -111,13 +111,14 @@ def print_table(result, title, entries):
 
 def main():
     raw, out, samples, median_kib = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    nodes = int(sys.argv[5]) if len(sys.argv) > 5 else 4
     rows = [json.loads(line) for line in open(raw) if line.strip()]
     memcpy = {r["threads"]: r["gbps_median"] for r in rows if r.get("bench") == "memcpy"}
     result = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "machine": f"{os.cpu_count()} cores, {platform.machine()}",
               "dataset": f"{samples} samples, median {median_kib} KiB (log-normal sigma 0.5)",
               "method": "lockstep trainers (one MPI_Allreduce per batch), rate over the whole measured span",
-              "memcpy_gbps": memcpy, "providers": {}}
+              "nodes": nodes, "memcpy_gbps": memcpy, "providers": {}}
     shardmix = [r for r in rows if r.get("bench") == "shardmix"]
     modes = {r.get("mode", "free") for r in shardmix}
     for provider in sorted({r["provider"] for r in shardmix}):
@@ -134,7 +135,7 @@ def main():
         json.dump(result, f, indent=2)
     print(json.dumps(result, indent=2))
     print()
-    where = f"{result['dataset']}, 4 daemons + 4 trainers, {result['machine']}, {result['date']}"
+    where = f"{result['dataset']}, {nodes} daemons + {nodes} trainers, {result['machine']}, {result['date']}"
     if "lockstep" in modes:
         print_table(result, f"Delivery, trainers in lockstep, rate over the whole measured span: {where}",
                     result["providers"])
