@@ -37,11 +37,21 @@ constexpr MrModeHint kHints[] = {
     {"scalable (no bits)", 0},
 };
 
+// libfabric 1.17's experimental "net" provider (alone and under ofi_rxm) leaks fi_info
+// copies it makes (LeakSanitizer in the asan stage: 9,296 bytes in 161 blocks, the first
+// reported ones allocated by fi_dupinfo inside libfabric; nothing with FI_PROVIDER=tcp,
+// shm, udp or sockets).
+// ShardMix never picks it (fabric.provider = auto gives verbs or tcp), so it is left out.
+bool leaks_its_own_fi_info(const std::string& prov_name) {
+  return prov_name == "net" || prov_name.rfind("net;", 0) == 0;
+}
+
 // Each installed provider once, with the domain to use: "lo" where it offers one (the
 // test reads itself), else its first.
 std::vector<std::pair<std::string, std::string>> installed_providers() {
   std::vector<std::pair<std::string, std::string>> providers;
   for (const ProviderReport& report : query_rdm_rma_providers("", std::nullopt)) {
+    if (leaks_its_own_fi_info(report.prov_name)) continue;
     auto it = std::find_if(providers.begin(), providers.end(),
                            [&](const auto& p) { return p.first == report.prov_name; });
     if (it == providers.end()) {
