@@ -26,6 +26,8 @@
 
 #include <fmt/format.h>
 
+#include "common/s3_client.h"
+#include "common/s3_dataset.h"
 #include "common/shard_formats.h"
 
 namespace shardmix {
@@ -464,39 +466,49 @@ Result<ScanResult> scan_shard_list(const DatasetConfig& dataset, const std::vect
                                    int nranks) {
   SHARDMIX_RETURN_IF_ERROR(check_rank(rank, nranks));
   ScanResult out;
-  std::vector<std::string> sample_exts;
-  if (dataset.format == DatasetFormat::kWebDataset) {
-    SHARDMIX_ASSIGN_OR_RETURN(sample_exts, parse_extension_list(dataset.sample_ext, "dataset.sample_ext"));
-  }
   for (std::size_t i = static_cast<std::size_t>(rank); i < names.size(); i += static_cast<std::size_t>(nranks)) {
     const std::string file = sample_file_path(dataset, names[i]);
     auto source = FileSource::open(file);
     if (!source.ok()) {
       // Listed a moment ago, gone (or unreadable) now.
-      if (dataset.strict) return source.status().with_context("dataset.strict = true");
-      out.problems.push_back(fmt::format("{} (shard skipped)", source.status().message()));
-      ++out.invalid_shards;
+      SHARDMIX_RETURN_IF_ERROR(add_unreadable_shard(dataset, source.status(), out));
       continue;
     }
-    Result<ShardScan> scan = dataset.format == DatasetFormat::kWebDataset
-                                 ? scan_webdataset_shard(**source, WebDatasetOptions{sample_exts, dataset.label_ext,
-                                                                                     dataset.max_sample_bytes})
-                                 : scan_tfrecord_shard(**source, TfRecordOptions{dataset.label_feature,
-                                                                                 dataset.max_sample_bytes});
-    if (!scan.ok()) return scan.status();
-    if (!scan->problems.empty() && dataset.strict) {
-      return make_error(StatusCode::kCorrupt, "{} (dataset.strict = true)", scan->problems.front());
-    }
-    const auto shard_index = static_cast<std::uint32_t>(out.shards.size());
-    out.shards.push_back(names[i]);
-    for (const ShardSample& sample : scan->samples) {
-      out.entries.push_back(CatalogEntry{"", sample.size, sample.label, shard_index, sample.offset});
-    }
-    out.invalid_samples += scan->invalid_samples;
-    if (scan->rest_skipped) ++out.invalid_shards;
-    std::move(scan->problems.begin(), scan->problems.end(), std::back_inserter(out.problems));
+    SHARDMIX_RETURN_IF_ERROR(add_shard_scan(dataset, **source, names[i], out));
   }
   return out;
+}
+
+Status add_unreadable_shard(const DatasetConfig& dataset, const Status& why, ScanResult& out) {
+  if (dataset.strict) return why.with_context("dataset.strict = true");
+  out.problems.push_back(fmt::format("{} (shard skipped)", why.message()));
+  ++out.invalid_shards;
+  return Status::ok_status();
+}
+
+Status add_shard_scan(const DatasetConfig& dataset, const ByteSource& source, const std::string& name,
+                      ScanResult& out) {
+  std::vector<std::string> sample_exts;
+  if (dataset.format == DatasetFormat::kWebDataset) {
+    SHARDMIX_ASSIGN_OR_RETURN(sample_exts, parse_extension_list(dataset.sample_ext, "dataset.sample_ext"));
+  }
+  Result<ShardScan> scan =
+      dataset.format == DatasetFormat::kWebDataset
+          ? scan_webdataset_shard(source, WebDatasetOptions{sample_exts, dataset.label_ext, dataset.max_sample_bytes})
+          : scan_tfrecord_shard(source, TfRecordOptions{dataset.label_feature, dataset.max_sample_bytes});
+  if (!scan.ok()) return scan.status();
+  if (!scan->problems.empty() && dataset.strict) {
+    return make_error(StatusCode::kCorrupt, "{} (dataset.strict = true)", scan->problems.front());
+  }
+  const auto shard_index = static_cast<std::uint32_t>(out.shards.size());
+  out.shards.push_back(name);
+  for (const ShardSample& sample : scan->samples) {
+    out.entries.push_back(CatalogEntry{"", sample.size, sample.label, shard_index, sample.offset});
+  }
+  out.invalid_samples += scan->invalid_samples;
+  if (scan->rest_skipped) ++out.invalid_shards;
+  std::move(scan->problems.begin(), scan->problems.end(), std::back_inserter(out.problems));
+  return Status::ok_status();
 }
 
 namespace {
@@ -855,6 +867,7 @@ Result<Catalog> Catalog::deserialize(std::span<const std::uint8_t> bytes) {
 Result<ScanResult> scan_partition(const DatasetConfig& dataset, int rank, int nranks, unsigned threads) {
   SHARDMIX_RETURN_IF_ERROR(check_rank(rank, nranks));
   if (dataset.path.empty()) return make_error(StatusCode::kInvalidArgument, "dataset.path is empty");
+  if (is_s3_path(dataset.path)) return scan_s3_partition(dataset, rank, nranks);
   switch (dataset.format) {
     case DatasetFormat::kFolder: return scan_folder(dataset, rank, nranks, threads);
     case DatasetFormat::kFileList: return scan_filelist(dataset, rank, nranks);

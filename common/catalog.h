@@ -148,6 +148,14 @@ Result<ScanResult> scan_partition(const DatasetConfig& dataset, int rank, int nr
 Result<ScanResult> scan_shard_list(const DatasetConfig& dataset, const std::vector<std::string>& names, int rank,
                                    int nranks);
 
+// One shard's scan appended to `out` (its samples, problems and counts; dataset.strict turns
+// the first problem into the error). `name` is the shard's path relative to the dataset.
+class ByteSource;
+Status add_shard_scan(const DatasetConfig& dataset, const ByteSource& source, const std::string& name,
+                      ScanResult& out);
+// A listed shard that cannot be read any more: a counted problem, or with dataset.strict `why`.
+Status add_unreadable_shard(const DatasetConfig& dataset, const Status& why, ScanResult& out);
+
 // Merges the per-rank scans (already allgathered) into the catalog, checking
 // dataset.max_sample_bytes. An empty dataset is an error naming dataset.path.
 Result<Catalog> merge_scans(const DatasetConfig& dataset, std::vector<ScanResult> parts);

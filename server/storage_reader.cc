@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/s3_client.h"
 #include "server/sample_reader.h"
 
 namespace shardmix {
@@ -28,6 +29,10 @@ void StorageReaderPool::fetch(std::vector<StorageRead> reads, std::function<void
     post_([group] { group->done(group->outcome); });
     return;
   }
+  if (is_s3_path(dataset_.path)) {
+    fetch_s3(std::move(reads), std::move(group));
+    return;
+  }
   {
     std::lock_guard lock(mutex_);
     if (!stopping_) {
@@ -39,6 +44,62 @@ void StorageReaderPool::fetch(std::vector<StorageRead> reads, std::function<void
   const Status cancelled = make_error(StatusCode::kUnavailable, "the daemon is stopping: cold reads cancelled");
   for (std::size_t i = 0; i < reads.size(); ++i) group->outcome.failed.emplace_back(i, cancelled);
   post_([group] { group->done(group->outcome); });
+}
+
+void StorageReaderPool::fetch_s3(std::vector<StorageRead> reads, std::shared_ptr<Group> group) {
+  std::vector<std::pair<SampleId, std::uint8_t*>> targets;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) {
+      const Status cancelled = make_error(StatusCode::kUnavailable, "the daemon is stopping: cold reads cancelled");
+      for (std::size_t i = 0; i < reads.size(); ++i) finish({reads[i], i, group}, cancelled);
+      return;
+    }
+    s3_in_flight_ += reads.size();  // stop() waits for them: the callbacks use this pool
+  }
+  auto jobs = std::make_shared<std::vector<Job>>();
+  for (std::size_t i = 0; i < reads.size(); ++i) {
+    const StorageRead& r = reads[i];
+    jobs->push_back({r, i, group});
+    if (r.sample >= catalog_.size() || catalog_.sample_bytes(r.sample) != r.length) {
+      // Never sent: an empty read (id 0 into nothing) stands in, and the check's error wins.
+      targets.emplace_back(0, nullptr);
+    } else {
+      targets.emplace_back(r.sample, staging_base_ + r.staging_offset);
+    }
+  }
+  std::vector<std::size_t> invalid;
+  std::vector<std::pair<SampleId, std::uint8_t*>> valid;
+  std::vector<std::size_t> valid_index;
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    if (targets[i].second == nullptr) {
+      invalid.push_back(i);
+    } else {
+      valid.push_back(targets[i]);
+      valid_index.push_back(i);
+    }
+  }
+  auto done_one = [this, jobs](std::size_t i, Status s) {
+    const Job& job = (*jobs)[i];
+    if (s.ok()) {
+      reads_completed_.fetch_add(1, std::memory_order_relaxed);
+      bytes_read_.fetch_add(job.read.length, std::memory_order_relaxed);
+    } else {
+      reads_failed_.fetch_add(1, std::memory_order_relaxed);
+      s = s.with_context(fmt::format("reading cold sample {} from storage", job.read.sample));
+    }
+    finish(job, s);
+    std::lock_guard lock(mutex_);
+    if (--s3_in_flight_ == 0) wake_.notify_all();
+  };
+  for (const std::size_t i : invalid) {
+    done_one(i, make_error(StatusCode::kInternal, "cold read of sample {} with length {} does not match the catalog",
+                           (*jobs)[i].read.sample, (*jobs)[i].read.length));
+  }
+  read_samples_s3(catalog_, dataset_, std::move(valid),
+                  [done_one, valid_index = std::move(valid_index)](std::size_t k, const Status& s) {
+                    done_one(valid_index[k], s);
+                  });
 }
 
 void StorageReaderPool::finish(const Job& job, const Status& status) {
@@ -94,6 +155,11 @@ void StorageReaderPool::stop() {
     if (t.joinable()) t.join();
   }
   threads_.clear();
+  {
+    // S3 reads in flight complete (or time out) through callbacks that use this pool.
+    std::unique_lock lock(mutex_);
+    wake_.wait(lock, [this] { return s3_in_flight_ == 0; });
+  }
   // Whoever waits for these groups (a scheduler freeing staging) hears of it.
   const Status cancelled = make_error(StatusCode::kUnavailable, "the daemon is stopping: cold reads cancelled");
   for (const Job& job : left) finish(job, cancelled);

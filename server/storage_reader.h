@@ -73,6 +73,9 @@ class StorageReaderPool : public StorageFetcher {
     std::shared_ptr<Group> group;
   };
   void run();
+  // S3 datasets: the group's reads go to the S3 client at once (storage.s3.concurrency in
+  // flight, driven by its one thread) instead of to the reader threads.
+  void fetch_s3(std::vector<StorageRead> reads, std::shared_ptr<Group> group);
   // Records one finished read of `group`; the last one posts the group's completion.
   void finish(const Job& job, const Status& status);
 
@@ -86,6 +89,7 @@ class StorageReaderPool : public StorageFetcher {
   std::condition_variable wake_;
   std::deque<Job> queue_;
   bool stopping_ = false;
+  std::size_t s3_in_flight_ = 0;  // S3 reads whose callbacks have not run yet
   std::atomic<std::uint64_t> reads_completed_{0}, bytes_read_{0}, reads_failed_{0};
   std::vector<std::thread> threads_;  // last: started once everything above exists
 };
