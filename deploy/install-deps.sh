@@ -31,6 +31,10 @@ packages=(
   dataset-fashion-mnist               # /usr/share/datasets/fashion-mnist: the study's data
   # slow-storage benchmark (bench/storage.sh, docs/decisions/0027)
   fuse3 libfuse3-dev                  # bench/slowfs: FUSE passthrough with latency and a bandwidth cap
+  # the S3 source (docs/s3.md, docs/decisions/0051): libcurl (HTTP, SigV4), libcrypto (MD5,
+  # SHA-256); node + npm run the local S3 server deploy/s3-local.sh installs (s3rver);
+  # boto3 for bench/s3.sh's DataLoader baseline
+  libcurl4-openssl-dev libssl-dev nodejs npm python3-boto3
 )
 
 missing=()
