@@ -36,22 +36,11 @@ bench_require_torch
 "$torch_python" -c 'import boto3' 2>/dev/null || sm_die "boto3 not found for $torch_python (python3-boto3)"
 
 bench_workdir s3
-s3_state=$work/s3
-proxy_pid=""
 # shellcheck disable=SC2317  # called by deploy/lib.sh's exit trap
-sm_before_tmp_cleanup() {
-  [[ -z $proxy_pid ]] || kill "$proxy_pid" 2>/dev/null || true
-  [[ ! -d $s3_state ]] || bash "$repo/deploy/s3-local.sh" stop "$s3_state" || true
-}
-set -a
-eval "$(bash "$repo/deploy/s3-local.sh" start "$s3_state")"
-set +a
-python3 "$repo/tests/e2e/s3_fault_proxy.py" --upstream "$AWS_ENDPOINT_URL" --port-file "$work/proxy.port" \
-  --delay-ms "$delay_ms" &
-proxy_pid=$!
-for ((i = 0; i < 100; i++)); do [[ -s $work/proxy.port ]] && break; sleep 0.1; done
-[[ -s $work/proxy.port ]] || sm_die "the delaying proxy did not start"
-proxy=http://127.0.0.1:$(cat "$work/proxy.port")
+sm_before_tmp_cleanup() { sm_s3_local_stop; }
+sm_s3_local_start "$work/s3"
+sm_s3_proxy_start "$work" --delay-ms "$delay_ms"
+proxy=$SM_S3_PROXY_URL
 url=s3://$SHARDMIX_S3_BUCKET/data
 "$build/tools/shardmix-gen" --out "$url" --local-copy "$work/data" --samples "$samples" --classes 10 \
   --median-kib "$median_kib" --seed 1 --quiet >/dev/null

@@ -23,29 +23,17 @@ batch=8
 timeout_s=${SHARDMIX_E2E_TIMEOUT:-300}
 
 e2e_init s3
-s3_state=$tmp/s3
-proxy_pid=""
-sm_before_tmp_cleanup() {
-  [[ -z $proxy_pid ]] || kill "$proxy_pid" 2>/dev/null || true
-  [[ ! -d $s3_state ]] || bash "$SM_REPO/deploy/s3-local.sh" stop "$s3_state" || true
-}
+sm_before_tmp_cleanup() { sm_s3_local_stop; }
 sm_section "local S3 server"
-set -a
-eval "$(bash "$SM_REPO/deploy/s3-local.sh" start "$s3_state")"
-set +a
+sm_s3_local_start "$tmp/s3"
 echo "server $AWS_ENDPOINT_URL, bucket $SHARDMIX_S3_BUCKET"
 
-# start_proxy ARG...: (re)starts the proxy in front of the server; sets proxy_url.
+# start_proxy ARG...: (re)starts the proxy in front of the server, counting into
+# $tmp/proxy.json; sets proxy_url.
 start_proxy() {
-  [[ -z $proxy_pid ]] || { kill "$proxy_pid" 2>/dev/null || true; wait "$proxy_pid" 2>/dev/null || true; }
-  rm -f "$tmp/proxy.port" "$tmp/proxy.json"
-  "$python" "$SM_E2E/s3_fault_proxy.py" --upstream "$AWS_ENDPOINT_URL" --port-file "$tmp/proxy.port" \
-    --stats "$tmp/proxy.json" "$@" &
-  proxy_pid=$!
-  local i
-  for ((i = 0; i < 100; i++)); do [[ -s $tmp/proxy.port ]] && break; sleep 0.1; done
-  [[ -s $tmp/proxy.port ]] || sm_die "the fault proxy did not start"
-  proxy_url=http://127.0.0.1:$(cat "$tmp/proxy.port")
+  rm -f "$tmp/proxy.json"
+  sm_s3_proxy_start "$tmp" --stats "$tmp/proxy.json" "$@"
+  proxy_url=$SM_S3_PROXY_URL
 }
 
 # upload FORMAT: a generated dataset at s3://BUCKET/FORMAT, its local copy in $tmp/FORMAT.
