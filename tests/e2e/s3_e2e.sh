@@ -82,6 +82,8 @@ PY
   [[ $format == folder ]] || shard_args=(--format "$format")
   "$python" "$SM_E2E/check_traces.py" "$tmp/$format-trace" --dataset "$tmp/$format" --epochs "$epochs" \
     --trainers "$nodes" --trainers-per-node 1 --batch-size "$batch" --allow-storage "${shard_args[@]}"
+  grep -qE "s3: [0-9]+ requests \([1-9][0-9]* retried\)" "$tmp/$format.log" ||
+    sm_die "$format: no daemon reports a retried S3 request (its 's3:' line at exit)"
   grep -qE "storage: [1-9][0-9]* cold reads" "$tmp/$format.log" ||
     sm_die "$format: no daemon read a cold sample from S3 (the cold tier was not exercised)"
 }
