@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The S3 source end to end, against the local S3 server (deploy/s3-local.sh) through a
 # fault-injecting proxy (s3_fault_proxy.py):
-#  1. folder and webdataset datasets uploaded with shardmix-gen --out s3://..., at twice the
+#  1. folder, webdataset and tfrecord datasets uploaded with shardmix-gen --out s3://..., at twice the
 #     3 daemons' cache.capacity (initial load and cold tier both from S3), while the proxy
 #     answers some object GETs with 503 SlowDown, 500 InternalError or a reset mid-object:
 #     every sample exactly once per epoch with the bytes of the uploaded files
@@ -66,7 +66,9 @@ load_case() {
   bytes=$(find "$tmp/$format" -type f -printf '%s\n' | awk '{ s += $1 } END { print s }')
   capacity=$((bytes / (2 * nodes)))
   start_proxy --slowdown-every 7 --error-every 11 --reset-every 13 --budget 6
-  write_config "$tmp/$format.toml" "$format" "$capacity"
+  local labels=()
+  [[ $format != tfrecord ]] || labels=(dataset.label_feature=label)
+  write_config "$tmp/$format.toml" "$format" "$capacity" "${labels[@]}"
   local rc=0
   run_job "$tmp/$format.toml" "$tmp/$format.log" "$tmp/$format-trace" || rc=$?
   ((rc == 0)) || { tail -n 30 "$tmp/$format.log" >&2; sm_die "$format: the job failed with exit code $rc"; }
@@ -80,6 +82,7 @@ print("faults injected and ridden out: %d SlowDown, %d InternalError, %d resets 
       % (c["slowdown"], c["server_error"], c["reset"], c["object_gets"]))
 PY
   [[ $format == folder ]] || shard_args=(--format "$format")
+  [[ $format != tfrecord ]] || shard_args+=(--label-feature label)
   "$python" "$SM_E2E/check_traces.py" "$tmp/$format-trace" --dataset "$tmp/$format" --epochs "$epochs" \
     --trainers "$nodes" --trainers-per-node 1 --batch-size "$batch" --allow-storage "${shard_args[@]}"
   grep -qE "s3: [0-9]+ requests \([1-9][0-9]* retried\)" "$tmp/$format.log" ||
@@ -131,6 +134,7 @@ faults_case() {
 if [[ $what == all || $what == load ]]; then
   load_case folder
   load_case webdataset
+  load_case tfrecord
 fi
 if [[ $what == all || $what == faults ]]; then faults_case; fi
 echo "s3_e2e: PASS"
