@@ -47,7 +47,6 @@ void StorageReaderPool::fetch(std::vector<StorageRead> reads, std::function<void
 }
 
 void StorageReaderPool::fetch_s3(std::vector<StorageRead> reads, std::shared_ptr<Group> group) {
-  std::vector<std::pair<SampleId, std::uint8_t*>> targets;
   {
     std::lock_guard lock(mutex_);
     if (stopping_) {
@@ -58,48 +57,49 @@ void StorageReaderPool::fetch_s3(std::vector<StorageRead> reads, std::shared_ptr
     s3_in_flight_ += reads.size();  // stop() waits for them: the callbacks use this pool
   }
   auto jobs = std::make_shared<std::vector<Job>>();
-  for (std::size_t i = 0; i < reads.size(); ++i) {
-    const StorageRead& r = reads[i];
-    jobs->push_back({r, i, group});
-    if (r.sample >= catalog_.size() || catalog_.sample_bytes(r.sample) != r.length) {
-      // Never sent: an empty read (id 0 into nothing) stands in, and the check's error wins.
-      targets.emplace_back(0, nullptr);
-    } else {
-      targets.emplace_back(r.sample, staging_base_ + r.staging_offset);
-    }
-  }
-  std::vector<std::size_t> invalid;
-  std::vector<std::pair<SampleId, std::uint8_t*>> valid;
-  std::vector<std::size_t> valid_index;
-  for (std::size_t i = 0; i < targets.size(); ++i) {
-    if (targets[i].second == nullptr) {
-      invalid.push_back(i);
-    } else {
-      valid.push_back(targets[i]);
-      valid_index.push_back(i);
-    }
-  }
-  auto done_one = [this, jobs](std::size_t i, Status s) {
-    const Job& job = (*jobs)[i];
-    if (s.ok()) {
-      reads_completed_.fetch_add(1, std::memory_order_relaxed);
-      bytes_read_.fetch_add(job.read.length, std::memory_order_relaxed);
-    } else {
-      reads_failed_.fetch_add(1, std::memory_order_relaxed);
-      s = s.with_context(fmt::format("reading cold sample {} from storage", job.read.sample));
-    }
-    finish(job, s);
+  auto done_one = [this, jobs](std::size_t i, const Status& s) {
+    record(jobs->at(i), s);
     std::lock_guard lock(mutex_);
     if (--s3_in_flight_ == 0) wake_.notify_all();
   };
-  for (const std::size_t i : invalid) {
-    done_one(i, make_error(StatusCode::kInternal, "cold read of sample {} with length {} does not match the catalog",
-                           (*jobs)[i].read.sample, (*jobs)[i].read.length));
+  std::vector<std::pair<SampleId, std::uint8_t*>> sent;
+  std::vector<std::size_t> sent_index;  // sent[k] is jobs[sent_index[k]]
+  std::vector<std::pair<std::size_t, Status>> refused;
+  for (std::size_t i = 0; i < reads.size(); ++i) {
+    jobs->push_back({reads[i], i, group});
+    if (Status s = check_against_catalog(reads[i]); !s.ok()) {
+      refused.emplace_back(i, std::move(s));
+    } else {
+      sent.emplace_back(reads[i].sample, staging_base_ + reads[i].staging_offset);
+      sent_index.push_back(i);
+    }
   }
-  read_samples_s3(catalog_, dataset_, std::move(valid),
-                  [done_one, valid_index = std::move(valid_index)](std::size_t k, const Status& s) {
-                    done_one(valid_index[k], s);
+  for (const auto& [i, s] : refused) done_one(i, s);
+  read_samples_s3(catalog_, dataset_, std::move(sent),
+                  [done_one, jobs, sent_index = std::move(sent_index)](std::size_t k, const Status& s) {
+                    const std::size_t i = sent_index[k];
+                    done_one(i, s.ok() ? s
+                                       : s.with_context(fmt::format("reading cold sample {} from storage",
+                                                                    (*jobs)[i].read.sample)));
                   });
+}
+
+Status StorageReaderPool::check_against_catalog(const StorageRead& r) const {
+  if (r.sample >= catalog_.size() || catalog_.sample_bytes(r.sample) != r.length) {
+    return make_error(StatusCode::kInternal, "cold read of sample {} with length {} does not match the catalog",
+                      r.sample, r.length);
+  }
+  return Status::ok_status();
+}
+
+void StorageReaderPool::record(const Job& job, const Status& s) {
+  if (s.ok()) {
+    reads_completed_.fetch_add(1, std::memory_order_relaxed);
+    bytes_read_.fetch_add(job.read.length, std::memory_order_relaxed);
+  } else {
+    reads_failed_.fetch_add(1, std::memory_order_relaxed);
+  }
+  finish(job, s);
 }
 
 void StorageReaderPool::finish(const Job& job, const Status& status) {
@@ -123,22 +123,13 @@ void StorageReaderPool::run() {
       queue_.pop_front();
     }
     const StorageRead& r = job.read;
-    Status s;
-    if (r.sample >= catalog_.size() || catalog_.sample_bytes(r.sample) != r.length) {
-      s = make_error(StatusCode::kInternal, "cold read of sample {} with length {} does not match the catalog",
-                     r.sample, r.length);
-    } else {
+    Status s = check_against_catalog(r);
+    if (s.ok()) {
       s = read_sample(catalog_, dataset_, r.sample, staging_base_ + r.staging_offset, open_shards_);
       if (!s.ok()) s = s.with_context(fmt::format("reading cold sample {} from storage", r.sample));
       if (delay_.count() > 0) std::this_thread::sleep_for(delay_);  // inject.storage_delay
     }
-    if (s.ok()) {
-      reads_completed_.fetch_add(1, std::memory_order_relaxed);
-      bytes_read_.fetch_add(r.length, std::memory_order_relaxed);
-    } else {
-      reads_failed_.fetch_add(1, std::memory_order_relaxed);
-    }
-    finish(job, s);
+    record(job, s);
   }
 }
 

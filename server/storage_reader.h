@@ -76,6 +76,10 @@ class StorageReaderPool : public StorageFetcher {
   // S3 datasets: the group's reads go to the S3 client at once (storage.s3.concurrency in
   // flight, driven by its one thread) instead of to the reader threads.
   void fetch_s3(std::vector<StorageRead> reads, std::shared_ptr<Group> group);
+  // kInternal unless the read's length is its sample's in the catalog.
+  Status check_against_catalog(const StorageRead& r) const;
+  // Counts one finished read and records it in its group.
+  void record(const Job& job, const Status& s);
   // Records one finished read of `group`; the last one posts the group's completion.
   void finish(const Job& job, const Status& status);
 
