@@ -136,12 +136,16 @@ Result<ScanResult> scan_s3_shards(S3Client& client, const DatasetConfig& dataset
 }  // namespace
 
 Result<ScanResult> scan_s3_partition(const DatasetConfig& dataset, int rank, int nranks) {
-  SHARDMIX_ASSIGN_OR_RETURN(S3Location where, parse_s3_url(dataset.path, "dataset.path"));
   SHARDMIX_ASSIGN_OR_RETURN(std::shared_ptr<S3Client> client, shared_s3_client(dataset.s3));
+  return scan_s3_partition(*client, dataset, rank, nranks);
+}
+
+Result<ScanResult> scan_s3_partition(S3Client& client, const DatasetConfig& dataset, int rank, int nranks) {
+  SHARDMIX_ASSIGN_OR_RETURN(S3Location where, parse_s3_url(dataset.path, "dataset.path"));
   switch (dataset.format) {
-    case DatasetFormat::kFolder: return scan_s3_folder(*client, dataset, where, rank, nranks);
+    case DatasetFormat::kFolder: return scan_s3_folder(client, dataset, where, rank, nranks);
     case DatasetFormat::kWebDataset:
-    case DatasetFormat::kTfRecord: return scan_s3_shards(*client, dataset, where, rank, nranks);
+    case DatasetFormat::kTfRecord: return scan_s3_shards(client, dataset, where, rank, nranks);
     case DatasetFormat::kFileList: break;
   }
   return make_error(StatusCode::kInvalidArgument,

@@ -18,5 +18,8 @@
 namespace shardmix {
 
 Result<ScanResult> scan_s3_partition(const DatasetConfig& dataset, int rank, int nranks);
+// The same with a given client (tests: one over a scripted transport).
+class S3Client;
+Result<ScanResult> scan_s3_partition(S3Client& client, const DatasetConfig& dataset, int rank, int nranks);
 
 }  // namespace shardmix

@@ -4,6 +4,10 @@
 // id but never the secret). The real server is exercised by tests/e2e/s3_e2e.sh.
 #include "common/s3_client.h"
 
+#include "common/catalog.h"
+#include "common/s3_dataset.h"
+#include "common/shard_formats.h"
+
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -295,6 +299,85 @@ TEST(S3ClientEngine, ListingFollowsContinuationTokens) {
   EXPECT_EQ((*listed)[0].key, "p/a");
   EXPECT_EQ((*listed)[1].key, "p/b");
   EXPECT_EQ((*listed)[1].size, 2u);
+}
+
+std::string list_page(const std::vector<std::pair<std::string, std::uint64_t>>& objects,
+                      const std::vector<std::string>& prefixes = {}) {
+  std::string xml = "<ListBucketResult><IsTruncated>false</IsTruncated>";
+  for (const auto& [key, size] : objects) {
+    xml += "<Contents><Key>" + key + "</Key><Size>" + std::to_string(size) + "</Size></Contents>";
+  }
+  for (const std::string& p : prefixes) xml += "<CommonPrefixes><Prefix>" + p + "</Prefix></CommonPrefixes>";
+  return xml + "</ListBucketResult>";
+}
+
+TEST(S3Scan, FolderClassesAreSplitAmongRanksAsTheDirectoryScanSplitsThem) {
+  auto transport = std::make_unique<ScriptedTransport>();
+  ScriptedTransport& t = *transport;
+  t.script["http://store:9000/b/?delimiter=%2F&list-type=2&prefix=ds%2F"] = {
+      {200, 0, list_page({{"ds/README", 5}}, {"ds/a/", "ds/b/", "ds/c/", "ds/.hidden/"}), {}}};
+  t.script["http://store:9000/b/?list-type=2&prefix=ds%2Fa%2F"] = {
+      {200, 0, list_page({{"ds/a/2.jpg", 20}, {"ds/a/1.jpg", 10}, {"ds/a/deep/.x", 1}}), {}}};
+  t.script["http://store:9000/b/?list-type=2&prefix=ds%2Fb%2F"] = {{200, 0, list_page({{"ds/b/1.jpg", 30}}), {}}};
+  t.script["http://store:9000/b/?list-type=2&prefix=ds%2Fc%2F"] = {{200, 0, list_page({{"ds/c/x/y.jpg", 40}}), {}}};
+  S3Client client(test_settings(), std::move(transport));
+  DatasetConfig d;
+  d.path = "s3://b/ds";
+  auto r0 = scan_s3_partition(client, d, 0, 2);
+  auto r1 = scan_s3_partition(client, d, 1, 2);
+  ASSERT_TRUE(r0.ok()) << r0.status().message();
+  ASSERT_TRUE(r1.ok()) << r1.status().message();
+  EXPECT_EQ(r0->class_names, (std::vector<std::string>{"a", "b", "c"}));
+  ASSERT_EQ(r0->entries.size(), 3u);  // classes 0 (a) and 2 (c), each sorted by path
+  EXPECT_EQ(r0->entries[0].path, "a/1.jpg");
+  EXPECT_EQ(r0->entries[0].size, 10u);
+  EXPECT_EQ(r0->entries[1].path, "a/2.jpg");
+  EXPECT_EQ(r0->entries[2].path, "c/x/y.jpg");
+  EXPECT_EQ(r0->entries[2].label, 2);
+  EXPECT_EQ(r0->skipped_root_files, 1u) << "only rank 0 counts what lies directly under the prefix";
+  EXPECT_EQ(r0->skipped_hidden, 2u);
+  ASSERT_EQ(r1->entries.size(), 1u);
+  EXPECT_EQ(r1->entries[0].path, "b/1.jpg");
+  EXPECT_EQ(r1->entries[0].label, 1);
+  EXPECT_EQ(r1->skipped_root_files, 0u);
+  EXPECT_EQ(t.attempts.count("http://store:9000/b/?list-type=2&prefix=ds%2Fb%2F"), 1u)
+      << "rank 1 listed its class once, rank 0 never";
+  EXPECT_EQ(t.attempts["http://store:9000/b/?list-type=2&prefix=ds%2Fb%2F"], 1);
+}
+
+TEST(S3Scan, AShardThatCannotBeReadFollowsStrict) {
+  std::vector<std::uint8_t> tar;
+  const std::string data = "sample bytes";
+  append_tar_member(tar, "k1.bin", std::span(reinterpret_cast<const std::uint8_t*>(data.data()), data.size()));
+  append_tar_member(tar, "k1.cls", std::span(reinterpret_cast<const std::uint8_t*>("3"), 1));
+  append_tar_end(tar);
+  auto run = [&](bool strict) {
+    auto transport = std::make_unique<ScriptedTransport>();
+    transport->script["http://store:9000/b/?delimiter=%2F&list-type=2&prefix=ds%2F"] = {
+        {200, 0, list_page({{"ds/s0.tar", tar.size()}, {"ds/s1.tar", 2048}}), {}}};
+    transport->script["http://store:9000/b/ds/s0.tar"] = {{200, 0, std::string(tar.begin(), tar.end()), {}}};
+    // ds/s1.tar is not scripted: 404 NoSuchKey, as for an object deleted after the listing.
+    S3Client client(test_settings(), std::move(transport));
+    DatasetConfig d;
+    d.path = "s3://b/ds";
+    d.format = DatasetFormat::kWebDataset;
+    d.sample_ext = "bin";
+    d.strict = strict;
+    return scan_s3_partition(client, d, 0, 1);
+  };
+  auto lenient = run(false);
+  ASSERT_TRUE(lenient.ok()) << lenient.status().message();
+  ASSERT_EQ(lenient->entries.size(), 1u);
+  EXPECT_EQ(lenient->entries[0].size, data.size());
+  EXPECT_EQ(lenient->entries[0].label, 3);
+  EXPECT_EQ(lenient->shards, std::vector<std::string>{"s0.tar"});
+  EXPECT_EQ(lenient->invalid_shards, 1u);
+  ASSERT_EQ(lenient->problems.size(), 1u);
+  EXPECT_NE(lenient->problems[0].find("s3://b/ds/s1.tar"), std::string::npos);
+  auto strict = run(true);
+  ASSERT_FALSE(strict.ok());
+  EXPECT_NE(strict.status().message().find("s3://b/ds/s1.tar"), std::string::npos);
+  EXPECT_NE(strict.status().message().find("dataset.strict"), std::string::npos);
 }
 
 }  // namespace
