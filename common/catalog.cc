@@ -15,6 +15,7 @@
 #include <charconv>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <numeric>
@@ -350,8 +351,27 @@ Result<ScanResult> scan_filelist(const DatasetConfig& dataset, int rank, int nra
   std::ostringstream buffer;
   buffer << in.rdbuf();
   if (in.bad()) return make_error(StatusCode::kIoError, "cannot read dataset list '{}'", file);
-  const std::string text = buffer.str();
+  return parse_file_list(buffer.str(), file, rank, nranks,
+                         [&](std::string_view path, std::size_t line_no) -> Result<std::uint64_t> {
+                           const std::string resolved = sample_file_path(dataset, path);
+                           struct stat sample_st;
+                           if (::stat(resolved.c_str(), &sample_st) != 0) {
+                             const int err = errno;
+                             return make_error(err == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError,
+                                               "{}:{}: sample '{}': {}", file, line_no, resolved, errno_text(err));
+                           }
+                           if (!S_ISREG(sample_st.st_mode)) {
+                             return make_error(StatusCode::kInvalidArgument, "{}:{}: sample '{}' is not a regular file",
+                                               file, line_no, resolved);
+                           }
+                           return static_cast<std::uint64_t>(sample_st.st_size);
+                         });
+}
 
+}  // namespace
+
+Result<ScanResult> parse_file_list(const std::string& text, const std::string& file, int rank, int nranks,
+                                   const std::function<Result<std::uint64_t>(std::string_view, std::size_t)>& size_of) {
   ScanResult out;
   std::set<std::int32_t> labels;
   std::size_t line_no = 0;
@@ -383,19 +403,8 @@ Result<ScanResult> scan_filelist(const DatasetConfig& dataset, int rank, int nra
     }
     labels.insert(static_cast<std::int32_t>(label));
     if (sample_index++ % static_cast<std::uint64_t>(nranks) != static_cast<std::uint64_t>(rank)) continue;
-    const std::string resolved = sample_file_path(dataset, path);
-    struct stat sample_st;
-    if (::stat(resolved.c_str(), &sample_st) != 0) {
-      const int err = errno;
-      return make_error(err == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError, "{}:{}: sample '{}': {}", file,
-                        line_no, resolved, errno_text(err));
-    }
-    if (!S_ISREG(sample_st.st_mode)) {
-      return make_error(StatusCode::kInvalidArgument, "{}:{}: sample '{}' is not a regular file", file, line_no,
-                        resolved);
-    }
-    out.entries.push_back(
-        CatalogEntry{std::string(path), static_cast<std::uint64_t>(sample_st.st_size), static_cast<std::int32_t>(label)});
+    SHARDMIX_ASSIGN_OR_RETURN(const std::uint64_t size, size_of(path, line_no));
+    out.entries.push_back(CatalogEntry{std::string(path), size, static_cast<std::int32_t>(label)});
   }
   for (std::int32_t label : labels) out.class_names.push_back(std::to_string(label));
   return out;
@@ -405,6 +414,8 @@ bool has_shard_extension(DatasetFormat format, std::string_view name) {
   if (format == DatasetFormat::kWebDataset) return name.ends_with(".tar");
   return name.ends_with(".tfrecord") || name.ends_with(".tfrecords");
 }
+
+namespace {
 
 std::string_view shard_extensions(DatasetFormat format) {
   return format == DatasetFormat::kWebDataset ? "*.tar" : "*.tfrecord or *.tfrecords";

@@ -1,6 +1,8 @@
 #include "common/s3_dataset.h"
 
 #include <algorithm>
+#include <optional>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -62,11 +64,6 @@ Result<ScanResult> scan_s3_folder(S3Client& client, const DatasetConfig& dataset
     std::move(entries.begin(), entries.end(), std::back_inserter(out.entries));
   }
   return out;
-}
-
-bool has_shard_extension(DatasetFormat format, std::string_view name) {
-  if (format == DatasetFormat::kWebDataset) return name.ends_with(".tar");
-  return name.ends_with(".tfrecord") || name.ends_with(".tfrecords");
 }
 
 Result<ScanResult> scan_s3_shards(S3Client& client, const DatasetConfig& dataset, const S3Location& where, int rank,
@@ -133,6 +130,42 @@ Result<ScanResult> scan_s3_shards(S3Client& client, const DatasetConfig& dataset
   return out;
 }
 
+// The list object, then one listing of its "directory" for every sample's size (no
+// request per sample). Paths are keys relative to the list's directory.
+Result<ScanResult> scan_s3_filelist(S3Client& client, const DatasetConfig& dataset, const S3Location& where,
+                                    int rank, int nranks) {
+  const std::size_t slash = where.key.rfind('/');
+  const std::string directory = slash == std::string::npos ? "" : where.key.substr(0, slash + 1);
+  SHARDMIX_ASSIGN_OR_RETURN(std::vector<S3Object> objects, client.list(where.bucket, directory));
+  std::unordered_map<std::string, std::uint64_t> sizes;
+  std::optional<std::uint64_t> list_size;
+  for (const S3Object& o : objects) {
+    if (o.key == where.key) list_size = o.size;
+    sizes.emplace(o.key.substr(directory.size()), o.size);
+  }
+  if (!list_size) return make_error(StatusCode::kNotFound, "dataset.path '{}': no such object", dataset.path);
+  std::string text(*list_size, '\0');
+  const std::vector<Status> got = client.read_all(
+      where.bucket, {S3Read{where.key, 0, std::nullopt, *list_size,
+                            {std::span(reinterpret_cast<std::uint8_t*>(text.data()), text.size())}}});
+  SHARDMIX_RETURN_IF_ERROR(got.front());
+  return parse_file_list(text, dataset.path, rank, nranks,
+                         [&](std::string_view path, std::size_t line_no) -> Result<std::uint64_t> {
+                           if (path.starts_with('/')) {
+                             return make_error(StatusCode::kInvalidArgument,
+                                               "{}:{}: sample '{}': an absolute path in a list on S3 (paths are keys "
+                                               "relative to the list's prefix)",
+                                               dataset.path, line_no, path);
+                           }
+                           auto it = sizes.find(std::string(path));
+                           if (it == sizes.end()) {
+                             return make_error(StatusCode::kNotFound, "{}:{}: sample '{}': no such object", dataset.path,
+                                               line_no, s3_join(fmt::format("s3://{}/{}", where.bucket, directory), path));
+                           }
+                           return it->second;
+                         });
+}
+
 }  // namespace
 
 Result<ScanResult> scan_s3_partition(const DatasetConfig& dataset, int rank, int nranks) {
@@ -146,12 +179,9 @@ Result<ScanResult> scan_s3_partition(S3Client& client, const DatasetConfig& data
     case DatasetFormat::kFolder: return scan_s3_folder(client, dataset, where, rank, nranks);
     case DatasetFormat::kWebDataset:
     case DatasetFormat::kTfRecord: return scan_s3_shards(client, dataset, where, rank, nranks);
-    case DatasetFormat::kFileList: break;
+    case DatasetFormat::kFileList: return scan_s3_filelist(client, dataset, where, rank, nranks);
   }
-  return make_error(StatusCode::kInvalidArgument,
-                    "dataset.path '{}': dataset.format = \"{}\" is not supported on S3 yet (folder, webdataset and "
-                    "tfrecord are)",
-                    dataset.path, dataset_format_name(dataset.format));
+  return make_error(StatusCode::kInternal, "unknown dataset.format");
 }
 
 }  // namespace shardmix

@@ -7,7 +7,10 @@
 //    one object PREFIX names), fetches its shards i % nranks == rank whole, with
 //    storage.s3.concurrency GETs in flight, and scans them in memory. A shard that cannot be
 //    read follows dataset.strict (skipped and counted, or the error naming its key).
-//  - filelist is not supported on S3 yet: an error says so.
+//  - filelist: dataset.path names the list object; every rank reads it and lists its
+//    "directory" once (sizes for every sample, no request per sample), then takes every
+//    nranks-th sample line as the local scan does. Paths are keys relative to the list's
+//    prefix; an absolute path or a missing object is an error naming the list line.
 // Thread-safety: as scan_partition (no shared state but the process's S3 client).
 #pragma once
 
