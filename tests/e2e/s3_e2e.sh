@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The S3 source end to end, against the local S3 server (deploy/s3-local.sh) through a
 # fault-injecting proxy (s3_fault_proxy.py):
-#  1. folder, webdataset and tfrecord datasets uploaded with shardmix-gen --out s3://..., at twice the
-#     3 daemons' cache.capacity (initial load and cold tier both from S3), while the proxy
+#  1. folder, webdataset, tfrecord and filelist datasets uploaded with shardmix-gen --out
+#     s3://..., at twice the 3 daemons' cache.capacity (initial load and cold tier both from S3), while the proxy
 #     answers some object GETs with 503 SlowDown, 500 InternalError or a reset mid-object:
 #     every sample exactly once per epoch with the bytes of the uploaded files
 #     (check_traces.py on the local copy), and the faults must really have happened;
@@ -39,16 +39,21 @@ start_proxy() {
 # upload FORMAT: a generated dataset at s3://BUCKET/FORMAT, its local copy in $tmp/FORMAT.
 upload() {
   local extra=()
-  [[ $1 == folder ]] || extra=(--format "$1" --samples-per-shard 24)
+  case $1 in
+    folder) ;;
+    filelist) extra=(--list) ;;  # the folder layout plus filelist.txt
+    *) extra=(--format "$1" --samples-per-shard 24) ;;
+  esac
   "$gen" --out "s3://$SHARDMIX_S3_BUCKET/$1" --local-copy "$tmp/$1" --samples 240 --classes 6 --median-kib 4 \
     --seed 11 --quiet "${extra[@]}" >/dev/null
 }
 
 # write_config FILE FORMAT CAPACITY [KEY=VALUE...]
 write_config() {
-  local file=$1 format=$2 capacity=$3
+  local file=$1 format=$2 capacity=$3 path=s3://$SHARDMIX_S3_BUCKET/$2
   shift 3
-  sm_write_config "$file" dataset.path="s3://$SHARDMIX_S3_BUCKET/$format" dataset.format="$format" \
+  [[ $format != filelist ]] || path+=/filelist.txt
+  sm_write_config "$file" dataset.path="$path" dataset.format="$format" \
     batch.size="$batch" shuffle.seed=5 cache.capacity="$capacity" fabric.provider=tcp fabric.interface=lo \
     service.trainers_per_node=1 service.prefetch=4 service.cold_readahead_batches=4 log.level=info \
     storage.s3.endpoint="$proxy_url" storage.s3.concurrency=8 "$@"
@@ -63,7 +68,7 @@ load_case() {
   local format=$1 bytes capacity shard_args=()
   sm_section "$format: $nodes daemons, dataset at 2x their capacity, 503/500/reset faults injected"
   upload "$format"
-  bytes=$(find "$tmp/$format" -type f -printf '%s\n' | awk '{ s += $1 } END { print s }')
+  bytes=$(find "$tmp/$format" -type f ! -name filelist.txt -printf '%s\n' | awk '{ s += $1 } END { print s }')
   capacity=$((bytes / (2 * nodes)))
   start_proxy --slowdown-every 7 --error-every 11 --reset-every 13 --budget 6
   local labels=()
@@ -81,7 +86,7 @@ if missing:
 print("faults injected and ridden out: %d SlowDown, %d InternalError, %d resets in %d object GETs"
       % (c["slowdown"], c["server_error"], c["reset"], c["object_gets"]))
 PY
-  [[ $format == folder ]] || shard_args=(--format "$format")
+  [[ $format == folder || $format == filelist ]] || shard_args=(--format "$format")
   [[ $format != tfrecord ]] || shard_args+=(--label-feature label)
   "$python" "$SM_E2E/check_traces.py" "$tmp/$format-trace" --dataset "$tmp/$format" --epochs "$epochs" \
     --trainers "$nodes" --trainers-per-node 1 --batch-size "$batch" --allow-storage "${shard_args[@]}"
@@ -135,6 +140,7 @@ if [[ $what == all || $what == load ]]; then
   load_case folder
   load_case webdataset
   load_case tfrecord
+  load_case filelist
 fi
 if [[ $what == all || $what == faults ]]; then faults_case; fi
 echo "s3_e2e: PASS"
