@@ -3,8 +3,8 @@
 # fault-injecting proxy (s3_fault_proxy.py):
 #  1. folder, webdataset, tfrecord and filelist datasets uploaded with shardmix-gen --out
 #     s3://..., at twice the 3 daemons' cache.capacity (initial load and cold tier both from
-#     S3), while the proxy answers some object GETs with 503 SlowDown, 500 InternalError or a reset mid-object:
-#     every sample exactly once per epoch with the bytes of the uploaded files
+#     S3), while the proxy answers some object GETs with 503 SlowDown, 500 InternalError or
+#     a reset mid-object: every sample exactly once per epoch with the bytes of the uploaded files
 #     (check_traces.py on the local copy), and the faults must really have happened;
 #  2. a shard object deleted after the listing (the proxy answers 404 for it): skipped and
 #     counted, and with dataset.strict = true an error naming its key;
