@@ -384,8 +384,11 @@ class CurlTransport final : public HttpTransport {
     curl_easy_setopt(easy, CURLOPT_PRIVATE, x);
     if (x->method == "PUT") {
       // POSTFIELDS, not a read callback: curl then hashes the real body for the signature.
+      // Never null: curl would read the body from stdin (an empty sample is a valid object).
+      static const char kNoBytes[1] = {};
       curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(x->upload_bytes));
-      curl_easy_setopt(easy, CURLOPT_POSTFIELDS, x->upload);
+      curl_easy_setopt(easy, CURLOPT_POSTFIELDS,
+                       x->upload != nullptr ? static_cast<const void*>(x->upload) : static_cast<const void*>(kNoBytes));
       curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, "PUT");
     } else if (x->method != "GET") {
       curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, x->method.c_str());
