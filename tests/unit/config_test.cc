@@ -15,7 +15,7 @@
 #include "tests/support/temp_dir.h"
 
 namespace shardmix {
-namespace {
+namespace config_test {
 
 namespace fs = std::filesystem;
 using Env = std::map<std::string, std::string>;
@@ -527,11 +527,11 @@ TEST(ConfigDocsTest, ConfigurationMdDocumentsEveryKey) {
   for (std::string_view var : kNonConfigEnvVars) EXPECT_NE(text.find(var), std::string::npos) << var;
 }
 
-}  // namespace
+}  // namespace config_test
 }  // namespace shardmix
 
 namespace shardmix {
-namespace {
+namespace config_test {
 
 TEST(ConfigWindowTest, WindowAndMinEntropyAreAccepted) {
   auto c = load_config("", {}, {"dataset.path=/d", "shuffle.window=64", "shuffle.min_entropy=0.6"});
@@ -575,5 +575,5 @@ TEST(ConfigDurationTest, DurationKeyRoundTripsThroughPrintedToml) {
   EXPECT_NE(bare.status().message().find("missing unit"), std::string::npos) << bare.status().message();
 }
 
-}  // namespace
+}  // namespace config_test
 }  // namespace shardmix
