@@ -123,11 +123,13 @@ void CheckpointStore::abandon(const CheckpointId& id) {
   update_waiting();
 }
 
-CheckpointId CheckpointStore::written_through(std::string_view name) {
+CheckpointId CheckpointStore::reserve_version(std::string_view name) {
   const CheckpointId id{std::string(name), next_version(name)};
-  note_durable_on_disk(id);
+  newest_known_[id.name] = id.version;
   return id;
 }
+
+void CheckpointStore::written_through(const CheckpointId& id) { note_durable_on_disk(id); }
 
 Status CheckpointStore::accept_replica(std::int32_t owner, const CheckpointId& id, CheckpointBytesPtr bytes) {
   const std::uint64_t size = bytes->bytes().size();

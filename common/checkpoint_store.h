@@ -118,9 +118,11 @@ class CheckpointStore {
   std::int32_t replicated(const CheckpointId& id, std::int32_t holder);
   // The save could not be replicated (no peer accepted it): the version is dropped.
   void abandon(const CheckpointId& id);
-  // A version written straight to the file system because RAM was full (when_full =
-  // "write_through"): durable, never in RAM.
-  CheckpointId written_through(std::string_view name);
+  // A version to be written straight to the file system because RAM was full (when_full =
+  // "write_through"): reserves its number now, so a save admitted meanwhile gets the next.
+  CheckpointId reserve_version(std::string_view name);
+  // That write succeeded: durable, never in RAM.
+  void written_through(const CheckpointId& id);
 
   // At a replica holder: keeps a copy of `id` for `owner`. kResourceExhausted when it does
   // not fit even after evicting durable versions; the owner then asks another peer.

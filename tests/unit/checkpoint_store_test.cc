@@ -144,8 +144,11 @@ TEST(CheckpointStoreTest, ReleasedReplicaBecomesAnEvictableDurableCopy) {
 
 TEST(CheckpointStoreTest, WrittenThroughVersionIsDurableWithoutRam) {
   CheckpointStore store = store_of(0, 10);
-  const CheckpointId id = store.written_through("big");
+  const CheckpointId id = store.reserve_version("big");
   EXPECT_EQ(id.version, 1u);
+  EXPECT_EQ(store.next_version("big"), 2u);  // taken, though not written yet
+  EXPECT_FALSE(store.newest_durable_on_disk("big").has_value());
+  store.written_through(id);
   EXPECT_EQ(store.newest_durable_on_disk("big"), 1u);
   EXPECT_EQ(store.stats().bytes_in_ram, 0u);
   EXPECT_EQ(store.list(), std::vector<CheckpointId>{id});
@@ -199,8 +202,9 @@ class World {
     Result<CheckpointId> id = s.begin_save(name, std::make_shared<OwnedCheckpointBytes>(data));
     if (!id.ok()) {
       if (!write_through_) return;  // the trainer waits: modelled as trying again later
-      const CheckpointId written = s.written_through(name);
+      const CheckpointId written = s.reserve_version(name);
       RC_ASSERT(written == next);
+      s.written_through(written);
       offered_[written] = data;
       files_[written] = data;
       ever_durable_.insert(written);
