@@ -150,7 +150,8 @@ void CheckpointNode::replicate(const CheckpointId& id, Callbacks& out) {
   const auto live_peers = std::count(alive_.begin(), alive_.end(), true) - 1;
   SaveDone done = std::move(replication.done);
   const Clock::time_point started = replication.started;
-  replicating_.erase(it);
+  const std::vector<std::int32_t> tried = std::move(replication.excluded);
+  replicating_.erase(it);  // `replication` dangles from here on
   if (live_peers <= 0 || entry->saved) {
     // The only daemon left (or a re-replication that found no taker): one copy is all
     // there can be; the drain makes it durable.
@@ -163,7 +164,7 @@ void CheckpointNode::replicate(const CheckpointId& id, Callbacks& out) {
   finish_save(std::move(done), started,
               make_error(StatusCode::kUnavailable,
                          "checkpoint {}: no peer daemon could hold its replica (ranks tried: {}); not saved",
-                         to_string(id), fmt::join(replication.excluded, ", ")),
+                         to_string(id), fmt::join(tried, ", ")),
               out);
   admit_waiting(out);
 }

@@ -151,7 +151,8 @@ class CheckpointStore {
   const CheckpointEntry* held(const CheckpointId& id) const;
   // Every version held in RAM, saved or not, in (name, version) order.
   std::vector<const CheckpointEntry*> entries() const;
-  // Saved versions of every name this daemon knows (RAM or durable on disk), newest first per name.
+  // Saved versions held in RAM, and the newest durable version on disk of every name, newest
+  // first per name.
   std::vector<CheckpointId> list() const;
 
   const CheckpointStoreStats& stats() const { return stats_; }

@@ -270,6 +270,7 @@ TEST_F(CheckpointNodeTest, NoPeerWithRoomForTheReplicaFailsTheSaveAndDropsIt) {
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(refused.status().message().find("m@1"), std::string::npos) << refused.status().message();
+  EXPECT_NE(refused.status().message().find("ranks tried: 1"), std::string::npos) << refused.status().message();
   EXPECT_EQ(owner.stats().store.bytes_in_ram, 0u);
   EXPECT_TRUE(owner.list().empty());
 }
