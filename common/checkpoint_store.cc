@@ -8,15 +8,6 @@ namespace shardmix {
 
 std::string to_string(const CheckpointId& id) { return fmt::format("{}@{}", id.name, id.version); }
 
-std::string_view drain_state_name(DrainState state) {
-  switch (state) {
-    case DrainState::kPending: return "pending";
-    case DrainState::kDraining: return "draining";
-    case DrainState::kDurable: return "durable";
-  }
-  return "unknown";
-}
-
 CheckpointStore::CheckpointStore(CheckpointStoreOptions options) : options_(options) {
   if (options_.retain == 0) options_.retain = 1;  // the newest version always stays
 }

@@ -66,7 +66,6 @@ std::string to_string(const CheckpointId& id);  // "model.pt@3"
 inline constexpr std::int32_t kNoRank = -1;
 
 enum class DrainState : std::uint8_t { kPending, kDraining, kDurable };
-std::string_view drain_state_name(DrainState state);
 
 // What the store knows of one version it holds in RAM.
 struct CheckpointEntry {
