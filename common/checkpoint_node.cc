@@ -212,22 +212,21 @@ void CheckpointNode::wait_durable(const std::string& name, DurableDone done) {
   done(now);
 }
 
-Result<std::vector<std::uint8_t>> CheckpointNode::load(const std::string& name) {
+Result<CheckpointBytesPtr> CheckpointNode::load(const std::string& name) {
   std::optional<std::uint64_t> on_disk;
   {
     std::lock_guard lock(mutex_);
     const CheckpointEntry* latest = store_.find_latest(name);
     on_disk = store_.newest_durable_on_disk(name);
-    if (latest != nullptr && (!on_disk || latest->id.version >= *on_disk)) {
-      const auto bytes = latest->bytes->bytes();
-      return std::vector<std::uint8_t>(bytes.begin(), bytes.end());
-    }
+    if (latest != nullptr && (!on_disk || latest->id.version >= *on_disk)) return latest->bytes;
   }
   if (!on_disk) {
     return make_error(StatusCode::kNotFound, "checkpoint '{}': no version in RAM or in checkpoint.dir {}", name,
                       options_.dir.string());
   }
-  return read_checkpoint_file(options_.dir, CheckpointId{name, *on_disk});
+  Result<std::vector<std::uint8_t>> read = read_checkpoint_file(options_.dir, CheckpointId{name, *on_disk});
+  if (!read.ok()) return read.status();
+  return CheckpointBytesPtr(std::make_shared<OwnedCheckpointBytes>(std::move(read).value()));
 }
 
 std::vector<CheckpointId> CheckpointNode::list() const {

@@ -85,9 +85,10 @@ class CheckpointNode {
   // error (naming checkpoint and directory) if an attempt to write it fails, the RAM copy
   // kept and retried. kNotFound if no version of `name` is known.
   void wait_durable(const std::string& name, DurableDone done);
-  // The newest version of `name`: from RAM (owned or replica) when it is there, else from
-  // its file. kNotFound naming the name and checkpoint.dir.
-  Result<std::vector<std::uint8_t>> load(const std::string& name);
+  // The newest version of `name`: from RAM (owned or replica) when it is there, without a
+  // copy (the daemon can hand the mapping to the trainer), else read from its file.
+  // kNotFound naming the name and checkpoint.dir.
+  Result<CheckpointBytesPtr> load(const std::string& name);
   std::vector<CheckpointId> list() const;
 
   // The replica side, called by the daemon's transport.
