@@ -137,7 +137,11 @@ Status CheckpointStore::accept_replica(std::int32_t owner, const CheckpointId& i
   e.size = size;
   e.owner = owner;
   e.saved = true;  // its bytes arrived whole
-  e.is_replica = true;
+  e.is_replica = !dead_peers_.contains(owner);
+  if (!e.is_replica) {
+    e.owner = options_.self_rank;
+    takeover_queue_.push_back(id);
+  }
   entries_.emplace(id, std::move(e));
   stats_.bytes_in_ram += size;
   auto [known, fresh] = newest_known_.try_emplace(id.name, id.version);
@@ -213,6 +217,7 @@ void CheckpointStore::apply_retention(std::string_view name) {
 }
 
 std::vector<CheckpointId> CheckpointStore::peer_died(std::int32_t rank) {
+  dead_peers_.insert(rank);
   std::vector<CheckpointId> unreplicated;
   for (auto& [id, e] : entries_) {
     if (e.is_replica && e.owner == rank) {

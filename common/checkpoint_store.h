@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -124,7 +125,9 @@ class CheckpointStore {
   void written_through(const CheckpointId& id);
 
   // At a replica holder: keeps a copy of `id` for `owner`. kResourceExhausted when it does
-  // not fit even after evicting durable versions; the owner then asks another peer.
+  // not fit even after evicting durable versions; the owner then asks another peer. A copy
+  // that lands after its owner was declared dead (read just before the death) is taken over
+  // at once, as peer_died would have: nobody else would ever drain it.
   Status accept_replica(std::int32_t owner, const CheckpointId& id, CheckpointBytesPtr bytes);
   // The owner made `id` durable: the copy is no longer needed.
   void release_replica(const CheckpointId& id);
@@ -173,6 +176,7 @@ class CheckpointStore {
   std::map<std::string, std::uint64_t, std::less<>> durable_on_disk_;  // newest durable version per name
   std::map<std::string, std::uint64_t, std::less<>> newest_known_;     // for next_version
   std::vector<CheckpointId> takeover_queue_;  // taken over from a dead owner, drained first
+  std::set<std::int32_t> dead_peers_;
   CheckpointStoreStats stats_;
 };
 
