@@ -236,7 +236,10 @@ std::vector<CheckpointId> CheckpointNode::list() const {
 
 Status CheckpointNode::accept_replica(std::int32_t owner, const CheckpointId& id, CheckpointBytesPtr bytes) {
   std::lock_guard lock(mutex_);
-  return store_.accept_replica(owner, id, std::move(bytes));
+  Status accepted = store_.accept_replica(owner, id, std::move(bytes));
+  // From an owner already dead the copy is ours to drain now.
+  if (accepted.ok() && !alive_[static_cast<std::size_t>(owner)]) wake_drain_.notify_all();
+  return accepted;
 }
 
 void CheckpointNode::release_replica(const CheckpointId& id) {

@@ -214,6 +214,17 @@ TEST_F(CheckpointNodeTest, OwnerKilledRightAfterSaveReturnsItsReplicaHolderDrain
   EXPECT_EQ(loaded(holder, "rank0"), data);
 }
 
+TEST_F(CheckpointNodeTest, ACopyThatLandsAfterItsOwnerDiedIsDrainedByItsHolder) {
+  Cluster cluster({"hostA", "hostB"});
+  cluster.start(0, dir_ / "shared", 1 << 20);
+  CheckpointNode& holder = cluster.start(1, dir_ / "shared", 1 << 20);
+  cluster.kill(0);
+  const std::vector<std::uint8_t> data = pattern(700, 6);
+  ASSERT_TRUE(holder.accept_replica(0, CheckpointId{"rank0", 4}, owned(data)).ok());
+  ASSERT_TRUE(wait_durable(holder, "rank0").ok());
+  EXPECT_EQ(*read_checkpoint_file(dir_ / "shared", CheckpointId{"rank0", 4}), data);
+}
+
 TEST_F(CheckpointNodeTest, AFailingFileSystemIsAnErrorNamingCheckpointAndDirectoryAndTheRamCopyStays) {
   Cluster cluster({"hostA"});  // alone: the save completes with the one copy
   const fs::path dir = dir_ / "ckpt";
