@@ -54,7 +54,7 @@ bool CheckpointStore::make_room(std::uint64_t bytes) {
   if (bytes > options_.capacity_bytes) return false;
   if (bytes <= free_bytes()) return true;
   // Durable copies are on the file system, so dropping them loses nothing; replicas whose
-  // owner made them durable were already released. Oldest version first, across names.
+  // owner made them durable were already released. Oldest arrival first, across names.
   std::vector<std::map<CheckpointId, CheckpointEntry>::iterator> durable;
   std::uint64_t reclaimable = 0;
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
@@ -64,7 +64,7 @@ bool CheckpointStore::make_room(std::uint64_t bytes) {
     }
   }
   if (bytes > free_bytes() + reclaimable) return false;
-  std::sort(durable.begin(), durable.end(), [](auto a, auto b) { return a->first.version < b->first.version; });
+  std::sort(durable.begin(), durable.end(), [](auto a, auto b) { return a->second.arrival < b->second.arrival; });
   for (auto it : durable) {
     if (bytes <= free_bytes()) break;
     evict(it);
@@ -87,6 +87,7 @@ Result<CheckpointId> CheckpointStore::begin_save(std::string_view name, Checkpoi
   e.bytes = std::move(bytes);
   e.size = size;
   e.owner = options_.self_rank;
+  e.arrival = ++arrivals_;
   entries_.emplace(id, std::move(e));
   stats_.bytes_in_ram += size;
   newest_known_[id.name] = id.version;
@@ -137,6 +138,7 @@ Status CheckpointStore::accept_replica(std::int32_t owner, const CheckpointId& i
   e.size = size;
   e.owner = owner;
   e.saved = true;  // its bytes arrived whole
+  e.arrival = ++arrivals_;
   e.is_replica = !dead_peers_.contains(owner);
   if (!e.is_replica) {
     e.owner = options_.self_rank;

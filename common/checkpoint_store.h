@@ -77,6 +77,7 @@ struct CheckpointEntry {
   std::int32_t replica_holder = kNoRank; // at the owner: the peer holding the copy (kNoRank: none yet)
   bool saved = false;                    // replicated once: the trainer's save returned; readers see it
   bool is_replica = false;               // held here for `owner`, which drains it
+  std::uint64_t arrival = 0;             // order of arrival here, across names: eviction age
   DrainState drain = DrainState::kPending;
   std::string last_drain_error;          // the latest failed drain's message, "" if none
 };
@@ -177,6 +178,7 @@ class CheckpointStore {
   std::map<std::string, std::uint64_t, std::less<>> newest_known_;     // for next_version
   std::vector<CheckpointId> takeover_queue_;  // taken over from a dead owner, drained first
   std::set<std::int32_t> dead_peers_;
+  std::uint64_t arrivals_ = 0;
   CheckpointStoreStats stats_;
 };
 

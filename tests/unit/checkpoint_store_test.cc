@@ -72,6 +72,26 @@ TEST(CheckpointStoreTest, FullStoreEvictsDurableVersionsFirstAndOtherwiseNamesCh
   EXPECT_FALSE(store.begin_save("huge", bytes_of(251, 4)).ok());  // larger than the whole budget
 }
 
+TEST(CheckpointStoreTest, PressureEvictsTheDurableVersionThatArrivedFirstWhateverItsNumber) {
+  CheckpointStore store = store_of(0, 300, 10);
+  // "young" reaches version 3 before "old" is saved once: numbers say nothing of age.
+  std::vector<CheckpointId> young;
+  for (int i = 0; i < 2; ++i) {
+    young.push_back(*store.begin_save("young", bytes_of(10, 1)));
+    store.replicated(young.back(), 1);
+  }
+  const CheckpointId old_one = *store.begin_save("old", bytes_of(100, 2));
+  store.replicated(old_one, 1);
+  const CheckpointId young3 = *store.begin_save("young", bytes_of(100, 3));
+  store.replicated(young3, 1);
+  while (const std::optional<CheckpointId> id = store.start_drain()) store.drained(*id, Status::ok_status());
+  ASSERT_TRUE(store.begin_save("new", bytes_of(150, 4)).ok());  // 80 free: 70 more must go
+  EXPECT_EQ(store.find(young[0]), nullptr);
+  EXPECT_EQ(store.find(young[1]), nullptr);
+  EXPECT_EQ(store.find(old_one), nullptr);   // arrived before young@3
+  EXPECT_NE(store.find(young3), nullptr);
+}
+
 TEST(CheckpointStoreTest, FailedDrainKeepsTheRamCopyAndTheReplicaAndIsRetried) {
   CheckpointStore store = store_of(0, 1000);
   const CheckpointId id = *store.begin_save("m", bytes_of(10, 1));
