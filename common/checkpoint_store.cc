@@ -177,7 +177,7 @@ std::optional<CheckpointId> CheckpointStore::start_drain() {
   const CheckpointEntry* oldest = nullptr;
   for (auto& [id, e] : entries_) {
     if (e.is_replica || !e.saved || e.drain != DrainState::kPending) continue;
-    if (oldest == nullptr || e.id.version < oldest->id.version) oldest = &e;
+    if (oldest == nullptr || e.arrival < oldest->arrival) oldest = &e;
   }
   if (oldest == nullptr) return std::nullopt;
   CheckpointEntry& e = entries_.at(oldest->id);

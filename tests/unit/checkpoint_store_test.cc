@@ -48,6 +48,19 @@ TEST(CheckpointStoreTest, SaveIsInvisibleUntilReplicatedThenDrainsOldestFirst) {
   EXPECT_EQ(store.newest_durable_on_disk("model"), 1u);
 }
 
+TEST(CheckpointStoreTest, DrainsInArrivalOrderAcrossNames) {
+  CheckpointStore store = store_of(0, 1000);
+  for (int i = 0; i < 3; ++i) store.replicated(*store.begin_save("busy", bytes_of(1, 1)), 1);
+  const CheckpointId quiet = *store.begin_save("quiet", bytes_of(1, 2));
+  store.replicated(quiet, 1);
+  const CheckpointId busy4 = *store.begin_save("busy", bytes_of(1, 3));
+  store.replicated(busy4, 1);
+  std::vector<CheckpointId> order;
+  while (const std::optional<CheckpointId> id = store.start_drain()) order.push_back(*id);
+  const std::vector<CheckpointId> expected = {{"busy", 1}, {"busy", 2}, {"busy", 3}, quiet, busy4};
+  EXPECT_EQ(order, expected);
+}
+
 TEST(CheckpointStoreTest, FullStoreEvictsDurableVersionsFirstAndOtherwiseNamesCheckpointAndKey) {
   CheckpointStore store = store_of(0, 250);
   const CheckpointId a = *store.begin_save("a", bytes_of(100, 1));
