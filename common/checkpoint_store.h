@@ -10,15 +10,16 @@
 // A version's life at its owner:
 //   begin_save (admitted: RAM reserved; invisible to readers)
 //   -> replicated (a peer holds a copy: the trainer's save returns; visible to readers)
-//   -> drain_started -> drained(ok) (durable: in checkpoint.dir; the replica is released)
+//   -> start_drain -> drained(ok) (durable: in checkpoint.dir; the replica is released)
 //   -> evicted from RAM once durable and either outside the newest `retain` versions of its
-//      name or, under memory pressure, oldest durable first.
+//      name or, under memory pressure, the first to arrive first.
 // A failed drain keeps the RAM copy and the replica, records the error, and the version is
 // drained again later. A version is never evicted before it is durable, so every saved
 // version stays readable (RAM here, RAM at the replica holder, or the file) until it is
 // durable and a newer version has replaced it on the file system.
 //
-// Thread-safety: none; the daemon calls it from one thread (its service thread).
+// Thread-safety: none; CheckpointNode (common/checkpoint_node.h) makes every call under
+// its one mutex.
 #pragma once
 
 #include <cstdint>
@@ -110,7 +111,8 @@ class CheckpointStore {
 
   // Reserves RAM for a new version owned here, evicting durable versions if that makes
   // room. kResourceExhausted (naming the checkpoint and checkpoint.capacity) when it does
-  // not fit now: the caller waits for a drain, or writes it through (written_through).
+  // not fit now: the caller waits for a drain, or writes it through (reserve_version, then
+  // written_through).
   Result<CheckpointId> begin_save(std::string_view name, CheckpointBytesPtr bytes);
   // A peer acknowledged its copy: the save is complete and visible. kNoRank as holder: no
   // peer exists (a one-daemon job), the save completes with the one copy. Returns the
