@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Tabulates bench/trace_overhead.sh: per pair, the traced and untraced whole-span rates
-(delivery_report.whole_span, epochs 1..E-1) and their ratio; then the medians.
+(delivery_report.whole_span, epochs 1..E-1) and their ratio; then the medians; then the
+recording cost measured alone (shardmix-bench-trace-record) as CPU time per second of the
+untraced delivery rate: (trainer + daemon ns added per batch) x batches per second.
 
-  trace_overhead_report.py RAW.jsonl OUT.json --samples N --nodes N --provider P
+  trace_overhead_report.py RAW.jsonl OUT.json --samples N --nodes N --provider P --record RECORD.jsonl
 """
 import argparse
 import json
@@ -18,7 +20,10 @@ def main():
     ap.add_argument('--samples', type=int, required=True)
     ap.add_argument('--nodes', type=int, required=True)
     ap.add_argument('--provider', required=True)
+    ap.add_argument('--record', required=True, help="shardmix-bench-trace-record's JSON line")
     a = ap.parse_args()
+    with open(a.record, encoding='utf-8') as f:
+        record = json.loads(f.readline())
     with open(a.raw, encoding='utf-8') as f:
         rows = [json.loads(line) for line in f if line.strip()]
     rows = [r for r in rows if r['epoch'] >= 1]  # epoch 0 includes connection set-up
@@ -35,6 +40,11 @@ def main():
               'median_ratio': statistics.median(ratios), 'min_ratio': min(ratios), 'max_ratio': max(ratios),
               'median_traced_samples_per_s': statistics.median(t['traced_samples_per_s'] for t in table),
               'median_untraced_samples_per_s': statistics.median(t['untraced_samples_per_s'] for t in table)}
+    added_ns = (record['trainer_ns_on'] - record['trainer_ns_off']) + (record['daemon_ns_on'] - record['daemon_ns_off'])
+    batches_per_s = result['median_untraced_samples_per_s'] / record['batch_size']
+    result['record'] = record
+    result['recording_ns_per_batch'] = added_ns
+    result['recording_core_fraction'] = added_ns * 1e-9 * batches_per_s
     with open(a.out, 'w', encoding='utf-8') as f:
         json.dump(result, f, indent=1)
         f.write('\n')
@@ -46,6 +56,10 @@ def main():
     print(f'\nmedian ratio {result["median_ratio"]:.3f} (min {result["min_ratio"]:.3f}, max {result["max_ratio"]:.3f}); '
           f'median rates: traced {result["median_traced_samples_per_s"]:,.0f}, untraced '
           f'{result["median_untraced_samples_per_s"]:,.0f} samples/s; target: ratio >= 0.97')
+    print(f'recording alone: +{added_ns:.0f} ns per batch (trainer {record["trainer_ns_on"] - record["trainer_ns_off"]:.0f}, '
+          f'daemon {record["daemon_ns_on"] - record["daemon_ns_off"]:.0f}); at {batches_per_s:,.0f} batches/s that is '
+          f'{100 * result["recording_core_fraction"]:.3f}% of one core; writing {record["events"]:,} events took '
+          f'{record["write_seconds"]:.2f} s at exit')
     print(f'wrote {a.out}')
 
 

@@ -28,7 +28,7 @@ e2e_gen_dataset 600 10 16 7
 
 run_traced() { # NAME SAMPLE_FRACTION
   local name=$1 fraction=$2
-  # 4 MiB of cache per node for about 10 MB of samples: more than half of them are cold.
+  # 4 MiB of cache per node for 11 MB of samples: about a quarter of them are cold (storage).
   sm_write_config "$tmp/$name.toml" dataset.path="$tmp/data" batch.size=8 shuffle.seed=3 fabric.provider=tcp \
     fabric.interface=lo service.trainers_per_node="$per_node" cache.capacity=4MiB \
     telemetry.trace_dir="$tmp/$name-trace" telemetry.trace_sample_fraction="$fraction"
