@@ -53,15 +53,21 @@ double ns_per_batch(std::uint64_t batches, Body body) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  CLI::App app{"shardmix-bench-trace-record: the trace's recording cost per batch"};
+struct Options {
   std::uint64_t batches = 40000;
   std::uint32_t batch_size = 32;
-  std::uint32_t peers = 3;
-  app.add_option("--batches", batches, "Batches per measurement");
-  app.add_option("--batch-size", batch_size, "Samples per batch (ids in the trainer's hold)");
-  app.add_option("--peers", peers, "Peer reads per batch on the daemon");
+  std::uint32_t peers = 3;  // peer reads per batch on the daemon
+};
+
+int main(int argc, char** argv) {
+  Options options;
+  CLI::App app{"shardmix-bench-trace-record: the trace's recording cost per batch"};
+  app.add_option("--batches", options.batches, "Batches per measurement");
+  app.add_option("--batch-size", options.batch_size, "Samples per batch (ids in the trainer's hold)");
+  app.add_option("--peers", options.peers, "Peer reads per batch on the daemon");
   CLI11_PARSE(app, argc, argv);
+  const std::uint64_t batches = options.batches;
+  const std::uint32_t batch_size = options.batch_size, peers = options.peers;
   std::vector<std::uint64_t> ids(batch_size);
   for (std::uint32_t i = 0; i < batch_size; ++i) ids[i] = 1000 + 7 * i;
 

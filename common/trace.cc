@@ -82,7 +82,7 @@ bool keep(const Key& key, double fraction) {
 // while the thread appends); `published` counts the events complete for readers.
 struct Recorder::ThreadBuffer {
   explicit ThreadBuffer(std::uint64_t cap, std::size_t index)
-      : cap(cap), index(index), chunks((cap + kChunkEvents - 1) / kChunkEvents) {}
+      : cap(std::min(cap, kMaxEventsPerThread)), index(index), chunks((this->cap + kChunkEvents - 1) / kChunkEvents) {}
   const std::uint64_t cap;
   const std::size_t index;  // registration order: the storage readers' track numbers
   std::vector<std::unique_ptr<Event[]>> chunks;  // sized once, filled as needed
@@ -257,6 +257,10 @@ std::string Recorder::to_json() const {
 }
 
 Status Recorder::write() const {
+  // A trainer writes when its Client goes and again at exit: the second time only if
+  // something was recorded in between.
+  const std::uint64_t seen = recorded_events() + dropped_events();
+  if (written_ && *written_ == seen) return Status::ok_status();
   const std::string text = to_json();
   const std::string tmp = settings_.path + ".tmp";
   {
@@ -268,6 +272,7 @@ Status Recorder::write() const {
   std::error_code ec;
   std::filesystem::rename(tmp, settings_.path, ec);
   if (ec) return make_error(StatusCode::kIoError, "renaming {} to {}: {}", tmp, settings_.path, ec.message());
+  written_ = seen;
   return Status::ok_status();
 }
 
@@ -339,8 +344,9 @@ Result<std::optional<ReadyTrace>> parse_ready(const std::map<std::string, std::s
   }
   const std::string max = text("trace_max_events");
   t.max_events = std::strtoull(max.c_str(), &end, 10);
-  if (max.empty() || *end != '\0' || t.max_events == 0) {
-    return make_error(StatusCode::kCorrupt, "the ready file's trace_max_events '{}' is not a positive integer", max);
+  if (max.empty() || *end != '\0' || t.max_events == 0 || t.max_events > kMaxEventsPerThread) {
+    return make_error(StatusCode::kCorrupt, "the ready file's trace_max_events '{}' is not an integer in 1..{}", max,
+                      kMaxEventsPerThread);
   }
   return std::optional<ReadyTrace>(std::move(t));
 }

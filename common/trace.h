@@ -61,6 +61,8 @@ struct Key {
 inline constexpr Key kAlways{0, 0, 0, true};
 
 inline constexpr std::size_t kArgs = 5;
+// The largest per-thread cap (telemetry.trace_max_events' limit): its chunk table stays 2 MiB.
+inline constexpr std::uint64_t kMaxEventsPerThread = std::uint64_t{1} << 30;
 struct Event {
   std::int64_t begin_ns = 0;  // CLOCK_REALTIME
   std::int64_t end_ns = 0;    // == begin_ns for instants and counters
@@ -112,7 +114,8 @@ class Recorder {
   std::uint64_t recorded_events() const;
   // The Chrome trace-event JSON of everything recorded so far (any thread may still record).
   std::string to_json() const;
-  // Writes to_json() to settings().path atomically (temp file + rename).
+  // Writes to_json() to settings().path atomically (temp file + rename), unless nothing
+  // was recorded since the last write. Not to be called from two threads at once.
   Status write() const;
 
  private:
@@ -126,6 +129,7 @@ class Recorder {
   std::unique_ptr<std::atomic<std::int64_t>[]> in_flight_;
   std::atomic<std::uint64_t> dropped_{0};
   std::atomic<bool> warned_{false};
+  mutable std::optional<std::uint64_t> written_;  // events + drops at the last write (write() is not concurrent)
 };
 
 // ---- the process's recorder, used by the trace points ----

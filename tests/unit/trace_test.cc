@@ -49,7 +49,9 @@ TEST(TraceSampling, DependsOnlyOnTheBatchAndKeepsTheRequestedShare) {
     EXPECT_TRUE(keep(key, 1.0));
     EXPECT_FALSE(keep(key, 0.0));
     // A smaller fraction keeps a subset of a larger one's batches (one threshold on one hash).
-    if (keep(key, 0.1)) EXPECT_TRUE(first) << "batch " << b;
+    if (keep(key, 0.1)) {
+      EXPECT_TRUE(first) << "batch " << b;
+    }
   }
   EXPECT_GT(kept, kBatches * 22 / 100);
   EXPECT_LT(kept, kBatches * 28 / 100);
@@ -128,7 +130,7 @@ TEST(TraceRecorder, WritesMicrosecondsSinceTheOriginWithNanosecondDigits) {
       << "trainer slot 2's staging track is named";
 }
 
-TEST(TraceRecorder, WriteReplacesTheFileAtomically) {
+TEST(TraceRecorder, WriteReplacesTheFileAtomicallyAndOnlyWhenSomethingIsNew) {
   const auto dir = std::filesystem::temp_directory_path() / ("shardmix-trace-test-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   Settings s = settings_with_cap(8);
@@ -141,6 +143,16 @@ TEST(TraceRecorder, WriteReplacesTheFileAtomically) {
   text << in.rdbuf();
   EXPECT_EQ(text.str(), recorder.to_json());
   EXPECT_FALSE(std::filesystem::exists(s.path + ".tmp"));
+  // Nothing new: a second write (a trainer's exit after its Client's) leaves the file alone.
+  std::ofstream(s.path) << "marker";
+  ASSERT_TRUE(recorder.write().ok());
+  EXPECT_EQ(std::filesystem::file_size(s.path), 6u);
+  recorder.record(staging_wait(2000));
+  ASSERT_TRUE(recorder.write().ok());
+  std::ifstream again(s.path);
+  std::stringstream rewritten;
+  rewritten << again.rdbuf();
+  EXPECT_EQ(rewritten.str(), recorder.to_json());
   Settings bad = s;
   bad.path = (dir / "no-such-dir" / "x.json").string();
   const Status failed = Recorder(bad).write();
