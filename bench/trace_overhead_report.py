@@ -15,11 +15,10 @@ from delivery_report import whole_span
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('raw')
-    ap.add_argument('out')
-    ap.add_argument('--samples', type=int, required=True)
-    ap.add_argument('--nodes', type=int, required=True)
-    ap.add_argument('--provider', required=True)
+    ap.add_argument('raw', help="the runs' JSON lines")
+    ap.add_argument('out', help='the summary to write (JSON)')
+    for option, kind in (('--samples', int), ('--nodes', int), ('--provider', str)):
+        ap.add_argument(option, type=kind, required=True, help='as the script ran')
     ap.add_argument('--record', required=True, help="shardmix-bench-trace-record's JSON line")
     a = ap.parse_args()
     with open(a.record, encoding='utf-8') as f:

@@ -1,5 +1,7 @@
 #include "common/trace.h"
 
+#include "common/json_text.h"
+
 #include <time.h>
 
 #include <algorithm>
@@ -41,19 +43,6 @@ void append_us(std::string& out, std::int64_t ns) {
   const char* sign = ns < 0 ? "-" : "";
   const std::uint64_t a = static_cast<std::uint64_t>(ns < 0 ? -ns : ns);
   fmt::format_to(std::back_inserter(out), "{}{}.{:03}", sign, a / 1000, a % 1000);
-}
-
-std::string json_string(std::string_view s) {
-  std::string q = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') q += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      q += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-      continue;
-    }
-    q += c;
-  }
-  return q + "\"";
 }
 
 // Chrome thread ids of the logical tracks (tid 0 stays unused: some viewers hide it).
@@ -150,7 +139,7 @@ std::string Recorder::to_json() const {
   std::uint64_t async_id = (static_cast<std::uint64_t>(pid) << 32);
   auto head = [&](const char* ph, std::string_view name, const char* cat, std::uint32_t tid, std::int64_t ts) {
     fmt::format_to(std::back_inserter(out), ",\n{{\"ph\":\"{}\",\"name\":{},\"cat\":\"{}\",\"pid\":{},\"tid\":{},\"ts\":",
-                   ph, json_string(name), cat, pid, tid);
+                   ph, json_quote(name), cat, pid, tid);
     append_us(out, ts - settings_.origin_ns);
   };
   auto complete = [&](std::string_view name, const char* cat, std::uint32_t tid, const Event& e) {
@@ -244,14 +233,14 @@ std::string Recorder::to_json() const {
       "\"clock_origin_ns\":{},\"role\":{},\"node\":{},\"process\":{},\"sample_fraction\":{},\"max_events_per_thread\":{},"
       "\"dropped_events\":{}}},\n\"traceEvents\":[\n"
       "{{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":{},\"tid\":0,\"args\":{{\"name\":{}}}}}",
-      settings_.origin_ns, json_string(settings_.role), settings_.node, json_string(settings_.process_name), settings_.sample_fraction,
-      settings_.max_events_per_thread, dropped_events(), pid, json_string(settings_.process_name));
+      settings_.origin_ns, json_quote(settings_.role), settings_.node, json_quote(settings_.process_name), settings_.sample_fraction,
+      settings_.max_events_per_thread, dropped_events(), pid, json_quote(settings_.process_name));
   fmt::format_to(std::back_inserter(meta), ",\n{{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":{},\"tid\":0,"
                  "\"args\":{{\"sort_index\":{}}}}}", pid, pid);
   for (const auto& [tid, name] : thread_names) {
     fmt::format_to(std::back_inserter(meta),
                    ",\n{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":{},\"tid\":{},\"args\":{{\"name\":{}}}}}", pid,
-                   tid, json_string(name));
+                   tid, json_quote(name));
   }
   return meta + out + "\n]}\n";
 }

@@ -36,6 +36,13 @@ Settings settings_with_cap(std::uint64_t cap, double fraction = 1.0) {
   return s;
 }
 
+std::string file_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 Event staging_wait(std::int64_t t) { return Event{t, t + 10, What::kStagingWait, 0, 1, {0, 2, 3, 4096, 0}}; }
 
 TEST(TraceSampling, DependsOnlyOnTheBatchAndKeepsTheRequestedShare) {
@@ -138,10 +145,7 @@ TEST(TraceRecorder, WriteReplacesTheFileAtomicallyAndOnlyWhenSomethingIsNew) {
   Recorder recorder(s);
   recorder.record(staging_wait(1000));
   ASSERT_TRUE(recorder.write().ok());
-  std::ifstream in(s.path);
-  std::stringstream text;
-  text << in.rdbuf();
-  EXPECT_EQ(text.str(), recorder.to_json());
+  EXPECT_EQ(file_text(s.path), recorder.to_json());
   EXPECT_FALSE(std::filesystem::exists(s.path + ".tmp"));
   // Nothing new: a second write (a trainer's exit after its Client's) leaves the file alone.
   std::ofstream(s.path) << "marker";
@@ -149,10 +153,7 @@ TEST(TraceRecorder, WriteReplacesTheFileAtomicallyAndOnlyWhenSomethingIsNew) {
   EXPECT_EQ(std::filesystem::file_size(s.path), 6u);
   recorder.record(staging_wait(2000));
   ASSERT_TRUE(recorder.write().ok());
-  std::ifstream again(s.path);
-  std::stringstream rewritten;
-  rewritten << again.rdbuf();
-  EXPECT_EQ(rewritten.str(), recorder.to_json());
+  EXPECT_EQ(file_text(s.path), recorder.to_json());
   Settings bad = s;
   bad.path = (dir / "no-such-dir" / "x.json").string();
   const Status failed = Recorder(bad).write();
