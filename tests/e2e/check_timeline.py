@@ -14,7 +14,8 @@ Checks, exiting 1 with every failure listed:
     bytes and samples, and per epoch the peer reads carry as many samples as the trainers
     received from peers (tier peer in the CSVs), daemon by daemon, and as many storage reads
     as they received samples from storage; with less than 1, reads only of kept batches;
-  - storage reads and staging waits have non-negative durations; a daemon's staging waits
+  - storage reads and staging waits have non-negative durations (--expect-staging-waits:
+    every daemon has some); a daemon's staging waits
     of one trainer slot never overlap; counters are never negative and (unsampled) every
     peer's reads in flight end at 0;
   - every process is named, as is every track that has events.
@@ -65,7 +66,7 @@ def read_csvs(csv_dir):
     return batches, tier_rows
 
 
-def check(trace, csv_dir, epochs, trainers, nodes, per_node, fraction):
+def check(trace, csv_dir, epochs, trainers, nodes, per_node, fraction, expect_staging_waits=False):
     failures = []
     fail = failures.append
     events = trace['traceEvents']
@@ -201,6 +202,10 @@ def check(trace, csv_dir, epochs, trainers, nodes, per_node, fraction):
                 fail(f'daemon {node}: counter {e["name"]} is {value} at {e["ts"]}')
     for key, b in begins.items():
         fail(f'daemon {daemon_pid[key[0]]}: peer read {key[1]} posted at {b["ts"]} never completed')
+    if expect_staging_waits:
+        for node in range(nodes):
+            if not any(n == node for n, _ in staging):
+                fail(f'daemon {node}: no staging wait traced, although staging cannot hold what is staged ahead')
     for (node, tid), items in staging.items():
         items.sort()
         for (t0, t1), (u0, _) in zip(items, items[1:]):
@@ -231,11 +236,13 @@ def main():
     ap.add_argument('--trainers', type=int, required=True)
     ap.add_argument('--nodes', type=int, required=True)
     ap.add_argument('--sample-fraction', type=float, default=1.0)
+    ap.add_argument('--expect-staging-waits', action='store_true',
+                    help='fail unless every daemon traced a wait for staging space')
     a = ap.parse_args()
     with open(a.merged, encoding='utf-8') as f:
         trace = json.load(f)
     failures, holds, peer, storage = check(trace, a.csv_dir, a.epochs, a.trainers, a.nodes, a.trainers // a.nodes,
-                                  a.sample_fraction)
+                                  a.sample_fraction, a.expect_staging_waits)
     if failures:
         for line in failures[:40]:
             print(f'FAIL: {line}')

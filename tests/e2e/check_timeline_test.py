@@ -129,6 +129,13 @@ class CheckTimelineTest(unittest.TestCase):
         self.assertIn(False, kept, 'pick a fraction that drops one of the 4 batches')
         self.assert_fails(copy.deepcopy(good_trace()), 'although the sampling drops it', fraction)
 
+    def test_expected_staging_waits_must_be_there(self):
+        trace = good_trace()
+        self.assertEqual(check_timeline.check(trace, self.dir.name, 1, 2, 2, 1, 1.0, True)[0], [])
+        trace['traceEvents'] = [e for e in trace['traceEvents'] if e.get('name') != 'wait for staging space']
+        failures = check_timeline.check(trace, self.dir.name, 1, 2, 2, 1, 1.0, True)[0]
+        self.assertTrue(any('no staging wait traced' in f for f in failures), failures)
+
     def test_keep_matches_the_recorder_at_the_edges(self):
         self.assertTrue(check_timeline.keep(3, 1, 9, 1.0))
         self.assertFalse(check_timeline.keep(3, 1, 9, 0.0))

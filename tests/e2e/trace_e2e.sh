@@ -26,11 +26,15 @@ merge=$(sm_find_exe shardmix-trace)
 report=$(sm_find_exe shardmix-report)
 e2e_gen_dataset 600 10 16 7
 
-run_traced() { # NAME SAMPLE_FRACTION
+run_traced() { # NAME SAMPLE_FRACTION [CHECK_TIMELINE_ARG...]
   local name=$1 fraction=$2
+  shift 2
   # 4 MiB of cache per node for 11 MB of samples: about a quarter of them are cold (storage).
+  # 1 MiB of staging per trainer holds the largest batch (8 x 75 KB) but not the 12 batches
+  # the scheduler stages ahead (prefetch 4 + cold read-ahead 8), so staging waits happen.
   sm_write_config "$tmp/$name.toml" dataset.path="$tmp/data" batch.size=8 shuffle.seed=3 fabric.provider=tcp \
     fabric.interface=lo service.trainers_per_node="$per_node" cache.capacity=4MiB \
+    service.staging_bytes_per_trainer=1MiB \
     telemetry.trace_dir="$tmp/$name-trace" telemetry.trace_sample_fraction="$fraction"
   sm_section "$name: $nodes daemons, $trainers trainers, $epochs epochs, trace_sample_fraction $fraction"
   e2e_launch_or_die 240 "$tmp/$name-daemons.log" --nodes "$nodes" --config "$tmp/$name.toml" \
@@ -40,10 +44,10 @@ run_traced() { # NAME SAMPLE_FRACTION
   ((files == nodes + trainers)) || sm_die "$name: expected $((nodes + trainers)) trace files, found $files" 1
   "$merge" merge "$tmp/$name-trace" "$tmp/$name-merged.json"
   e2e_python "$SM_E2E/check_timeline.py" "$tmp/$name-merged.json" "$tmp/$name-csv" --epochs "$epochs" \
-    --trainers "$trainers" --nodes "$nodes" --sample-fraction "$fraction"
+    --trainers "$trainers" --nodes "$nodes" --sample-fraction "$fraction" "$@"
 }
 
-run_traced full 1
+run_traced full 1 --expect-staging-waits
 # Exactly once in the trainers' own view too (the trace adds nothing to delivery).
 "$python" "$SM_E2E/check_traces.py" "$tmp/full-csv" --dataset "$tmp/data" --epochs "$epochs" \
   --trainers "$trainers" --trainers-per-node "$per_node" --batch-size 8 --expect-peer --allow-storage
