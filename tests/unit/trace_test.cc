@@ -17,7 +17,7 @@
 #include "common/trace.h"
 
 namespace shardmix::trace {
-namespace {
+namespace trace_test {  // named, not anonymous: the unit tests may be built as one unity translation unit
 
 std::size_t count(const std::string& text, const std::string& what) {
   std::size_t n = 0;
@@ -179,5 +179,5 @@ TEST(TraceReadyFile, KeysRoundTripAndBadOnesAreNamed) {
   EXPECT_TRUE(ready_lines("", 1, 1).empty());
 }
 
-}  // namespace
+}  // namespace trace_test
 }  // namespace shardmix::trace
