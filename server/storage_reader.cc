@@ -31,7 +31,7 @@ void StorageReaderPool::fetch(std::vector<StorageRead> reads, std::function<void
   {
     std::lock_guard lock(mutex_);
     if (!stopping_) {
-      for (std::size_t i = 0; i < reads.size(); ++i) queue_.push_back({reads[i], i, group});
+      for (std::size_t i = 0; i < reads.size(); ++i) queue_.push_back({reads[i], i, group, trace::current_key()});
       wake_.notify_all();
       return;
     }
@@ -62,6 +62,7 @@ void StorageReaderPool::run() {
       queue_.pop_front();
     }
     const StorageRead& r = job.read;
+    const std::int64_t traced = trace::start();
     Status s;
     if (r.sample >= catalog_.size() || catalog_.sample_bytes(r.sample) != r.length) {
       s = make_error(StatusCode::kInternal, "cold read of sample {} with length {} does not match the catalog",
@@ -71,6 +72,8 @@ void StorageReaderPool::run() {
       if (!s.ok()) s = s.with_context(fmt::format("reading cold sample {} from storage", r.sample));
       if (delay_.count() > 0) std::this_thread::sleep_for(delay_);  // inject.storage_delay
     }
+    const trace::Key& k = job.traced;
+    trace::span(trace::What::kStorageRead, 0, traced, k, {r.sample, r.length, k.epoch, k.trainer, k.batch});
     if (s.ok()) {
       reads_completed_.fetch_add(1, std::memory_order_relaxed);
       bytes_read_.fetch_add(r.length, std::memory_order_relaxed);
