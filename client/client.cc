@@ -2,6 +2,7 @@
 
 #include "common/config.h"
 #include "common/job_token.h"
+#include "common/trace.h"
 #include "proto/checkpoint.h"
 
 #include <fcntl.h>
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -596,6 +598,23 @@ class DaemonConnection {
   std::uint64_t current_stream_ = 0;
 };
 
+// telemetry.trace_dir, as the daemons published it: this trainer's recorder (common/trace.h).
+static Status start_trace(const std::map<std::string, std::string>& ready, int rank, std::uint32_t node) {
+  auto published = trace::parse_ready(ready);
+  if (!published.ok()) return published.status();
+  if (!published->has_value()) return Status::ok_status();
+  const trace::ReadyTrace& t = **published;
+  trace::Settings settings;
+  settings.path = fmt::format("{}/trainer-{}-{}.json", t.dir, node, rank);
+  settings.process_name = fmt::format("trainer {} (node {})", rank, node);
+  settings.pid = trace::trainer_pid(static_cast<std::uint32_t>(rank));
+  settings.role = "trainer";
+  settings.node = node;
+  settings.sample_fraction = t.sample_fraction;
+  settings.max_events_per_thread = t.max_events;
+  return trace::enable(std::move(settings));
+}
+
 Result<std::unique_ptr<DaemonConnection>> DaemonConnection::open(const ClientOptions& options) {
   auto c = std::make_unique<DaemonConnection>();
   SHARDMIX_ASSIGN_OR_RETURN(c->receive_timeout_s_, receive_timeout_s(options.receive_timeout_s));
@@ -608,10 +627,12 @@ Result<std::unique_ptr<DaemonConnection>> DaemonConnection::open(const ClientOpt
 
   const std::string run_dir = resolve_run_dir(options);
   int daemon = options.daemon >= 0 ? options.daemon : env_int("SHARDMIX_DAEMON").value_or(-1);
+  std::map<std::string, std::string> published;  // RUN_DIR/ready, for the trace keys
   if (daemon < 0) {
     // Our node is rank / trainers_per_node, as the daemons published it.
     auto ready = read_ready_file(run_dir, ready_timeout);
     if (!ready.ok()) return ready.status();
+    published = *ready;
     const int daemons = std::atoi((*ready)["daemons"].c_str());
     const int per_node = std::atoi((*ready)["trainers_per_node"].c_str());
     if (daemons <= 0 || per_node <= 0) {
@@ -713,6 +734,11 @@ Result<std::unique_ptr<DaemonConnection>> DaemonConnection::open(const ClientOpt
   };
   SHARDMIX_RETURN_IF_ERROR(map(fds[0], c->welcome_.arena_bytes, c->arena_, "cache arena"));
   SHARDMIX_RETURN_IF_ERROR(map(fds[1], c->welcome_.staging_bytes, c->staging_, "staging area"));
+  if (published.empty()) {
+    // An explicitly chosen daemon: the ready file is there by now, or tracing stays off.
+    if (auto ready = read_ready_file(run_dir, 0); ready.ok()) published = *ready;
+  }
+  SHARDMIX_RETURN_IF_ERROR(start_trace(published, c->who_.rank, c->node_));
   return c;
 }
 
@@ -798,6 +824,7 @@ Result<std::string> query_daemon_stats(const ClientOptions& options, int daemon)
 EpochIterator::EpochIterator(DaemonConnection* connection, std::uint64_t epoch, std::span<const std::uint8_t> resume)
     : connection_(connection), epoch_(epoch), done_(false) {
   waiting_since_ = std::chrono::steady_clock::now();
+  trace_wait_ = trace::start();
   Status s = connection_->start_epoch(epoch, resume);
   if (!s.ok()) throw Error(s);
   fetch_next();
@@ -837,6 +864,8 @@ void EpochIterator::fetch_next() {
   }
   connection_->delivered(frame);
   holding_ = true;
+  trace::span(trace::What::kWaitBatch, 0, trace_wait_, trace_key(), {batch_.epoch_, batch_.index_});
+  trace_hold_ = trace::start();
   // The wait for this batch goes back to the daemon in its Release (trainer stall time).
   wait_us_ = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - waiting_since_).count());
@@ -844,7 +873,11 @@ void EpochIterator::fetch_next() {
 
 EpochIterator& EpochIterator::operator++() {
   if (done_) return *this;
+  if (holding_) {
+    trace::hold(trace_hold_, trace_key(), batch_.samples_.size(), [&](std::size_t i) { return batch_.samples_[i].id(); });
+  }
   waiting_since_ = std::chrono::steady_clock::now();
+  trace_wait_ = trace::start();
   if (holding_) {
     Status s = connection_->release(epoch_, batch_.index_, wait_us_);
     holding_ = false;
@@ -857,6 +890,10 @@ EpochIterator& EpochIterator::operator++() {
   return *this;
 }
 
+trace::Key EpochIterator::trace_key() const {
+  return {batch_.epoch_, static_cast<std::uint64_t>(connection_->who_.rank), batch_.index_};
+}
+
 EpochIterator Epoch::begin() { return EpochIterator(connection_, epoch_, resume_); }
 const std::optional<proto::EpochStats>& Epoch::stats() const { return connection_->last_stats_; }
 
@@ -865,7 +902,12 @@ const std::optional<proto::EpochStats>& Epoch::stats() const { return connection
 Client::Client(std::unique_ptr<DaemonConnection> connection) : connection_(std::move(connection)) {}
 Client::Client(Client&&) noexcept = default;
 Client& Client::operator=(Client&&) noexcept = default;
-Client::~Client() = default;
+Client::~Client() {
+  // The trace so far (telemetry.trace_dir); exit writes it again with anything later.
+  if (connection_) {
+    if (Status s = trace::write(); !s.ok()) std::fprintf(stderr, "shardmix: %s\n", s.to_string().c_str());
+  }
+}
 
 Result<Client> Client::try_connect(const ClientOptions& options) {
   auto c = DaemonConnection::open(options);

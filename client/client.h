@@ -44,6 +44,7 @@
 
 #include "common/catalog.h"
 #include "common/status.h"
+#include "common/trace.h"
 #include "proto/wire.h"
 
 namespace shardmix {
@@ -194,6 +195,10 @@ class EpochIterator {
   // Since when this trainer waits for the next batch, and how long it waited for batch_.
   std::chrono::steady_clock::time_point waiting_since_{};
   std::uint64_t wait_us_ = 0;
+  // The trace's (telemetry.trace_dir) wait and hold start times; 0 when not tracing.
+  std::int64_t trace_wait_ = 0;
+  std::int64_t trace_hold_ = 0;
+  trace::Key trace_key() const;
 };
 
 class Epoch {

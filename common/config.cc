@@ -25,6 +25,7 @@
 #include <toml++/toml.h>
 
 #include "common/shard_formats.h"
+#include "common/trace.h"
 
 extern char** environ;
 
@@ -81,6 +82,8 @@ Result<Capacity> parse_capacity(std::string_view text);
 #define SHARDMIX_USEC_KEY(field)                                                      \
   [](Config& c, const Value& v) { c.field = std::chrono::microseconds(as_u64(v)); },   \
       [](const Config& c) -> Value { return static_cast<std::uint64_t>(c.field.count()); }
+#define SHARDMIX_DOUBLE_KEY(field) \
+  [](Config& c, const Value& v) { c.field = std::get<double>(v); }, [](const Config& c) -> Value { return c.field; }
 #define SHARDMIX_STR_KEY(field) \
   [](Config& c, const Value& v) { c.field = as_str(v); }, [](const Config& c) -> Value { return c.field; }
 
@@ -272,6 +275,18 @@ const KeySpec kKeys[] = {
    "How often the Prometheus file is rewritten between epoch ends (a duration such as \"10s\").",
    "Shorter gives fresher gauges (connected trainers, counters within an epoch) at the cost of more small file writes.",
    "", 1000, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_USEC_KEY(telemetry.interval)},
+  {"telemetry.trace_dir", KeyType::kString, "",
+   "Every daemon and every trainer (the client library) records the journey of each batch and writes one Chrome trace-event JSON file here when it exits: daemon-<node>.json (epoch planning, each peer read from post to completion, storage reads, waits for staging space, epoch boundaries, staged bytes and reads in flight per peer) and trainer-<node>-<rank>.json (each wait for a batch and each hold of one, with its sample ids). Timestamps are CLOCK_REALTIME. shardmix-trace merge joins them into one file for Perfetto or chrome://tracing; shardmix-report --timeline draws it (docs/telemetry.md). Trainers learn the directory from the daemons' ready file. \"\" = off.",
+   "Recording costs a clock read and a 64-byte append per event (a few per batch; bench/trace_overhead.sh measures what it costs); memory grows with the job unless telemetry.trace_sample_fraction thins it, up to telemetry.trace_max_events per thread. A node-local directory avoids a shared file system's metadata load at exit.",
+   "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(telemetry.trace_dir)},
+  {"telemetry.trace_sample_fraction", KeyType::kDouble, "1.0",
+   "The share of batches telemetry.trace_dir records, chosen by a hash of (epoch, trainer rank, batch index), so the daemon's and the trainer's events of a batch are kept or dropped together. Planning and epoch boundaries are always recorded.",
+   "1.0 records every batch (a full audit of the job); lower keeps long jobs' traces and memory small at the price of gaps between the kept batches.",
+   "", 0, 0, 0.0, 1.0, false, SHARDMIX_DOUBLE_KEY(telemetry.trace_sample_fraction)},
+  {"telemetry.trace_max_events", KeyType::kUint, "1048576",
+   "The most trace events one recording thread keeps (64 bytes each, so 64 MiB at the default; at most 2^30). Events past the cap are dropped and counted; the process prints one warning naming both trace keys when it first happens, and the file's dropped_events says how many.",
+   "Higher keeps more of a long job at 64 bytes per event per thread; a daemon records on its service thread, its fabric progress thread and each storage reader.",
+   "", 1, trace::kMaxEventsPerThread, 0, 0, false, SHARDMIX_U64_KEY(telemetry.trace_max_events)},
 
   {"resume.checkpoint_dir", KeyType::kString, "",
    "A directory holding the checkpoint blob of every trainer rank of an earlier run (files *.ckpt, as shardmix-consume --checkpoint-dir writes them: rank-<R>.ckpt), all taken in the same epoch. At start-up the daemons re-deal the samples of that epoch that no old trainer was given among this job's trainers (any number of them), equal batch counts, each sample exactly once; trainers iterate that epoch (Client::resumed_epoch()) without a blob, later epochs follow the normal plan. \"\" = off.",

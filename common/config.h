@@ -130,6 +130,9 @@ struct TelemetryConfig {
   std::string stats_file;              // telemetry.stats_file: JSON lines on rank 0; "" = off; {job} expands
   std::string prometheus_file;         // telemetry.prometheus_file: per daemon; "" = off; {rank}, {job} expand
   std::chrono::microseconds interval{std::chrono::seconds(10)};  // telemetry.interval
+  std::string trace_dir;               // telemetry.trace_dir: per-process trace files; "" = off (common/trace.h)
+  double trace_sample_fraction = 1.0;  // telemetry.trace_sample_fraction
+  std::uint64_t trace_max_events = 1 << 20;  // telemetry.trace_max_events, per recording thread
 
   bool operator==(const TelemetryConfig&) const = default;
 };

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "common/metadata_footprint.h"
+#include "common/trace.h"
 #include "proto/checkpoint.h"
 
 namespace shardmix {
@@ -17,7 +18,7 @@ TrainerScheduler::TrainerScheduler(const SchedulerContext& context, std::uint32_
     : context_(context), local_trainer_(local_trainer), staging_(std::move(staging)), fetcher_(fetcher), sink_(sink) {}
 
 TrainerPlan TrainerScheduler::plan_of(std::uint64_t epoch) const {
-  const std::uint32_t trainer = context_.planner->shape().job.first_trainer_of_node(context_.node) + local_trainer_;
+  const std::uint32_t trainer = trainer_rank();
   if (context_.redealt != nullptr && context_.redealt->epoch == epoch) return context_.redealt->plans[trainer];
   // Only this trainer's slice: O(its quota), never the other trainers' or nodes' plans.
   return context_.planner->plan_trainer(epoch, trainer);
@@ -26,6 +27,7 @@ TrainerPlan TrainerScheduler::plan_of(std::uint64_t epoch) const {
 std::shared_ptr<TrainerScheduler::Pass> TrainerScheduler::new_pass(std::uint64_t epoch) {
   auto pass = std::make_shared<Pass>();
   pass->epoch = epoch;
+  const std::int64_t traced = trace::start();
   if (context_.on_plan_cpu) {
     timespec begin{};
     timespec end{};
@@ -37,6 +39,7 @@ std::shared_ptr<TrainerScheduler::Pass> TrainerScheduler::new_pass(std::uint64_t
   } else {
     pass->plan = plan_of(epoch);
   }
+  trace::span(trace::What::kPlanEpoch, local_trainer_, traced, trace::kAlways, {epoch, trainer_rank()});
   return pass;
 }
 
@@ -136,6 +139,7 @@ void TrainerScheduler::begin_pass(std::shared_ptr<Pass> pass, std::uint64_t epoc
   label_entropy_.emplace(context_.num_classes);
   received_.clear();
   received_again_ = 0;
+  trace::instant(trace::What::kEpochStart, local_trainer_, trace::kAlways, {epoch, trainer_rank()});
   pump();
 }
 
@@ -219,10 +223,13 @@ void TrainerScheduler::pump() {
     }
   }
   pumping_ = false;
+  trace::counter(trace::What::kStagedBytes, local_trainer_, static_cast<std::int64_t>(staging_->bytes_in_use()),
+                 {current_->epoch, trainer_rank(), current_->first_batch + next_to_send_});
   if (closed_ || failed_) return;
   if (staging_blocked_) fail_if_stuck();
   if (!failed_ && !end_sent_ && next_to_send_ == current_->plan.num_batches()) {
     end_sent_ = true;
+    trace::instant(trace::What::kEpochEnd, local_trainer_, trace::kAlways, {current_->epoch, trainer_rank()});
     finish_quality_figures();
     sink_.send_epoch_end(stats_);
   }
@@ -322,10 +329,15 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
       staging_->wait_for_release([weak] {
         if (auto self = weak.lock()) self->pump();
       });
+      staging_wait_.open();
       return false;
     }
     cursor = *extent;
   }
+  const trace::Key traced{p.epoch, trainer_rank(), p.first_batch + b};
+  staging_wait_.close(trace::What::kStagingWait, local_trainer_, traced, {p.epoch, traced.trainer, traced.batch,
+                                                                          peer_bytes});
+  const trace::KeyScope trace_posts(traced);  // the fetchers' reads below belong to this batch
 
   std::vector<Slot> slots;
   slots.reserve(end - begin);

@@ -70,6 +70,7 @@
 #include "common/shuffle_metrics.h"
 #include "common/staging_allocator.h"
 #include "common/status.h"
+#include "common/trace.h"
 #include "proto/wire.h"
 
 namespace shardmix {
@@ -194,6 +195,9 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   std::uint64_t rerouted_samples() const { return rerouted_samples_; }
 
   std::uint32_t local_trainer() const { return local_trainer_; }
+  std::uint32_t trainer_rank() const {
+    return context_.planner->shape().job.first_trainer_of_node(context_.node) + local_trainer_;
+  }
   // Batches sent and not yet released (for tests and telemetry).
   std::size_t outstanding_batches() const { return sent_.size(); }
   // Samples staged (fetched or being fetched, or local and ready) and not yet delivered,
@@ -348,6 +352,7 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   std::vector<std::int32_t> labels_scratch_;
   std::vector<bool> dead_;  // by rank: peers declared dead (degraded mode)
   std::uint64_t rerouted_samples_ = 0;
+  trace::Interval staging_wait_;  // open while a planned batch waits for staging bytes (trace)
 };
 
 }  // namespace shardmix

@@ -12,9 +12,11 @@
 #            SHARDMIX_FUZZ=ON, so the fuzz stage reuses this build): every test of the
 #            release stage (unit, fuzz corpus replays, MPI, end-to-end: their daemons and
 #            trainers are built with the sanitizers too) but the two soak tests, whose RSS
-#            bounds ASan's quarantine breaks by design. Two ctest calls (label unit, then
-#            the rest with slow unwinding for the Open MPI leak suppressions); the second
-#            runs even when the first fails. Any report fails its test.
+#            bounds ASan's quarantine breaks by design, and the tests that run no compiled
+#            code of ours (labels script and docs: checkers, lint, README fixtures). Two
+#            ctest calls (label unit, then the rest with slow unwinding for the Open MPI
+#            leak suppressions); the second runs even when the first fails. Any report
+#            fails its test.
 #   tsan     gcc, ThreadSanitizer: the C++ unit and property tests (label cxx, one binary:
 #            among them an in-process cluster with the Asio service thread, trainer threads
 #            and a fetcher), but the two that bound RSS growth. Only that binary is built. The
@@ -150,13 +152,13 @@ if want asan; then
   # Both calls run even if the first fails, so one CI run shows every failure of the stage.
   asan_rc=0
   ASAN_OPTIONS=$asan_options run_ctest --test-dir "$build_dir-asan" --output-on-failure -j "$jobs" --timeout 900 \
-    -L unit -LE fuzzing -E "$soak" || asan_rc=$?
+    -L unit -LE 'fuzzing|script' -E "$soak" || asan_rc=$?
   # Everything else runs processes under Open MPI, which leaves what MPI_Init allocates for
   # process exit (tests/sanitizers/lsan.supp). Matching those suppressions needs whole
   # stacks through Open MPI, which has no frame pointers (slow unwinding), and its plugins
   # still loaded at exit (no dlclose).
   ASAN_OPTIONS="$asan_options:fast_unwind_on_malloc=0" OMPI_MCA_mca_base_component_disable_dlclose=1 \
-    run_ctest --test-dir "$build_dir-asan" --output-on-failure -j "$jobs" --timeout 900 -LE 'fuzzing|unit' -E "$soak" ||
+    run_ctest --test-dir "$build_dir-asan" --output-on-failure -j "$jobs" --timeout 900 -LE 'fuzzing|unit|docs' -E "$soak" ||
     asan_rc=$?
   ((asan_rc == 0)) || exit "$asan_rc"
   end_stage

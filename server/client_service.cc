@@ -20,6 +20,7 @@
 
 #include "common/log.h"
 #include "common/read_groups.h"
+#include "common/trace.h"
 #include "proto/wire.h"
 
 namespace shardmix {
@@ -56,11 +57,15 @@ void FabricFetcher::fetch(std::vector<PeerRead> reads, std::function<void(const 
   for (const ReadGroup& planned_group : planned) {
     fabric::VectorRead op;
     op.peer = static_cast<int>(planned_group.peer);
+    std::uint64_t bytes = 0;
     for (const std::size_t index : planned_group.reads) {
       const PeerRead& r = reads[index];
       op.segments[op.segment_count++] = fabric::ReadSegment{r.remote_offset, r.length, r.staging_offset};
+      bytes += r.length;
     }
-    op.done = [this, group, delay, peer = planned_group.peer](const Status& status) {
+    op.done = [this, group, delay, peer = planned_group.peer, traced = trace::begin_read(planned_group.peer), bytes,
+               samples = op.segment_count](const Status& status) {
+      trace::end_read(traced, peer, bytes, samples);
       if (!status.ok() && peer_error_) peer_error_(peer, status);
       if (!status.ok()) {
         std::lock_guard lock(group->mutex);

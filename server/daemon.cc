@@ -38,6 +38,7 @@
 #include "common/rotation.h"
 #include "common/s3_client.h"
 #include "common/slot_reuse.h"
+#include "common/trace.h"
 #include "fabric/fabric.h"
 #include "server/cache_loader.h"
 #include "server/client_service.h"
@@ -555,6 +556,8 @@ class Daemon {
   Status load();
   Status start_service();
   Status publish_ready();
+  // telemetry.trace_dir: this daemon's trace recorder (written at shutdown).
+  Status start_trace();
   void create_rotation();
   void pump_rotation();
   void on_dead_peer(const PeerMonitor::Failure& dead);
@@ -1090,11 +1093,14 @@ Status Daemon::publish_ready() {
   if (!pids.ok()) return pids.status();
   for (const auto& p : *pids) pids_.push_back(to_string(p));
   ready_path_ = run_dir_ + "/ready";
+  if (Status s = start_trace(); !s.ok()) return s;
   if (rank_ == 0) {
     std::string text = "daemons=" + std::to_string(nodes_) + "\ntrainers_per_node=" +
                        std::to_string(config_.service.trainers_per_node) + "\n";
     for (int r = 0; r < nodes_; ++r) text += "host." + std::to_string(r) + "=" + hosts_[r] + "\n";
     for (int r = 0; r < nodes_; ++r) text += "pid." + std::to_string(r) + "=" + pids_[r] + "\n";
+    text += trace::ready_lines(config_.telemetry.trace_dir, config_.telemetry.trace_sample_fraction,
+                               config_.telemetry.trace_max_events);
     if (Status s = write_file_atomically(ready_path_, text, /*private_file=*/true); !s.ok()) {
       log_->error("{}", s.to_string());
     }
@@ -1129,6 +1135,23 @@ Status Daemon::publish_ready() {
                                           static_cast<std::uint32_t>(nodes_) * config_.service.trainers_per_node,
                                           catalog_.size(), catalog_.invalid_samples(), job_id(pids_[0]), job_record);
   return Status::ok_status();
+}
+
+Status Daemon::start_trace() {
+  const TelemetryConfig& t = config_.telemetry;
+  if (t.trace_dir.empty()) return Status::ok_status();
+  trace::Settings settings;
+  settings.path = fmt::format("{}/daemon-{}.json", t.trace_dir, rank_);
+  settings.process_name = fmt::format("daemon {} ({})", rank_, my_host_);
+  settings.pid = trace::daemon_pid(static_cast<std::uint32_t>(rank_));
+  settings.role = "daemon";
+  settings.node = static_cast<std::uint32_t>(rank_);
+  settings.sample_fraction = t.trace_sample_fraction;
+  settings.max_events_per_thread = t.trace_max_events;
+  settings.peers = static_cast<std::uint32_t>(nodes_);
+  Status s = agree(mpi_, trace::enable(std::move(settings)), "starting the trace (telemetry.trace_dir)");
+  if (s.ok()) log_->info("tracing every batch's journey into {}/daemon-{}.json (written at exit)", t.trace_dir, rank_);
+  return s;
 }
 
 // fault.peer_death = stop: every trainer of this daemon gets the reason, the run files go,
@@ -1325,6 +1348,7 @@ int Daemon::serve() {
   }
   if (rank_ == 0) ::unlink(ready_path_.c_str());
   ::unlink(token_path_.c_str());
+  if (Status s = trace::write(); !s.ok()) log_->error("{}", s.to_string());
   pump_->finish(std::chrono::seconds(10));
   if (!degraded_.empty()) {
     // A dead rank never reaches the shutdown barrier, and MPI_Finalize would wait for it:

@@ -36,7 +36,7 @@ void StorageReaderPool::fetch(std::vector<StorageRead> reads, std::function<void
   {
     std::lock_guard lock(mutex_);
     if (!stopping_) {
-      for (std::size_t i = 0; i < reads.size(); ++i) queue_.push_back({reads[i], i, group});
+      for (std::size_t i = 0; i < reads.size(); ++i) queue_.push_back({reads[i], i, group, trace::current_key()});
       wake_.notify_all();
       return;
     }
@@ -123,12 +123,15 @@ void StorageReaderPool::run() {
       queue_.pop_front();
     }
     const StorageRead& r = job.read;
+    const std::int64_t traced = trace::start();
     Status s = check_against_catalog(r);
     if (s.ok()) {
       s = read_sample(catalog_, dataset_, r.sample, staging_base_ + r.staging_offset, open_shards_);
       if (!s.ok()) s = s.with_context(fmt::format("reading cold sample {} from storage", r.sample));
       if (delay_.count() > 0) std::this_thread::sleep_for(delay_);  // inject.storage_delay
     }
+    const trace::Key& k = job.traced;
+    trace::span(trace::What::kStorageRead, 0, traced, k, {r.sample, r.length, k.epoch, k.trainer, k.batch});
     record(job, s);
   }
 }

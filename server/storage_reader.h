@@ -27,6 +27,7 @@
 
 #include "common/catalog.h"
 #include "common/config.h"
+#include "common/trace.h"
 #include "common/trainer_scheduler.h"
 #include "server/shard_file_cache.h"
 
@@ -71,6 +72,7 @@ class StorageReaderPool : public StorageFetcher {
     StorageRead read;
     std::size_t index = 0;  // in its group's reads
     std::shared_ptr<Group> group;
+    trace::Key traced;  // the batch it belongs to (the trace's sampling key)
   };
   void run();
   // S3 datasets: the group's reads go to the S3 client at once (storage.s3.concurrency in

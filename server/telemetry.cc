@@ -1,5 +1,7 @@
 #include "server/telemetry.h"
 
+#include "common/json_text.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -125,26 +127,14 @@ std::string JobEpochStats::to_json() const {
 }
 
 std::string JobRecord::to_json() const {
-  auto quote = [](std::string_view text) {
-    std::string q = "\"";
-    for (char c : text) {
-      if (c == '"' || c == '\\') q += '\\';
-      if (static_cast<unsigned char>(c) < 0x20) {
-        q += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-        continue;
-      }
-      q += c;
-    }
-    return q + "\"";
-  };
   std::vector<std::string> cfg;
-  for (const auto& [key, value] : config) cfg.push_back(fmt::format("{}: {}", quote(key), quote(value)));
+  for (const auto& [key, value] : config) cfg.push_back(fmt::format("{}: {}", json_quote(key), json_quote(value)));
   return fmt::format(
       "{{\"job\": {{\"version\": 1, \"nodes\": {}, \"trainers_per_node\": {}, \"samples\": {}, \"bytes\": {}, "
       "\"median_sample_bytes\": {}, \"mean_sample_bytes\": {}, \"ln_size_sigma\": {}, \"classes\": {}, "
       "\"provider\": {}, \"config\": {{{}}}}}}}",
       nodes, trainers_per_node, samples, bytes, median_sample_bytes, json_number(mean_sample_bytes),
-      json_number(ln_size_sigma), classes, quote(provider), fmt::join(cfg, ", "));
+      json_number(ln_size_sigma), classes, json_quote(provider), fmt::join(cfg, ", "));
 }
 
 void set_dataset_figures(JobRecord& record, const std::vector<std::uint64_t>& sizes) {

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 namespace shardmix {
-namespace {
+namespace app_context_test {
 
 TEST(AppContextTest, EachContextGetsItsOwnRanks) {
   const auto daemons = app_context_range("2 4", 0);
@@ -35,5 +35,5 @@ TEST(AppContextTest, MissingListOrUnknownContextIsNothing) {
   EXPECT_FALSE(app_context_range("x", 0).has_value());
 }
 
-}  // namespace
+}  // namespace app_context_test
 }  // namespace shardmix

@@ -11,7 +11,7 @@
 #include "server/cache_loader.h"
 
 namespace shardmix {
-namespace {
+namespace cache_loader_test {
 namespace fs = std::filesystem;
 
 class CacheLoaderTest : public ::testing::Test {
@@ -88,5 +88,5 @@ TEST_F(CacheLoaderTest, AFileThatGrewOrVanishedIsAnErrorNamingIt) {
   EXPECT_NE(stats.status().message().find(std::string(catalog_.path(grown))), std::string::npos);
 }
 
-}  // namespace
+}  // namespace cache_loader_test
 }  // namespace shardmix

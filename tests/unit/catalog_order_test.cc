@@ -11,7 +11,7 @@
 #include "common/catalog.h"
 
 namespace shardmix {
-namespace {
+namespace catalog_order_test {
 
 rc::Gen<std::vector<CatalogEntry>> distinct_entries() {
   return rc::gen::map(
@@ -70,5 +70,5 @@ RC_GTEST_PROP(CatalogOrderTest, DuplicatePathsAreRejectedNamingTheBytewiseFirst,
   RC_ASSERT(c.status().message().find("duplicate sample path '" + *duplicated.begin() + "'") != std::string::npos);
 }
 
-}  // namespace
+}  // namespace catalog_order_test
 }  // namespace shardmix

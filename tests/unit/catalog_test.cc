@@ -15,7 +15,7 @@
 #include "common/rng.h"
 
 namespace shardmix {
-namespace {
+namespace catalog_test {
 
 namespace fs = std::filesystem;
 
@@ -464,5 +464,5 @@ TEST(CatalogFromEntriesTest, RejectsNegativeLabels) {
   EXPECT_NE(c.status().message().find("'x'"), std::string::npos);
 }
 
-}  // namespace
+}  // namespace catalog_test
 }  // namespace shardmix

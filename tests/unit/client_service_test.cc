@@ -35,7 +35,7 @@
 #include "server/shared_region.h"
 
 namespace shardmix {
-namespace {
+namespace client_service_test {
 namespace fs = std::filesystem;
 
 // Bytes of sample `id`: deterministic, so every view can be checked.
@@ -559,11 +559,11 @@ TEST_F(ServiceTest, SocketFileIsPrivate) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
-}  // namespace
+}  // namespace client_service_test
 }  // namespace shardmix
 
 namespace shardmix {
-namespace {
+namespace client_service_test {
 
 // SHARDMIX_JOB_TOKEN set for one scope, restored afterwards.
 class ScopedJobTokenEnv {
@@ -1203,5 +1203,5 @@ TEST_F(RedealtServiceTest, TrainersIterateTheReDealtEpochAndCanCheckpointInsideI
   }
 }
 
-}  // namespace
+}  // namespace client_service_test
 }  // namespace shardmix

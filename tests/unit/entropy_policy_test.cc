@@ -21,7 +21,7 @@
 #include "common/shuffle_metrics.h"
 
 namespace shardmix {
-namespace {
+namespace entropy_policy_test {
 
 using Case = test_support::PlanCase;  // Q is the ceiling, min_entropy the floor
 
@@ -494,5 +494,5 @@ RC_GTEST_PROP(BatchLabelEntropyProperty, AgreesWithTheFormulaForBatchesOfMixedSi
   RC_ASSERT(std::abs(a.p5 - p5) < 1e-12);
 }
 
-}  // namespace
+}  // namespace entropy_policy_test
 }  // namespace shardmix

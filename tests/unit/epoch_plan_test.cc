@@ -16,7 +16,7 @@
 #include "common/shuffle_metrics.h"
 
 namespace shardmix {
-namespace {
+namespace epoch_plan_test {
 
 using Case = test_support::PlanCase;
 
@@ -276,5 +276,5 @@ TEST(Placement, SortedPlacementIsContiguous) {
   EXPECT_EQ(b.placement.owned[3].back(), 99u);
 }
 
-}  // namespace
+}  // namespace epoch_plan_test
 }  // namespace shardmix

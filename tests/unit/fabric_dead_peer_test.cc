@@ -18,7 +18,7 @@
 #include "fabric/fabric.h"
 
 namespace shardmix::fabric {
-namespace {
+namespace fabric_dead_peer_test {
 
 constexpr std::size_t kExposed = 64 * 1024;
 constexpr auto kTimeout = std::chrono::seconds(20);
@@ -230,5 +230,5 @@ TEST(FabricHeartbeat, HeartbeatGoesAheadOfQueuedDataReads) {
   for (Node& node : nodes) node.fabric.reset();
 }
 
-}  // namespace
+}  // namespace fabric_dead_peer_test
 }  // namespace shardmix::fabric

@@ -19,7 +19,7 @@
 #include "fabric/loopback.h"
 
 namespace shardmix::fabric {
-namespace {
+namespace fabric_mr_mode_test {
 
 struct MrModeHint {
   const char* name;
@@ -94,5 +94,5 @@ TEST(FabricMrMode, EveryGrantedModeReadsBackTheRightBytes) {
   }
 }
 
-}  // namespace
+}  // namespace fabric_mr_mode_test
 }  // namespace shardmix::fabric

@@ -6,7 +6,7 @@
 #include "fabric/provider.h"
 
 namespace shardmix::fabric {
-namespace {
+namespace fabric_options_test {
 
 std::string resolved(std::string_view requested, int rdma_devices) {
   Result<std::string> name = resolve_provider_name(requested, rdma_devices);
@@ -178,5 +178,5 @@ TEST(EndpointBlob, TrailingBytesBadMagicAndVersionAreRejected) {
   EXPECT_EQ(decode_endpoint_blob(huge_name, 1).status().code(), StatusCode::kCorrupt);
 }
 
-}  // namespace
+}  // namespace fabric_options_test
 }  // namespace shardmix::fabric

@@ -14,7 +14,7 @@
 #include "client/client.h"
 
 namespace shardmix {
-namespace {
+namespace launcher_rank_test {
 
 // Every variable detect_launcher_rank reads, cleared around each test.
 const char* const kVars[] = {"SHARDMIX_RANK",          "SHARDMIX_WORLD_SIZE",        "SHARDMIX_LOCAL_RANK",
@@ -262,5 +262,5 @@ TEST_F(LayoutCheckTest, AnUnreadableTimeoutInTheEnvironmentIsAnErrorNamingIt) {
   }
 }
 
-}  // namespace
+}  // namespace launcher_rank_test
 }  // namespace shardmix

@@ -8,7 +8,7 @@
 #include "common/peer_monitor.h"
 
 namespace shardmix {
-namespace {
+namespace peer_monitor_test {
 
 using namespace std::chrono_literals;
 using Clock = PeerMonitor::Clock;
@@ -147,5 +147,5 @@ TEST_F(PeerMonitorTest, TheHeartbeatsDueWhenAPeerTimesOutAreStillSent) {
   }
 }
 
-}  // namespace
+}  // namespace peer_monitor_test
 }  // namespace shardmix

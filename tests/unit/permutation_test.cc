@@ -15,7 +15,7 @@
 #include "common/rng.h"
 
 namespace shardmix {
-namespace {
+namespace permutation_test {
 
 // Every i < n maps to a distinct value < n, and inverse maps it back.
 void expect_bijection(const Permutation& p) {
@@ -176,5 +176,5 @@ TEST(Permutation, ImagesOfALargePermutationSpreadEvenly) {
   EXPECT_LT(chi_square(decile), chi_square_bound(9.0));
 }
 
-}  // namespace
+}  // namespace permutation_test
 }  // namespace shardmix

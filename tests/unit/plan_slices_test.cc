@@ -20,7 +20,7 @@
 #include "common/shuffle_metrics.h"
 
 namespace shardmix {
-namespace {
+namespace plan_slices_test {
 
 using Case = test_support::PlanCase;
 
@@ -244,5 +244,5 @@ TEST(PlanSlices, EntropySubsetIsEveryNodeUpToSixteenAndChangesWithTheEpoch) {
   }
 }
 
-}  // namespace
+}  // namespace plan_slices_test
 }  // namespace shardmix

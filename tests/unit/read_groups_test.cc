@@ -8,7 +8,7 @@
 #include "common/read_groups.h"
 
 namespace shardmix {
-namespace {
+namespace read_groups_test {
 
 TEST(ReadGroups, PacksEachPeersReadsInOrderUpToTheLimit) {
   // peers: 1 2 1 1 3 1 1 2
@@ -62,5 +62,5 @@ RC_GTEST_PROP(ReadGroups, EveryReadInExactlyOneGroupOfItsPeerWithinTheLimit, ())
   RC_ASSERT(groups.size() == minimum);
 }
 
-}  // namespace
+}  // namespace read_groups_test
 }  // namespace shardmix

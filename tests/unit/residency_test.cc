@@ -15,7 +15,7 @@
 #include "common/rng.h"
 
 namespace shardmix {
-namespace {
+namespace residency_test {
 
 struct ResidencyCase {
   std::vector<std::uint64_t> sizes;
@@ -216,5 +216,5 @@ TEST(Residency, AwkwardCapacities) {
   EXPECT_EQ(p.total_cold_samples(), 0u);
 }
 
-}  // namespace
+}  // namespace residency_test
 }  // namespace shardmix

@@ -18,7 +18,7 @@
 #include "tests/support/sample_checkpoint.h"
 
 namespace shardmix {
-namespace {
+namespace resume_plan_test {
 
 struct Job {
   std::uint64_t n = 0;
@@ -74,8 +74,6 @@ ResumePoint gen_point(const TrainerPlan& plan) {
   point.early.assign(early.begin(), early.end());
   return point;
 }
-
-}  // namespace
 
 RC_GTEST_PROP(ResumePlanTest, AResumedPassDeliversExactlyTheRestInThePlannedBatches, ()) {
   const Job j = *gen_plan_job();
@@ -312,4 +310,5 @@ TEST_F(RedealLoaderTest, AMissingRankAMixedDirectoryOrAnotherSeedAreErrorsNaming
   EXPECT_NE(r.status().message().find("resume.checkpoint_dir"), std::string::npos) << r.status().message();
 }
 
+}  // namespace resume_plan_test
 }  // namespace shardmix

@@ -12,7 +12,7 @@
 #include <xxhash.h>
 
 namespace shardmix {
-namespace {
+namespace rng_test {
 
 // xoshiro256** seeded by SplitMix64(0): values checked against an independent
 // implementation of the reference algorithms (Vigna's xoshiro256starstar.c / splitmix64.c).
@@ -172,5 +172,5 @@ TEST(RngTest, FillBytesIsDeterministicAndCoversTail) {
   EXPECT_TRUE(std::any_of(a.begin() + 32, a.end(), [](std::uint8_t x) { return x != 0; }));
 }
 
-}  // namespace
+}  // namespace rng_test
 }  // namespace shardmix

@@ -28,7 +28,7 @@
 #include "tests/unit/scheduler_world.h"
 
 namespace shardmix {
-namespace {
+namespace rotation_test {
 
 // The "file" bytes of a sample: a function of (sample, index), so any misplaced byte shows.
 std::uint8_t file_byte(SampleId id, std::uint64_t i) {
@@ -511,5 +511,5 @@ TEST(RotationFenceTest, ResidentSetChangesEveryGenerationAndEveryNodeReloads) {
   }
 }
 
-}  // namespace
+}  // namespace rotation_test
 }  // namespace shardmix

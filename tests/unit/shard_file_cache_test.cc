@@ -34,7 +34,7 @@
 #include "tests/unit/catalog_support.h"
 
 namespace shardmix {
-namespace {
+namespace shard_file_cache_test {
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<std::uint8_t>;
@@ -419,5 +419,5 @@ RC_GTEST_FIXTURE_PROP(ShardFileCacheTest, ACachedReadAlwaysEqualsAnUncachedOne, 
   fs::remove_all(dir_ / root);
 }
 
-}  // namespace
+}  // namespace shard_file_cache_test
 }  // namespace shardmix

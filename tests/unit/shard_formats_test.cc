@@ -19,7 +19,7 @@
 #include "server/sample_reader.h"
 
 namespace shardmix {
-namespace {
+namespace shard_formats_test {
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<std::uint8_t>;
@@ -672,5 +672,5 @@ RC_GTEST_PROP(ShardFormatsProperty, FolderTarAndTfRecordVersionsYieldTheSameSamp
   RC_ASSERT(tfrecord == folder);
 }
 
-}  // namespace
+}  // namespace shard_formats_test
 }  // namespace shardmix

@@ -17,7 +17,7 @@
 #include "common/rng.h"
 
 namespace shardmix {
-namespace {
+namespace shuffle_metrics_test {
 
 using ::testing::HasSubstr;
 
@@ -560,5 +560,5 @@ RC_GTEST_PROP(ShuffleMetricsProperty, CsvRoundTripsAnyPath, ()) {
   RC_ASSERT((*r)[0].bytes == 99u);
 }
 
-}  // namespace
+}  // namespace shuffle_metrics_test
 }  // namespace shardmix

@@ -17,7 +17,7 @@
 #include "tests/unit/plan_support.h"
 
 namespace shardmix {
-namespace {
+namespace slot_reuse_test {
 
 using test_support::random_sizes;
 
@@ -175,5 +175,5 @@ TEST(SlotReusePolicyTest, IdealRoundsMoveMostStorageReadsOffTheTrainersPathWitho
   }
 }
 
-}  // namespace
+}  // namespace slot_reuse_test
 }  // namespace shardmix

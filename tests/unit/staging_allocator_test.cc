@@ -10,7 +10,7 @@
 #include "common/staging_allocator.h"
 
 namespace shardmix {
-namespace {
+namespace staging_allocator_test {
 
 TEST(StagingAllocator, ReusesTheLowestHoleInsteadOfWalkingOn) {
   // In-order use (a batch allocated, released, the next allocated) must stay at the
@@ -92,5 +92,5 @@ RC_GTEST_PROP(StagingAllocator, MatchesAFirstFitByteModelUnderRandomUse, ()) {
   RC_ASSERT(staging.allocate(capacity) == std::optional<std::uint64_t>(base));  // coalesced back into one extent
 }
 
-}  // namespace
+}  // namespace staging_allocator_test
 }  // namespace shardmix

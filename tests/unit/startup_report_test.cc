@@ -4,7 +4,7 @@
 #include <rapidcheck/gtest.h>
 
 namespace shardmix {
-namespace {
+namespace startup_report_test {
 
 using namespace std::chrono_literals;
 
@@ -89,5 +89,5 @@ TEST(ProcStatusTest, ReadsKilobyteFieldsAsBytesAndCountsAsIs) {
   EXPECT_TRUE(self_status_bytes("VmRSS").has_value());
 }
 
-}  // namespace
+}  // namespace startup_report_test
 }  // namespace shardmix

@@ -21,7 +21,7 @@
 #include "tests/unit/scheduler_world.h"
 
 namespace shardmix {
-namespace {
+namespace storage_tier_test {
 
 using test_support::Pending;
 using FakePeers = test_support::QueuedPeers;
@@ -1012,5 +1012,5 @@ TEST_F(StorageReaderPoolTest, StopCompletesWhatIsLeftWithAnError) {
   EXPECT_NE(outcome->first_error().to_string().find("stopping"), std::string::npos);
 }
 
-}  // namespace
+}  // namespace storage_tier_test
 }  // namespace shardmix

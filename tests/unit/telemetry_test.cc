@@ -12,7 +12,7 @@
 #include "common/log.h"
 
 namespace shardmix {
-namespace {
+namespace telemetry_test {
 
 TrainerEpochRecord record(std::uint32_t node, std::uint32_t rank, std::uint64_t epoch, std::uint64_t samples,
                           double t_start, double t_end, std::uint64_t stall_us) {
@@ -182,5 +182,5 @@ TEST(LogComponentsTest, AComponentOverrideBeatsTheDefaultLevel) {
   EXPECT_EQ(log::get("unit_a")->level(), spdlog::level::info);
 }
 
-}  // namespace
+}  // namespace telemetry_test
 }  // namespace shardmix

@@ -14,7 +14,7 @@
 #include "tests/unit/scheduler_world.h"
 
 namespace shardmix {
-namespace {
+namespace trainer_scheduler_test {
 
 // Queued peer reads that all land (or all fail with fail_with) when the test says.
 struct FakeFetcher : test_support::QueuedPeers {
@@ -642,5 +642,5 @@ TEST(StagingAllocator, FreesSubRangesOutOfOrderAndWakesTheWaiter) {
   EXPECT_TRUE(staging.allocate(1000));
 }
 
-}  // namespace
+}  // namespace trainer_scheduler_test
 }  // namespace shardmix

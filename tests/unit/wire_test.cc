@@ -15,7 +15,7 @@
 #include "tests/support/sample_checkpoint.h"
 
 namespace shardmix::proto {
-namespace {
+namespace wire_test {
 
 using Bytes = std::vector<std::uint8_t>;
 
@@ -250,5 +250,5 @@ TEST(Wire, CheckpointBoolAndPaddingHaveOneEncoding) {
   EXPECT_EQ(decode_checkpoint(short_list, c), "checkpoint: field 'late' needs 16 bytes at offset 108, blob has 8");
 }
 
-}  // namespace
+}  // namespace wire_test
 }  // namespace shardmix::proto

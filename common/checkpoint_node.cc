@@ -1,0 +1,357 @@
+#include "common/checkpoint_node.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "common/checkpoint_file.h"
+
+namespace shardmix {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::uint64_t micros_since(Clock::time_point start) {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count());
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CheckpointNode>> CheckpointNode::start(CheckpointNodeOptions options,
+                                                              CheckpointReplicator* replicator) {
+  if (options.dir.empty()) {
+    return make_error(StatusCode::kInvalidArgument, "checkpoint.dir is empty: checkpoints need a directory to drain to");
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(options.dir, ec);
+  if (ec) {
+    return make_error(StatusCode::kIoError, "checkpoint.dir {}: cannot create it: {}", options.dir.string(), ec.message());
+  }
+  Result<std::vector<CheckpointId>> on_disk = list_checkpoint_files(options.dir);
+  if (!on_disk.ok()) return on_disk.status();
+  std::unique_ptr<CheckpointNode> node(new CheckpointNode(std::move(options), replicator));
+  for (const CheckpointId& id : *on_disk) node->store_.note_durable_on_disk(id);
+  node->drain_thread_ = std::thread([raw = node.get()] { raw->drain_loop(); });
+  return node;
+}
+
+CheckpointNode::CheckpointNode(CheckpointNodeOptions options, CheckpointReplicator* replicator)
+    : options_(std::move(options)),
+      replicator_(replicator),
+      store_(CheckpointStoreOptions{options_.rank, options_.capacity_bytes, options_.retain}),
+      alive_(std::max<std::size_t>(options_.domains.size(), static_cast<std::size_t>(options_.rank) + 1), true) {}
+
+CheckpointNode::~CheckpointNode() {
+  Callbacks out;
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_drain_.notify_all();
+  if (drain_thread_.joinable()) drain_thread_.join();
+  std::lock_guard lock(mutex_);
+  const Status stopping(StatusCode::kCancelled, "the daemon is stopping");
+  for (PendingSave& save : waiting_for_room_) out.push_back([done = save.done, stopping] { done(stopping); });
+  for (PendingSave& save : write_through_) out.push_back([done = save.done, stopping] { done(stopping); });
+  for (DurableWaiter& waiter : durable_waiters_) out.push_back([done = waiter.done, stopping] { done(stopping); });
+  for (auto& [id, replication] : replicating_) {
+    if (replication.done) out.push_back([done = replication.done, stopping] { done(stopping); });
+  }
+  run(out);
+}
+
+void CheckpointNode::run(Callbacks& callbacks) {
+  for (auto& callback : callbacks) callback();
+  callbacks.clear();
+}
+
+void CheckpointNode::finish_save(SaveDone done, Clock::time_point started, Result<CheckpointId> result, Callbacks& out) {
+  if (!done) return;
+  ++stats_.saves;
+  stats_.save_us += micros_since(started);
+  out.push_back([done = std::move(done), result = std::move(result)] { done(result); });
+}
+
+void CheckpointNode::save(std::string name, CheckpointBytesPtr bytes, SaveDone done) {
+  if (Status valid = validate_checkpoint_name(name); !valid.ok()) {
+    done(valid);
+    return;
+  }
+  Callbacks out;
+  {
+    std::lock_guard lock(mutex_);
+    admit(PendingSave{std::move(name), std::move(bytes), std::move(done), Clock::now()}, out);
+  }
+  run(out);
+}
+
+void CheckpointNode::admit(PendingSave save, Callbacks& out) {
+  const std::uint64_t size = save.bytes->bytes().size();
+  // Saves queued for room keep their order: a new one does not overtake them.
+  if (waiting_for_room_.empty()) {
+    Result<CheckpointId> id = store_.begin_save(save.name, save.bytes);
+    if (id.ok()) {
+      replicating_[*id] = Replication{{}, kNoRank, std::move(save.done), save.started};
+      replicate(*id, out);
+      return;
+    }
+    if (id.status().code() != StatusCode::kResourceExhausted) {
+      finish_save(std::move(save.done), save.started, id.status(), out);
+      return;
+    }
+  }
+  if (options_.when_full == WhenFull::kWriteThrough) {
+    write_through_.push_back(std::move(save));
+    wake_drain_.notify_all();
+    return;
+  }
+  if (size > options_.capacity_bytes) {
+    finish_save(std::move(save.done), save.started,
+                make_error(StatusCode::kResourceExhausted,
+                           "checkpoint {} ({} bytes) is larger than checkpoint.capacity ({} bytes): raise it, or set "
+                           "checkpoint.when_full = \"write_through\"",
+                           save.name, size, options_.capacity_bytes),
+                out);
+    return;
+  }
+  waiting_for_room_.push_back(std::move(save));
+}
+
+void CheckpointNode::admit_waiting(Callbacks& out) {
+  while (!waiting_for_room_.empty()) {
+    PendingSave& front = waiting_for_room_.front();
+    Result<CheckpointId> id = store_.begin_save(front.name, front.bytes);
+    if (!id.ok()) return;  // still no room: wait for the next drain or release
+    replicating_[*id] = Replication{{}, kNoRank, std::move(front.done), front.started};
+    waiting_for_room_.pop_front();
+    replicate(*id, out);
+  }
+}
+
+void CheckpointNode::replicate(const CheckpointId& id, Callbacks& out) {
+  auto it = replicating_.find(id);
+  if (it == replicating_.end()) return;
+  Replication& replication = it->second;
+  const CheckpointEntry* entry = store_.held(id);
+  if (entry == nullptr) {  // evicted as durable meanwhile: no copy needed any more
+    replicating_.erase(it);
+    return;
+  }
+  const std::int32_t holder =
+      choose_replica_holder(options_.rank, id.name, options_.domains, alive_, replication.excluded);
+  if (holder != kNoRank) {
+    replication.holder = holder;
+    out.push_back([this, holder, id, bytes = entry->bytes] {
+      replicator_->copy(holder, id, bytes, [this, holder, id](const Status& status) { on_copied(id, holder, status); });
+    });
+    return;
+  }
+  const auto live_peers = std::count(alive_.begin(), alive_.end(), true) - 1;
+  SaveDone done = std::move(replication.done);
+  const Clock::time_point started = replication.started;
+  const std::vector<std::int32_t> tried = std::move(replication.excluded);
+  replicating_.erase(it);  // `replication` dangles from here on
+  if (live_peers <= 0 || entry->saved) {
+    // The only daemon left (or a re-replication that found no taker): one copy is all
+    // there can be; the drain makes it durable.
+    if (!entry->saved) store_.replicated(id, kNoRank);
+    finish_save(std::move(done), started, id, out);
+    wake_drain_.notify_all();
+    return;
+  }
+  store_.abandon(id);
+  finish_save(std::move(done), started,
+              make_error(StatusCode::kUnavailable,
+                         "checkpoint {}: no peer daemon could hold its replica (ranks tried: {}); not saved",
+                         to_string(id), fmt::join(tried, ", ")),
+              out);
+  admit_waiting(out);
+}
+
+void CheckpointNode::on_copied(const CheckpointId& id, std::int32_t holder, const Status& status) {
+  Callbacks out;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = replicating_.find(id);
+    // Stale: the replication moved on to another holder (this one was declared dead).
+    if (it == replicating_.end() || it->second.holder != holder) return;
+    if (!status.ok() || !alive_[static_cast<std::size_t>(holder)]) {
+      it->second.excluded.push_back(holder);
+      replicate(id, out);
+    } else {
+      const std::int32_t release = store_.replicated(id, holder);
+      finish_save(std::move(it->second.done), it->second.started, id, out);
+      replicating_.erase(it);
+      if (release != kNoRank) out.push_back([this, release, id] { replicator_->release(release, id); });
+      wake_drain_.notify_all();
+    }
+  }
+  run(out);
+}
+
+void CheckpointNode::wait_durable(const std::string& name, DurableDone done) {
+  Status now;
+  {
+    std::lock_guard lock(mutex_);
+    const CheckpointEntry* latest = store_.find_latest(name);
+    const std::optional<std::uint64_t> on_disk = store_.newest_durable_on_disk(name);
+    if (latest == nullptr && !on_disk) {
+      now = make_error(StatusCode::kNotFound, "checkpoint '{}': no version saved (checkpoint.dir {})", name,
+                       options_.dir.string());
+    } else if (latest == nullptr || (on_disk && *on_disk >= latest->id.version) ||
+               latest->drain == DrainState::kDurable) {
+      now = Status::ok_status();
+    } else if (!latest->last_drain_error.empty() && latest->drain == DrainState::kPending) {
+      now = Status(StatusCode::kIoError, latest->last_drain_error + " (the copy in RAM is kept and the drain retried)");
+    } else {
+      durable_waiters_.push_back(DurableWaiter{latest->id, std::move(done)});
+      return;
+    }
+  }
+  done(now);
+}
+
+Result<CheckpointBytesPtr> CheckpointNode::load(const std::string& name) {
+  std::optional<std::uint64_t> on_disk;
+  {
+    std::lock_guard lock(mutex_);
+    const CheckpointEntry* latest = store_.find_latest(name);
+    on_disk = store_.newest_durable_on_disk(name);
+    if (latest != nullptr && (!on_disk || latest->id.version >= *on_disk)) return latest->bytes;
+  }
+  if (!on_disk) {
+    return make_error(StatusCode::kNotFound, "checkpoint '{}': no version in RAM or in checkpoint.dir {}", name,
+                      options_.dir.string());
+  }
+  Result<std::vector<std::uint8_t>> read = read_checkpoint_file(options_.dir, CheckpointId{name, *on_disk});
+  if (!read.ok()) return read.status();
+  return CheckpointBytesPtr(std::make_shared<OwnedCheckpointBytes>(std::move(read).value()));
+}
+
+std::vector<CheckpointId> CheckpointNode::list() const {
+  std::lock_guard lock(mutex_);
+  return store_.list();
+}
+
+Status CheckpointNode::accept_replica(std::int32_t owner, const CheckpointId& id, CheckpointBytesPtr bytes) {
+  std::lock_guard lock(mutex_);
+  Status accepted = store_.accept_replica(owner, id, std::move(bytes));
+  // From an owner already dead the copy is ours to drain now.
+  if (accepted.ok() && !alive_[static_cast<std::size_t>(owner)]) wake_drain_.notify_all();
+  return accepted;
+}
+
+void CheckpointNode::release_replica(const CheckpointId& id) {
+  Callbacks out;
+  {
+    std::lock_guard lock(mutex_);
+    store_.release_replica(id);
+    for (auto it = durable_waiters_.begin(); it != durable_waiters_.end();) {
+      if (it->target.name == id.name && it->target.version <= id.version) {
+        out.push_back([done = std::move(it->done)] { done(Status::ok_status()); });
+        it = durable_waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    admit_waiting(out);
+  }
+  run(out);
+}
+
+void CheckpointNode::peer_died(std::int32_t rank) {
+  Callbacks out;
+  {
+    std::lock_guard lock(mutex_);
+    if (static_cast<std::size_t>(rank) >= alive_.size() || !alive_[static_cast<std::size_t>(rank)]) return;
+    alive_[static_cast<std::size_t>(rank)] = false;
+    for (const CheckpointId& id : store_.peer_died(rank)) {
+      replicating_[id] = Replication{{}, kNoRank, {}, Clock::now()};
+      replicate(id, out);
+    }
+    // Copies on their way to the dead rank: no answer will come; try the next peer.
+    std::vector<CheckpointId> stranded;
+    for (auto& [id, replication] : replicating_) {
+      if (replication.holder == rank) stranded.push_back(id);
+    }
+    for (const CheckpointId& id : stranded) {
+      replicating_[id].excluded.push_back(rank);
+      replicate(id, out);
+    }
+    wake_drain_.notify_all();
+  }
+  run(out);
+}
+
+CheckpointNodeStats CheckpointNode::stats() const {
+  std::lock_guard lock(mutex_);
+  CheckpointNodeStats out = stats_;
+  out.store = store_.stats();
+  out.saves_waiting_for_room = waiting_for_room_.size();
+  return out;
+}
+
+void CheckpointNode::drain_loop() {
+  std::unique_lock lock(mutex_);
+  Clock::time_point paused_until{};
+  while (!stopping_) {
+    Callbacks out;
+    if (!write_through_.empty()) {
+      PendingSave save = std::move(write_through_.front());
+      write_through_.pop_front();
+      const CheckpointId id = store_.reserve_version(save.name);
+      lock.unlock();
+      const Clock::time_point t0 = Clock::now();
+      const Status written = write_checkpoint_file(options_.dir, id, save.bytes->bytes());
+      if (written.ok()) (void)remove_superseded_checkpoint_files(options_.dir, id.name, options_.retain);
+      lock.lock();
+      stats_.drain_busy_us += micros_since(t0);
+      if (written.ok()) {
+        store_.written_through(id);
+        stats_.written_through_bytes += save.bytes->bytes().size();
+        finish_save(std::move(save.done), save.started, id, out);
+      } else {
+        finish_save(std::move(save.done), save.started, written, out);
+      }
+    } else if (Clock::now() < paused_until) {
+      wake_drain_.wait_until(lock, paused_until);
+      continue;
+    } else if (const std::optional<CheckpointId> id = store_.start_drain()) {
+      const CheckpointBytesPtr bytes = store_.held(*id)->bytes;
+      lock.unlock();
+      const Clock::time_point t0 = Clock::now();
+      Status written = write_checkpoint_file(options_.dir, *id, bytes->bytes());
+      if (written.ok()) {
+        // The version is durable either way; a superseded file left behind is only space.
+        (void)remove_superseded_checkpoint_files(options_.dir, id->name, options_.retain);
+      }
+      lock.lock();
+      stats_.drain_busy_us += micros_since(t0);
+      const std::int32_t release = store_.drained(*id, written);
+      for (auto it = durable_waiters_.begin(); it != durable_waiters_.end();) {
+        const bool covers = it->target.name == id->name && it->target.version <= id->version;
+        if (covers && (written.ok() || it->target == *id)) {
+          const Status outcome = written.ok() ? Status::ok_status()
+                                              : Status(written.code(), written.message() +
+                                                                           " (the copy in RAM is kept and the drain retried)");
+          out.push_back([done = std::move(it->done), outcome] { done(outcome); });
+          it = durable_waiters_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      if (!written.ok()) paused_until = Clock::now() + options_.retry_interval;
+      if (release != kNoRank) out.push_back([this, release, id = *id] { replicator_->release(release, id); });
+      admit_waiting(out);
+    } else {
+      wake_drain_.wait(lock);
+      continue;
+    }
+    lock.unlock();
+    run(out);
+    lock.lock();
+  }
+}
+
+}  // namespace shardmix

@@ -1,0 +1,319 @@
+// CheckpointNode (common/checkpoint_node.h): daemons' checkpoint absorption connected in
+// one process by a loopback replicator, with the faults the daemon must survive: the owner
+// dying after a save returned, a file system that fails, a full RAM budget.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <thread>
+
+#include "common/checkpoint_file.h"
+#include "common/checkpoint_node.h"
+#include "tests/support/temp_dir.h"
+
+namespace shardmix {
+namespace checkpoint_node_test {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+std::vector<std::uint8_t> pattern(std::size_t size, std::uint8_t seed) {
+  std::vector<std::uint8_t> data(size);
+  for (std::size_t i = 0; i < size; ++i) data[i] = static_cast<std::uint8_t>(seed + i * 13);
+  return data;
+}
+
+CheckpointBytesPtr owned(const std::vector<std::uint8_t>& data) { return std::make_shared<OwnedCheckpointBytes>(data); }
+
+// What load() found, as plain bytes (empty if it found nothing).
+std::vector<std::uint8_t> loaded(CheckpointNode& node, const std::string& name) {
+  const Result<CheckpointBytesPtr> bytes = node.load(name);
+  if (!bytes.ok()) {
+    ADD_FAILURE() << bytes.status().to_string();
+    return {};
+  }
+  const auto span = (*bytes)->bytes();
+  return {span.begin(), span.end()};
+}
+
+// Nodes of one test, and the loopback transport between them: a copy is a deep copy into
+// the holder's accept_replica (as the holder's read of the owner's memory would be);
+// `hold_copies` parks copies until deliver_held() so a test can look at a save in flight.
+class Cluster {
+ public:
+  class Replicator : public CheckpointReplicator {
+   public:
+    Replicator(Cluster& cluster, std::int32_t self) : cluster_(cluster), self_(self) {}
+    void copy(std::int32_t holder, const CheckpointId& id, CheckpointBytesPtr bytes,
+              std::function<void(const Status&)> done) override {
+      std::unique_lock lock(cluster_.mutex_);
+      if (cluster_.hold_copies_) {
+        cluster_.held_.push_back([this, holder, id, bytes, done] { deliver(holder, id, bytes, done); });
+        return;
+      }
+      lock.unlock();
+      deliver(holder, id, bytes, done);
+    }
+    void release(std::int32_t holder, const CheckpointId& id) override {
+      if (CheckpointNode* node = cluster_.node(holder)) node->release_replica(id);
+    }
+
+   private:
+    void deliver(std::int32_t holder, const CheckpointId& id, const CheckpointBytesPtr& bytes,
+                 const std::function<void(const Status&)>& done) {
+      CheckpointNode* node = cluster_.node(holder);
+      if (node == nullptr) return done(Status(StatusCode::kUnavailable, "rank is dead"));
+      const auto span = bytes->bytes();
+      done(node->accept_replica(self_, id, owned(std::vector<std::uint8_t>(span.begin(), span.end()))));
+    }
+    Cluster& cluster_;
+    std::int32_t self_;
+  };
+
+  explicit Cluster(std::vector<std::string> domains) : domains_(std::move(domains)) {
+    for (std::size_t r = 0; r < domains_.size(); ++r) {
+      replicators_.push_back(std::make_unique<Replicator>(*this, static_cast<std::int32_t>(r)));
+    }
+    nodes_.resize(domains_.size());
+  }
+
+  CheckpointNode& start(std::int32_t rank, const fs::path& dir, std::uint64_t capacity,
+                        WhenFull when_full = WhenFull::kWait) {
+    CheckpointNodeOptions options;
+    options.rank = rank;
+    options.dir = dir;
+    options.capacity_bytes = capacity;
+    options.when_full = when_full;
+    options.domains = domains_;
+    options.retry_interval = 5ms;
+    Result<std::unique_ptr<CheckpointNode>> node =
+        CheckpointNode::start(options, replicators_[static_cast<std::size_t>(rank)].get());
+    if (!node.ok()) ADD_FAILURE() << node.status().to_string();
+    std::lock_guard lock(mutex_);
+    nodes_[static_cast<std::size_t>(rank)] = std::move(node).value();
+    return *nodes_[static_cast<std::size_t>(rank)];
+  }
+
+  // SIGKILL, as far as the others can tell: gone, its drain never finishes, and every
+  // survivor learns of it from its failure detector.
+  void kill(std::int32_t rank) {
+    std::unique_ptr<CheckpointNode> dead;
+    {
+      std::lock_guard lock(mutex_);
+      dead = std::move(nodes_[static_cast<std::size_t>(rank)]);
+    }
+    dead.reset();
+    for (std::size_t r = 0; r < nodes_.size(); ++r) {
+      if (CheckpointNode* node = this->node(static_cast<std::int32_t>(r))) node->peer_died(rank);
+    }
+  }
+
+  CheckpointNode* node(std::int32_t rank) {
+    std::lock_guard lock(mutex_);
+    return nodes_[static_cast<std::size_t>(rank)].get();
+  }
+
+  void hold_copies(bool hold) {
+    std::lock_guard lock(mutex_);
+    hold_copies_ = hold;
+  }
+  void deliver_held() {
+    std::vector<std::function<void()>> held;
+    {
+      std::lock_guard lock(mutex_);
+      held.swap(held_);
+    }
+    for (auto& deliver : held) deliver();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::string> domains_;
+  std::vector<std::unique_ptr<Replicator>> replicators_;
+  std::vector<std::unique_ptr<CheckpointNode>> nodes_;
+  bool hold_copies_ = false;
+  std::vector<std::function<void()>> held_;
+};
+
+std::future<Result<CheckpointId>> save(CheckpointNode& node, const std::string& name, const std::vector<std::uint8_t>& data) {
+  auto promise = std::make_shared<std::promise<Result<CheckpointId>>>();
+  std::future<Result<CheckpointId>> future = promise->get_future();
+  node.save(name, owned(data), [promise](Result<CheckpointId> result) { promise->set_value(std::move(result)); });
+  return future;
+}
+
+Status wait_durable(CheckpointNode& node, const std::string& name) {
+  std::promise<Status> promise;
+  std::future<Status> future = promise.get_future();
+  node.wait_durable(name, [&promise](const Status& status) { promise.set_value(status); });
+  return future.get();
+}
+
+// Until the drain's retry succeeds: each call either fails at once (the last attempt
+// failed) or waits for the next attempt.
+void wait_until_durable(CheckpointNode& node, const std::string& name) {
+  while (!wait_durable(node, name).ok()) std::this_thread::sleep_for(1ms);
+}
+
+// A file where the directory should be: every write below it fails, as on a broken mount.
+void block(const fs::path& dir) {
+  fs::remove_all(dir);
+  std::ofstream(dir) << "not a directory";
+}
+void unblock(const fs::path& dir) {
+  fs::remove(dir);
+  fs::create_directories(dir);
+}
+
+class CheckpointNodeTest : public test_support::TempDirTest {
+ protected:
+  CheckpointNodeTest() : TempDirTest("ckptnode") {}
+};
+
+TEST_F(CheckpointNodeTest, SaveReturnsOnlyOnceAPeerInAnotherDomainHoldsACopyThenDrains) {
+  Cluster cluster({"hostA", "hostA", "hostB"});
+  CheckpointNode& owner = cluster.start(0, dir_ / "shared", 1 << 20);
+  CheckpointNode& same_host = cluster.start(1, dir_ / "shared", 1 << 20);
+  CheckpointNode& other_host = cluster.start(2, dir_ / "shared", 1 << 20);
+  const std::vector<std::uint8_t> data = pattern(5000, 1);
+
+  cluster.hold_copies(true);
+  std::future<Result<CheckpointId>> saved = save(owner, "model", data);
+  EXPECT_EQ(saved.wait_for(0s), std::future_status::timeout);  // the copy has not landed
+  EXPECT_EQ(owner.load("model").status().code(), StatusCode::kNotFound);  // nor is it visible
+  cluster.hold_copies(false);
+  cluster.deliver_held();
+  const Result<CheckpointId> id = saved.get();
+  ASSERT_TRUE(id.ok()) << id.status().to_string();
+  EXPECT_EQ(*id, (CheckpointId{"model", 1}));
+  EXPECT_EQ(loaded(owner, "model"), data);
+  EXPECT_TRUE(same_host.list().empty());
+  EXPECT_EQ(other_host.list(), std::vector<CheckpointId>{*id});  // the replica, readable there too
+  EXPECT_EQ(loaded(other_host, "model"), data);
+
+  ASSERT_TRUE(wait_durable(owner, "model").ok());
+  EXPECT_EQ(*read_checkpoint_file(dir_ / "shared", *id), data);
+  EXPECT_EQ(owner.stats().store.bytes_waiting, 0u);
+  EXPECT_EQ(owner.stats().store.bytes_drained, data.size());
+  EXPECT_EQ(owner.stats().saves, 1u);
+}
+
+TEST_F(CheckpointNodeTest, OwnerKilledRightAfterSaveReturnsItsReplicaHolderDrainsIt) {
+  Cluster cluster({"hostA", "hostB"});
+  const fs::path owner_dir = dir_ / "owner_view";  // the owner's mount, broken before it can drain
+  CheckpointNode& owner = cluster.start(0, owner_dir, 1 << 20);
+  CheckpointNode& holder = cluster.start(1, dir_ / "shared", 1 << 20);
+  block(owner_dir);
+  const std::vector<std::uint8_t> data = pattern(3000, 2);
+  const Result<CheckpointId> id = save(owner, "rank0", data).get();
+  ASSERT_TRUE(id.ok()) << id.status().to_string();
+  EXPECT_FALSE(fs::exists(checkpoint_file_path(dir_ / "shared", *id)));
+
+  cluster.kill(0);
+  ASSERT_TRUE(wait_durable(holder, "rank0").ok());
+  EXPECT_EQ(*read_checkpoint_file(dir_ / "shared", *id), data);
+  EXPECT_EQ(loaded(holder, "rank0"), data);
+}
+
+TEST_F(CheckpointNodeTest, ACopyThatLandsAfterItsOwnerDiedIsDrainedByItsHolder) {
+  Cluster cluster({"hostA", "hostB"});
+  cluster.start(0, dir_ / "shared", 1 << 20);
+  CheckpointNode& holder = cluster.start(1, dir_ / "shared", 1 << 20);
+  cluster.kill(0);
+  const std::vector<std::uint8_t> data = pattern(700, 6);
+  ASSERT_TRUE(holder.accept_replica(0, CheckpointId{"rank0", 4}, owned(data)).ok());
+  ASSERT_TRUE(wait_durable(holder, "rank0").ok());
+  EXPECT_EQ(*read_checkpoint_file(dir_ / "shared", CheckpointId{"rank0", 4}), data);
+}
+
+TEST_F(CheckpointNodeTest, AFailingFileSystemIsAnErrorNamingCheckpointAndDirectoryAndTheRamCopyStays) {
+  Cluster cluster({"hostA"});  // alone: the save completes with the one copy
+  const fs::path dir = dir_ / "ckpt";
+  CheckpointNode& node = cluster.start(0, dir, 1 << 20);
+  block(dir);
+  const std::vector<std::uint8_t> data = pattern(2000, 3);
+  ASSERT_TRUE(save(node, "m", data).get().ok());
+
+  // Either the first attempt has failed already, or wait_durable waits for it to fail.
+  const Status failed = wait_durable(node, "m");
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.code(), StatusCode::kIoError);
+  EXPECT_NE(failed.message().find("m@1"), std::string::npos) << failed.message();
+  EXPECT_NE(failed.message().find(dir.string()), std::string::npos) << failed.message();
+  EXPECT_EQ(loaded(node, "m"), data);
+  EXPECT_GE(node.stats().store.drain_failures, 1u);
+
+  unblock(dir);
+  wait_until_durable(node, "m");
+  EXPECT_EQ(*read_checkpoint_file(dir, CheckpointId{"m", 1}), data);
+}
+
+TEST_F(CheckpointNodeTest, AFullBudgetMakesTheNextSaveWaitForTheDrain) {
+  Cluster cluster({"hostA"});
+  const fs::path dir = dir_ / "ckpt";
+  CheckpointNode& node = cluster.start(0, dir, 100);
+  block(dir);
+  ASSERT_TRUE(save(node, "a", pattern(60, 1)).get().ok());
+  std::future<Result<CheckpointId>> second = save(node, "b", pattern(60, 2));
+  // Nothing can drain while the directory is broken, so the save cannot have completed.
+  EXPECT_EQ(second.wait_for(0s), std::future_status::timeout);
+  EXPECT_EQ(node.stats().saves_waiting_for_room, 1u);
+  unblock(dir);
+  const Result<CheckpointId> admitted = second.get();
+  ASSERT_TRUE(admitted.ok()) << admitted.status().to_string();
+  EXPECT_EQ(*admitted, (CheckpointId{"b", 1}));
+  EXPECT_LE(node.stats().store.bytes_in_ram, 100u);
+  EXPECT_EQ(loaded(node, "a"), pattern(60, 1));  // evicted from RAM, read from its file
+}
+
+TEST_F(CheckpointNodeTest, LargerThanTheBudgetIsWrittenThroughOrRefusedNamingTheKey) {
+  Cluster cluster({"hostA"});
+  CheckpointNode& through = cluster.start(0, dir_ / "through", 100, WhenFull::kWriteThrough);
+  const std::vector<std::uint8_t> big = pattern(150, 4);
+  const Result<CheckpointId> written = save(through, "big", big).get();
+  ASSERT_TRUE(written.ok()) << written.status().to_string();
+  EXPECT_EQ(*read_checkpoint_file(dir_ / "through", *written), big);
+  EXPECT_TRUE(wait_durable(through, "big").ok());
+  EXPECT_EQ(through.stats().written_through_bytes, 150u);
+  EXPECT_EQ(through.stats().store.bytes_in_ram, 0u);
+
+  Cluster waiting({"hostA"});
+  CheckpointNode& wait = waiting.start(0, dir_ / "wait", 100, WhenFull::kWait);
+  const Result<CheckpointId> refused = save(wait, "big", big).get();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("checkpoint.capacity"), std::string::npos) << refused.status().message();
+  EXPECT_NE(refused.status().message().find("big"), std::string::npos);
+}
+
+TEST_F(CheckpointNodeTest, NoPeerWithRoomForTheReplicaFailsTheSaveAndDropsIt) {
+  Cluster cluster({"hostA", "hostB"});
+  CheckpointNode& owner = cluster.start(0, dir_ / "shared", 1000);
+  cluster.start(1, dir_ / "shared", 10);
+  const Result<CheckpointId> refused = save(owner, "m", pattern(100, 5)).get();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(refused.status().message().find("m@1"), std::string::npos) << refused.status().message();
+  EXPECT_NE(refused.status().message().find("ranks tried: 1"), std::string::npos) << refused.status().message();
+  EXPECT_EQ(owner.stats().store.bytes_in_ram, 0u);
+  EXPECT_TRUE(owner.list().empty());
+}
+
+TEST_F(CheckpointNodeTest, ARestartedNodeLoadsTheLastDurableVersionAndContinuesItsNumbering) {
+  const fs::path dir = dir_ / "ckpt";
+  {
+    Cluster first({"hostA"});
+    CheckpointNode& node = first.start(0, dir, 1 << 20);
+    for (std::uint8_t v = 1; v <= 3; ++v) ASSERT_TRUE(save(node, "m", pattern(100, v)).get().ok());
+    ASSERT_TRUE(wait_durable(node, "m").ok());
+  }
+  Cluster second({"hostA", "hostB"});  // another world size
+  CheckpointNode& node = second.start(1, dir, 1 << 20);
+  EXPECT_EQ(loaded(node, "m"), pattern(100, 3));
+  // retain = 2: the oldest version's file was removed once two newer ones were durable.
+  EXPECT_EQ(node.list(), (std::vector<CheckpointId>{{"m", 3}}));
+  EXPECT_EQ(*list_checkpoint_files(dir), (std::vector<CheckpointId>{{"m", 2}, {"m", 3}}));
+  EXPECT_EQ(node.load("other").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(save(node, "bad/name", pattern(1, 1)).get().status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace checkpoint_node_test
+}  // namespace shardmix
