@@ -17,7 +17,7 @@
 #include <mutex>
 
 namespace shardmix {
-namespace {
+namespace s3_client_test {
 
 TEST(S3Url, SplitsBucketAndPrefix) {
   auto a = parse_s3_url("s3://bucket/some/prefix/", "dataset.path");
@@ -380,5 +380,5 @@ TEST(S3Scan, AShardThatCannotBeReadFollowsStrict) {
   EXPECT_NE(strict.status().message().find("dataset.strict"), std::string::npos);
 }
 
-}  // namespace
+}  // namespace s3_client_test
 }  // namespace shardmix
