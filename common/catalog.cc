@@ -15,6 +15,7 @@
 #include <charconv>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <numeric>
@@ -26,6 +27,8 @@
 
 #include <fmt/format.h>
 
+#include "common/s3_client.h"
+#include "common/s3_dataset.h"
 #include "common/shard_formats.h"
 
 namespace shardmix {
@@ -348,8 +351,27 @@ Result<ScanResult> scan_filelist(const DatasetConfig& dataset, int rank, int nra
   std::ostringstream buffer;
   buffer << in.rdbuf();
   if (in.bad()) return make_error(StatusCode::kIoError, "cannot read dataset list '{}'", file);
-  const std::string text = buffer.str();
+  return parse_file_list(buffer.str(), file, rank, nranks,
+                         [&](std::string_view path, std::size_t line_no) -> Result<std::uint64_t> {
+                           const std::string resolved = sample_file_path(dataset, path);
+                           struct stat sample_st;
+                           if (::stat(resolved.c_str(), &sample_st) != 0) {
+                             const int err = errno;
+                             return make_error(err == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError,
+                                               "{}:{}: sample '{}': {}", file, line_no, resolved, errno_text(err));
+                           }
+                           if (!S_ISREG(sample_st.st_mode)) {
+                             return make_error(StatusCode::kInvalidArgument, "{}:{}: sample '{}' is not a regular file",
+                                               file, line_no, resolved);
+                           }
+                           return static_cast<std::uint64_t>(sample_st.st_size);
+                         });
+}
 
+}  // namespace
+
+Result<ScanResult> parse_file_list(const std::string& text, const std::string& file, int rank, int nranks,
+                                   const std::function<Result<std::uint64_t>(std::string_view, std::size_t)>& size_of) {
   ScanResult out;
   std::set<std::int32_t> labels;
   std::size_t line_no = 0;
@@ -381,19 +403,8 @@ Result<ScanResult> scan_filelist(const DatasetConfig& dataset, int rank, int nra
     }
     labels.insert(static_cast<std::int32_t>(label));
     if (sample_index++ % static_cast<std::uint64_t>(nranks) != static_cast<std::uint64_t>(rank)) continue;
-    const std::string resolved = sample_file_path(dataset, path);
-    struct stat sample_st;
-    if (::stat(resolved.c_str(), &sample_st) != 0) {
-      const int err = errno;
-      return make_error(err == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError, "{}:{}: sample '{}': {}", file,
-                        line_no, resolved, errno_text(err));
-    }
-    if (!S_ISREG(sample_st.st_mode)) {
-      return make_error(StatusCode::kInvalidArgument, "{}:{}: sample '{}' is not a regular file", file, line_no,
-                        resolved);
-    }
-    out.entries.push_back(
-        CatalogEntry{std::string(path), static_cast<std::uint64_t>(sample_st.st_size), static_cast<std::int32_t>(label)});
+    SHARDMIX_ASSIGN_OR_RETURN(const std::uint64_t size, size_of(path, line_no));
+    out.entries.push_back(CatalogEntry{std::string(path), size, static_cast<std::int32_t>(label)});
   }
   for (std::int32_t label : labels) out.class_names.push_back(std::to_string(label));
   return out;
@@ -403,6 +414,8 @@ bool has_shard_extension(DatasetFormat format, std::string_view name) {
   if (format == DatasetFormat::kWebDataset) return name.ends_with(".tar");
   return name.ends_with(".tfrecord") || name.ends_with(".tfrecords");
 }
+
+namespace {
 
 std::string_view shard_extensions(DatasetFormat format) {
   return format == DatasetFormat::kWebDataset ? "*.tar" : "*.tfrecord or *.tfrecords";
@@ -464,39 +477,49 @@ Result<ScanResult> scan_shard_list(const DatasetConfig& dataset, const std::vect
                                    int nranks) {
   SHARDMIX_RETURN_IF_ERROR(check_rank(rank, nranks));
   ScanResult out;
-  std::vector<std::string> sample_exts;
-  if (dataset.format == DatasetFormat::kWebDataset) {
-    SHARDMIX_ASSIGN_OR_RETURN(sample_exts, parse_extension_list(dataset.sample_ext, "dataset.sample_ext"));
-  }
   for (std::size_t i = static_cast<std::size_t>(rank); i < names.size(); i += static_cast<std::size_t>(nranks)) {
     const std::string file = sample_file_path(dataset, names[i]);
     auto source = FileSource::open(file);
     if (!source.ok()) {
       // Listed a moment ago, gone (or unreadable) now.
-      if (dataset.strict) return source.status().with_context("dataset.strict = true");
-      out.problems.push_back(fmt::format("{} (shard skipped)", source.status().message()));
-      ++out.invalid_shards;
+      SHARDMIX_RETURN_IF_ERROR(add_unreadable_shard(dataset, source.status(), out));
       continue;
     }
-    Result<ShardScan> scan = dataset.format == DatasetFormat::kWebDataset
-                                 ? scan_webdataset_shard(**source, WebDatasetOptions{sample_exts, dataset.label_ext,
-                                                                                     dataset.max_sample_bytes})
-                                 : scan_tfrecord_shard(**source, TfRecordOptions{dataset.label_feature,
-                                                                                 dataset.max_sample_bytes});
-    if (!scan.ok()) return scan.status();
-    if (!scan->problems.empty() && dataset.strict) {
-      return make_error(StatusCode::kCorrupt, "{} (dataset.strict = true)", scan->problems.front());
-    }
-    const auto shard_index = static_cast<std::uint32_t>(out.shards.size());
-    out.shards.push_back(names[i]);
-    for (const ShardSample& sample : scan->samples) {
-      out.entries.push_back(CatalogEntry{"", sample.size, sample.label, shard_index, sample.offset});
-    }
-    out.invalid_samples += scan->invalid_samples;
-    if (scan->rest_skipped) ++out.invalid_shards;
-    std::move(scan->problems.begin(), scan->problems.end(), std::back_inserter(out.problems));
+    SHARDMIX_RETURN_IF_ERROR(add_shard_scan(dataset, **source, names[i], out));
   }
   return out;
+}
+
+Status add_unreadable_shard(const DatasetConfig& dataset, const Status& why, ScanResult& out) {
+  if (dataset.strict) return why.with_context("dataset.strict = true");
+  out.problems.push_back(fmt::format("{} (shard skipped)", why.message()));
+  ++out.invalid_shards;
+  return Status::ok_status();
+}
+
+Status add_shard_scan(const DatasetConfig& dataset, const ByteSource& source, const std::string& name,
+                      ScanResult& out) {
+  std::vector<std::string> sample_exts;
+  if (dataset.format == DatasetFormat::kWebDataset) {
+    SHARDMIX_ASSIGN_OR_RETURN(sample_exts, parse_extension_list(dataset.sample_ext, "dataset.sample_ext"));
+  }
+  Result<ShardScan> scan =
+      dataset.format == DatasetFormat::kWebDataset
+          ? scan_webdataset_shard(source, WebDatasetOptions{sample_exts, dataset.label_ext, dataset.max_sample_bytes})
+          : scan_tfrecord_shard(source, TfRecordOptions{dataset.label_feature, dataset.max_sample_bytes});
+  if (!scan.ok()) return scan.status();
+  if (!scan->problems.empty() && dataset.strict) {
+    return make_error(StatusCode::kCorrupt, "{} (dataset.strict = true)", scan->problems.front());
+  }
+  const auto shard_index = static_cast<std::uint32_t>(out.shards.size());
+  out.shards.push_back(name);
+  for (const ShardSample& sample : scan->samples) {
+    out.entries.push_back(CatalogEntry{"", sample.size, sample.label, shard_index, sample.offset});
+  }
+  out.invalid_samples += scan->invalid_samples;
+  if (scan->rest_skipped) ++out.invalid_shards;
+  std::move(scan->problems.begin(), scan->problems.end(), std::back_inserter(out.problems));
+  return Status::ok_status();
 }
 
 namespace {
@@ -855,6 +878,7 @@ Result<Catalog> Catalog::deserialize(std::span<const std::uint8_t> bytes) {
 Result<ScanResult> scan_partition(const DatasetConfig& dataset, int rank, int nranks, unsigned threads) {
   SHARDMIX_RETURN_IF_ERROR(check_rank(rank, nranks));
   if (dataset.path.empty()) return make_error(StatusCode::kInvalidArgument, "dataset.path is empty");
+  if (is_s3_path(dataset.path)) return scan_s3_partition(dataset, rank, nranks);
   switch (dataset.format) {
     case DatasetFormat::kFolder: return scan_folder(dataset, rank, nranks, threads);
     case DatasetFormat::kFileList: return scan_filelist(dataset, rank, nranks);

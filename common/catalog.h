@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -148,6 +149,20 @@ Result<ScanResult> scan_partition(const DatasetConfig& dataset, int rank, int nr
 Result<ScanResult> scan_shard_list(const DatasetConfig& dataset, const std::vector<std::string>& names, int rank,
                                    int nranks);
 
+// Format "filelist": this rank's lines (every nranks-th sample line) of the list `text`
+// (named `file` in messages), each sample's size from `size_of(path, line number)` (a stat
+// of the file, or the object's listed size on S3).
+Result<ScanResult> parse_file_list(const std::string& text, const std::string& file, int rank, int nranks,
+                                   const std::function<Result<std::uint64_t>(std::string_view, std::size_t)>& size_of);
+
+// One shard's scan appended to `out` (its samples, problems and counts; dataset.strict turns
+// the first problem into the error). `name` is the shard's path relative to the dataset.
+class ByteSource;
+Status add_shard_scan(const DatasetConfig& dataset, const ByteSource& source, const std::string& name,
+                      ScanResult& out);
+// A listed shard that cannot be read any more: a counted problem, or with dataset.strict `why`.
+Status add_unreadable_shard(const DatasetConfig& dataset, const Status& why, ScanResult& out);
+
 // Merges the per-rank scans (already allgathered) into the catalog, checking
 // dataset.max_sample_bytes. An empty dataset is an error naming dataset.path.
 Result<Catalog> merge_scans(const DatasetConfig& dataset, std::vector<ScanResult> parts);
@@ -160,6 +175,9 @@ Result<ScanResult> deserialize_scan(std::span<const std::uint8_t> bytes);
 // formats dataset.path is one shard when it ends in the format's extension (.tar;
 // .tfrecord, .tfrecords), else the directory holding the shards.
 std::string sample_file_path(const DatasetConfig& dataset, std::string_view relative_path);
+
+// True when `name` ends in the shard format's extension (.tar; .tfrecord, .tfrecords).
+bool has_shard_extension(DatasetFormat format, std::string_view name);
 
 // True when dataset.path names a single shard file (shard formats), by its extension.
 bool dataset_is_single_shard(const DatasetConfig& dataset);

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <set>
@@ -391,6 +392,42 @@ const KeySpec kKeys[] = {
    "Simulator only: 0 = a compact synthetic catalog (sizes and labels, 12 bytes a sample); N = the catalog of a shard format (webdataset, tfrecord) with N samples per shard: a shard index and an offset per sample and the shard paths, as the daemons of such a job hold it.",
    "Set it to compare the simulator's metadata_bytes_per_node_max with a real shard job's (bench/metadata.sh).",
    "", 0, kU32Max, 0, 0, false, SHARDMIX_U64_KEY(sim.samples_per_shard)},
+  {"storage.s3.endpoint", KeyType::kString, "",
+   "dataset.path = \"s3://BUCKET/PREFIX\": the S3 endpoint URL, such as \"http://127.0.0.1:9000\" or \"https://s3.eu-west-1.amazonaws.com\". \"\" = AWS_ENDPOINT_URL, else AWS's endpoint for the region (docs/s3.md).",
+   "Point it at the store nearest the nodes: each request pays its round trip, which storage.s3.concurrency hides only up to the store's request rate.",
+   "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(dataset.s3.endpoint)},
+  {"storage.s3.addressing", KeyType::kEnum, "auto",
+   "How the bucket is named in a request: \"path\" = ENDPOINT/BUCKET/KEY; \"virtual\" = BUCKET.ENDPOINT-HOST/KEY; \"auto\" = path-style for an endpoint given as an IP address or localhost (local and on-premises stores), else virtual-host.",
+   "AWS is phasing out path-style for new buckets; many on-premises stores (Ceph RGW, MinIO) answer path-style without DNS set up for bucket names.",
+   "auto|path|virtual", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(dataset.s3.addressing)},
+  {"storage.s3.region", KeyType::kString, "",
+   "The region requests are signed for (SigV4). \"\" = AWS_REGION, else AWS_DEFAULT_REGION, else us-east-1.",
+   "A wrong region is refused by the store with an error naming the endpoint; no trade-off beyond that.",
+   "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(dataset.s3.region)},
+  {"storage.s3.concurrency", KeyType::kUint, "64",
+   "S3 requests each daemon keeps in flight (listing, scanning, the initial load and cold reads share them); driven by one thread over libcurl's multi interface, connections reused.",
+   "Object stores answer each request in tens of milliseconds, so throughput is about concurrency x object size / latency until the store or the link saturates; more requests in flight cost a connection and a socket each and can draw 503 SlowDown throttling (retried with backoff).",
+   "", 1, 4096, 0, 0, false, SHARDMIX_U32_KEY(dataset.s3.concurrency)},
+  {"storage.s3.profile", KeyType::kString, "",
+   "Credentials profile read from the credentials file (storage.s3.credentials_file). \"\" = AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) when set, else AWS_PROFILE, else profile \"default\". Secrets are never config keys.",
+   "A profile keeps keys out of the job's environment; the environment suits short-lived session credentials.",
+   "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(dataset.s3.profile)},
+  {"storage.s3.connect_timeout", KeyType::kDuration, "5s",
+   "Limit on opening one connection to the S3 endpoint; a timeout is retried like a reset.",
+   "Short finds a dead endpoint fast; too short fails on a busy store's accept queue.",
+   "", 1, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_USEC_KEY(dataset.s3.connect_timeout)},
+  {"storage.s3.credentials_file", KeyType::kString, "",
+   "The AWS credentials file (INI: [profile] with aws_access_key_id, aws_secret_access_key, aws_session_token). \"\" = AWS_SHARED_CREDENTIALS_FILE, else ~/.aws/credentials.",
+   "None; a per-job file keeps one job's keys apart from another's.",
+   "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(dataset.s3.credentials_file)},
+  {"storage.s3.max_attempts", KeyType::kUint, "6",
+   "Attempts per S3 request before it fails for good: throttling (503 SlowDown, 429), other 5xx, timeouts and connection resets are retried after a jittered exponential backoff (50 ms doubling, at most 5 s); other 4xx are final. A request that still fails follows dataset.strict.",
+   "More attempts ride out longer store hiccups but delay the error for an object that is really gone or broken.",
+   "", 1, 100, 0, 0, false, SHARDMIX_U32_KEY(dataset.s3.max_attempts)},
+  {"storage.s3.request_timeout", KeyType::kDuration, "60s",
+   "Limit on one S3 request from start to the last byte; a timeout is retried.",
+   "Must exceed the largest object's transfer time at the slowest expected rate; shorter abandons stuck requests sooner.",
+   "", 1, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_USEC_KEY(dataset.s3.request_timeout)},
 };
 // clang-format on
 
@@ -399,8 +436,10 @@ const KeySpec kKeys[] = {
 #undef SHARDMIX_STR_KEY
 #undef SHARDMIX_USEC_KEY
 
-std::string_view section_of(std::string_view name) { return name.substr(0, name.find('.')); }
-std::string_view leaf_of(std::string_view name) { return name.substr(name.find('.') + 1); }
+// A key's section is all before its last dot: "storage.s3.concurrency" is key concurrency of
+// section [storage.s3] (a TOML table inside table storage).
+std::string_view section_of(std::string_view name) { return name.substr(0, name.rfind('.')); }
+std::string_view leaf_of(std::string_view name) { return name.substr(name.rfind('.') + 1); }
 
 std::string env_name_of(std::string_view name) {
   std::string env = "SHARDMIX_";
@@ -944,10 +983,19 @@ Status load_file(const std::string& file, Config& config, Origins& origins) {
     return make_error(StatusCode::kIoError, "config file '{}': {}", file, e.what());
   }
   const std::vector<std::string_view> known_sections = sections();
-  for (auto&& [section_key, section_node] : root) {
-    const std::string_view section = section_key.str();
-    const std::string where = where_in_file(file, section_key.source());
-    if (std::find(known_sections.begin(), known_sections.end(), section) == known_sections.end()) {
+  auto known = [&](std::string_view section) {
+    return std::find(known_sections.begin(), known_sections.end(), section) != known_sections.end();
+  };
+  // A table that holds only sections ([storage] holding [storage.s3]).
+  auto is_parent = [&](std::string_view section) {
+    return std::any_of(known_sections.begin(), known_sections.end(), [&](std::string_view s) {
+      return s.size() > section.size() && s.starts_with(section) && s[section.size()] == '.';
+    });
+  };
+  std::function<Status(const std::string&, const toml::node&, const toml::source_region&)> load_section =
+      [&](const std::string& section, const toml::node& section_node, const toml::source_region& source) -> Status {
+    const std::string where = where_in_file(file, source);
+    if (!known(section) && !is_parent(section)) {
       return make_error(StatusCode::kInvalidArgument, "unknown config key '{}' {}{}", section, where,
                         suggestion(section, false));
     }
@@ -958,6 +1006,10 @@ Status load_file(const std::string& file, Config& config, Origins& origins) {
     }
     for (auto&& [leaf_key, node] : *table) {
       const std::string name = fmt::format("{}.{}", section, leaf_key.str());
+      if (node.is_table() && (known(name) || is_parent(name))) {
+        SHARDMIX_RETURN_IF_ERROR(load_section(name, node, leaf_key.source()));
+        continue;
+      }
       const std::string key_where = where_in_file(file, leaf_key.source());
       const KeySpec* key = find_key(name);
       if (key == nullptr) {
@@ -967,6 +1019,10 @@ Status load_file(const std::string& file, Config& config, Origins& origins) {
       SHARDMIX_ASSIGN_OR_RETURN(Value value, value_from_toml(*key, node, key_where));
       apply(config, origins, *key, value, key_where);
     }
+    return Status::ok_status();
+  };
+  for (auto&& [section_key, section_node] : root) {
+    SHARDMIX_RETURN_IF_ERROR(load_section(std::string(section_key.str()), section_node, section_key.source()));
   }
   return Status::ok_status();
 }

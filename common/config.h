@@ -21,6 +21,24 @@ namespace shardmix {
 enum class DatasetFormat { kFolder, kFileList, kWebDataset, kTfRecord };
 enum class PlacementPolicy { kBalanced, kSorted };
 
+// [storage.s3]: the S3 source (dataset.path = "s3://..."); empty strings defer to the
+// AWS environment (common/s3_client.h). No secret is a key: they come from the
+// environment or a credentials file only. Held in DatasetConfig: every function that reads
+// the dataset (scan, load, cold reads) takes that already.
+struct S3Config {
+  std::string endpoint;          // storage.s3.endpoint ("" = AWS_ENDPOINT_URL, else AWS's for the region)
+  std::string region;            // storage.s3.region ("" = AWS_REGION / AWS_DEFAULT_REGION, else us-east-1)
+  std::string profile;           // storage.s3.profile ("" = the environment's keys, else AWS_PROFILE)
+  std::string credentials_file;  // storage.s3.credentials_file ("" = AWS_SHARED_CREDENTIALS_FILE or ~/.aws/credentials)
+  std::string addressing = "auto";  // storage.s3.addressing = "auto" | "path" | "virtual"
+  std::uint32_t concurrency = 64;   // storage.s3.concurrency: requests in flight per daemon
+  std::chrono::microseconds connect_timeout{5'000'000};   // storage.s3.connect_timeout
+  std::chrono::microseconds request_timeout{60'000'000};  // storage.s3.request_timeout
+  std::uint32_t max_attempts = 6;                         // storage.s3.max_attempts
+
+  bool operator==(const S3Config&) const = default;
+};
+
 struct DatasetConfig {
   std::string path;                              // dataset.path (folder root, list file, shard dir or shard)
   DatasetFormat format = DatasetFormat::kFolder; // dataset.format = "folder" | "filelist" | "webdataset" | "tfrecord"
@@ -30,6 +48,7 @@ struct DatasetConfig {
   std::string label_ext = "cls";                 // dataset.label_ext: webdataset label member ("" = label 0)
   std::string label_feature;                     // dataset.label_feature: tfrecord int64 feature ("" = label 0)
   bool strict = false;                           // dataset.strict: bad shard input fails start-up
+  S3Config s3;                                   // [storage.s3]
 
   bool operator==(const DatasetConfig&) const = default;
 };

@@ -31,12 +31,19 @@ packages=(
   dataset-fashion-mnist               # /usr/share/datasets/fashion-mnist: the study's data
   # slow-storage benchmark (bench/storage.sh, docs/decisions/0027)
   fuse3 libfuse3-dev                  # bench/slowfs: FUSE passthrough with latency and a bandwidth cap
+  # the S3 source (docs/s3.md, docs/decisions/0051): libcurl (HTTP, SigV4), libcrypto (MD5,
+  # SHA-256); boto3 for bench/s3.sh's DataLoader baseline
+  libcurl4-openssl-dev libssl-dev python3-boto3
 )
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# node and npm run the local S3 server of the S3 tests (deploy/s3-local.sh installs s3rver
+# with npm). Only when there is no npm at all: a node from another source (whose package
+# bundles npm) conflicts with Debian's npm package.
+command -v npm >/dev/null || missing+=(nodejs npm)
 if ((${#missing[@]} == 0)); then
   echo "install-deps: all ${#packages[@]} packages present"
   exit 0

@@ -163,3 +163,38 @@ sm_netns_rx_bytes() {
   done
   echo "$total"
 }
+
+# The local S3 server of the S3 tests and benchmark (deploy/s3-local.sh), and the fault /
+# latency proxy in front of it (tests/e2e/s3_fault_proxy.py).
+#   sm_s3_local_start STATE_DIR       starts the server; exports what s3-local.sh start
+#                                     prints (AWS_ENDPOINT_URL, AWS_REGION, the keys,
+#                                     SHARDMIX_S3_BUCKET, S3_LOCAL_STATE)
+#   sm_s3_proxy_start WORK_DIR ARG... (re)starts the proxy with ARG...; sets SM_S3_PROXY_URL
+#   sm_s3_local_stop                  stops both (for sm_before_tmp_cleanup)
+SM_S3_PROXY_PID=""
+sm_s3_local_start() {
+  local printed
+  printed=$(bash "$SM_REPO/deploy/s3-local.sh" start "$1") || sm_die "deploy/s3-local.sh start failed"
+  set -a
+  eval "$printed"
+  set +a
+}
+sm_s3_proxy_start() {
+  local work=$1 i
+  shift
+  if [[ -n $SM_S3_PROXY_PID ]]; then
+    kill "$SM_S3_PROXY_PID" 2>/dev/null || true
+    wait "$SM_S3_PROXY_PID" 2>/dev/null || true
+  fi
+  rm -f "$work/s3-proxy.port"
+  python3 "$SM_REPO/tests/e2e/s3_fault_proxy.py" --upstream "$AWS_ENDPOINT_URL" --port-file "$work/s3-proxy.port" "$@" &
+  SM_S3_PROXY_PID=$!
+  for ((i = 0; i < 100; i++)); do [[ -s $work/s3-proxy.port ]] && break; sleep 0.1; done
+  [[ -s $work/s3-proxy.port ]] || sm_die "the S3 proxy did not start"
+  # shellcheck disable=SC2034  # used by the scripts that source this file
+  SM_S3_PROXY_URL=http://127.0.0.1:$(cat "$work/s3-proxy.port")
+}
+sm_s3_local_stop() {
+  [[ -z $SM_S3_PROXY_PID ]] || kill "$SM_S3_PROXY_PID" 2>/dev/null || true
+  [[ -z ${S3_LOCAL_STATE:-} || ! -d $S3_LOCAL_STATE ]] || bash "$SM_REPO/deploy/s3-local.sh" stop "$S3_LOCAL_STATE" || true
+}

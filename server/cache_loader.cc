@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/s3_client.h"
 #include "server/sample_reader.h"
 
 namespace shardmix {
@@ -23,6 +25,58 @@ namespace {
 // lands in the arena does not depend on when it is read.
 bool before_in_storage(const Catalog& catalog, SampleId a, SampleId b) {
   return std::pair(catalog.shard(a), catalog.offset(a)) < std::pair(catalog.shard(b), catalog.offset(b));
+}
+
+// S3 datasets: every (sample, arena offset) of `targets` through read_samples_s3, with a
+// window of requests queued beyond the ones in flight (so the client never waits for the
+// next batch, and the queue stays small for a large load). `progress` about every 50 ms.
+Result<LoadStats> load_from_s3(const Catalog& catalog, const DatasetConfig& dataset,
+                               const std::vector<std::pair<SampleId, std::uint64_t>>& targets, std::uint8_t* arena,
+                               const std::function<void(const LoadStats&)>& progress,
+                               const std::function<bool()>& cancelled) {
+  const std::size_t window = 4 * static_cast<std::size_t>(std::max<std::uint32_t>(1, dataset.s3.concurrency));
+  const auto start = std::chrono::steady_clock::now();
+  std::mutex mutex;  // guards everything below
+  std::condition_variable changed;
+  std::size_t outstanding = 0, next = 0;
+  LoadStats stats;
+  Status first_error;
+  std::unique_lock lock(mutex);
+  while (outstanding > 0 || (next < targets.size() && first_error.ok())) {
+    if (first_error.ok() && cancelled && cancelled()) {
+      first_error = make_error(StatusCode::kCancelled, "loading from S3: stopped after {} of {} samples",
+                               stats.samples, targets.size());
+    }
+    if (first_error.ok() && outstanding < window && next < targets.size()) {
+      std::vector<std::pair<SampleId, std::uint8_t*>> batch;
+      const std::size_t first = next;
+      while (outstanding + batch.size() < window && next < targets.size()) {
+        batch.emplace_back(targets[next].first, arena + targets[next].second);
+        ++next;
+      }
+      outstanding += batch.size();
+      lock.unlock();
+      read_samples_s3(catalog, dataset, std::move(batch), [&, first](std::size_t i, const Status& s) {
+        std::lock_guard done_lock(mutex);
+        --outstanding;
+        if (s.ok()) {
+          ++stats.samples;
+          stats.bytes += catalog.sample_bytes(targets[first + i].first);
+        } else if (first_error.ok()) {
+          first_error = s;
+        }
+        changed.notify_all();
+      });
+      lock.lock();
+      continue;
+    }
+    changed.wait_for(lock, std::chrono::milliseconds(50));
+    stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (progress) progress(stats);
+  }
+  if (!first_error.ok()) return first_error;
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return stats;
 }
 
 }  // namespace
@@ -38,6 +92,16 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
   }
   // Only the resident samples: cold ones are read from storage when a trainer needs them.
   const std::uint64_t total_bytes = placement.cached_bytes[node];
+  if (is_s3_path(dataset.path)) {
+    std::vector<std::pair<SampleId, std::uint64_t>> targets;
+    targets.reserve(owned.size());
+    for (const SampleId id : owned) targets.emplace_back(id, placement.arena_offset[id]);
+    auto loaded = load_from_s3(catalog, dataset, targets, arena, [&](const LoadStats& so_far) {
+      if (progress) progress(so_far, owned.size(), total_bytes, false);
+    }, cancelled);
+    if (loaded.ok() && progress) progress(*loaded, owned.size(), total_bytes, true);
+    return loaded;
+  }
   auto log = log::get("loader");
   const auto start = std::chrono::steady_clock::now();
   std::atomic<std::size_t> next{0};
@@ -114,6 +178,7 @@ Result<LoadStats> load_entering_samples(const Catalog& catalog, const DatasetCon
     std::sort(entering.begin(), entering.end(),
               [&catalog](const auto& a, const auto& b) { return before_in_storage(catalog, a.first, b.first); });
   }
+  if (is_s3_path(dataset.path)) return load_from_s3(catalog, dataset, entering, arena, {}, cancelled);
   const auto start = std::chrono::steady_clock::now();
   std::atomic<std::size_t> next{0};
   std::atomic<std::uint64_t> bytes{0};

@@ -36,6 +36,7 @@
 #include "common/peer_monitor.h"
 #include "common/placement.h"
 #include "common/rotation.h"
+#include "common/s3_client.h"
 #include "common/slot_reuse.h"
 #include "common/trace.h"
 #include "fabric/fabric.h"
@@ -1414,6 +1415,14 @@ void Daemon::log_shutdown_figures() {
     const StorageReaderStats ss = storage_readers_->stats();
     log_->info("storage: {} cold reads, {} bytes read from storage, {} failed", ss.reads_completed, ss.bytes_read,
                ss.reads_failed);
+  }
+  if (is_s3_path(config_.dataset.path)) {
+    // Retries show a throttling or flaky store even when every read succeeded in the end.
+    if (auto s3 = shared_s3_client(config_.dataset.s3); s3.ok()) {
+      const S3ClientStats st = (*s3)->stats();
+      log_->info("s3: {} requests ({} retried), {} bytes received, {} failed; {}", st.requests, st.retries, st.bytes,
+                 st.failed, (*s3)->settings().describe());
+    }
   }
   if (open_shards_) {
     const ShardFileCacheStats os = open_shards_->stats();

@@ -7,7 +7,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <future>
+#include <memory>
 
+#include "common/s3_client.h"
 #include "common/shard_formats.h"
 
 namespace shardmix {
@@ -102,8 +105,78 @@ Status read_framed(const std::string& path, std::uint64_t offset, std::uint64_t 
 
 }  // namespace
 
+void read_samples_s3(const Catalog& catalog, const DatasetConfig& dataset,
+                     std::vector<std::pair<SampleId, std::uint8_t*>> reads,
+                     std::function<void(std::size_t, const Status&)> done) {
+  auto client = shared_s3_client(dataset.s3);
+  auto root = parse_s3_url(dataset.path, "dataset.path");
+  if (!client.ok() || !root.ok()) {
+    const Status why = !client.ok() ? client.status() : root.status();
+    for (std::size_t i = 0; i < reads.size(); ++i) done(i, why);
+    return;
+  }
+  // The framing around each shard sample, read in the same GET and checked on completion.
+  const bool tar = catalog.sharded() && dataset.format == DatasetFormat::kWebDataset;
+  const std::size_t head_bytes = !catalog.sharded() ? 0 : tar ? kTarHeaderBytes : kTfRecordHeaderBytes;
+  const std::size_t tail_bytes = catalog.sharded() && !tar ? kTfRecordFooterBytes : 0;
+  struct Framing {
+    std::vector<std::uint8_t> bytes;  // per read: head_bytes, then tail_bytes
+    std::vector<std::pair<SampleId, std::uint8_t*>> reads;
+  };
+  auto framing = std::make_shared<Framing>();
+  framing->bytes.resize(reads.size() * (head_bytes + tail_bytes));
+  std::vector<S3Read> requests;
+  requests.reserve(reads.size());
+  for (std::size_t i = 0; i < reads.size(); ++i) {
+    const auto [id, out] = reads[i];
+    const std::uint64_t size = catalog.sample_bytes(id);
+    auto location = parse_s3_url(sample_file_path(dataset, catalog.path(id)), "sample");
+    S3Read r;
+    r.key = location.ok() ? location->key : "";
+    if (!catalog.sharded()) {
+      r.expected_size = size;
+      r.into = {std::span(out, size)};
+    } else {
+      const std::uint64_t offset = catalog.offset(id);
+      std::uint8_t* frame = framing->bytes.data() + i * (head_bytes + tail_bytes);
+      r.offset = offset - std::min<std::uint64_t>(offset, head_bytes);
+      r.length = head_bytes + size + tail_bytes;
+      r.into = {std::span(frame, head_bytes), std::span(out, size), std::span(frame + head_bytes, tail_bytes)};
+    }
+    requests.push_back(std::move(r));
+  }
+  framing->reads = reads;
+  const std::string bucket = root->bucket;
+  auto finish = [framing, head_bytes, tail_bytes, tar, &catalog, &dataset, done = std::move(done)](
+                    std::size_t i, const Status& status) {
+    const auto [id, out] = framing->reads[i];
+    if (!status.ok() || !catalog.sharded()) {
+      done(i, status);
+      return;
+    }
+    const std::string url = sample_file_path(dataset, catalog.path(id));
+    const std::uint64_t offset = catalog.offset(id);
+    const std::uint64_t size = catalog.sample_bytes(id);
+    if (offset < head_bytes) {
+      done(i, make_error(StatusCode::kCorrupt, "{}: sample offset {} leaves no room for its header", url, offset));
+      return;
+    }
+    const std::span<const std::uint8_t> frame(framing->bytes.data() + i * (head_bytes + tail_bytes),
+                                              head_bytes + tail_bytes);
+    done(i, tar ? check_tar_header_before(frame.first(head_bytes), size, url, offset)
+                : check_tfrecord_record(frame.first(head_bytes), std::span<const std::uint8_t>(out, size),
+                                        frame.subspan(head_bytes, tail_bytes), url, offset));
+  };
+  (*client)->read_async(bucket, std::move(requests), std::move(finish));
+}
+
 Status read_sample(const Catalog& catalog, const DatasetConfig& dataset, SampleId id, std::uint8_t* out,
                    ShardFileCache* open_shards) {
+  if (is_s3_path(dataset.path)) {
+    std::promise<Status> result;
+    read_samples_s3(catalog, dataset, {{id, out}}, [&result](std::size_t, const Status& s) { result.set_value(s); });
+    return result.get_future().get();
+  }
   const std::string path = sample_file_path(dataset, catalog.path(id));
   const std::uint64_t size = catalog.sample_bytes(id);
   if (!catalog.sharded()) return read_whole_file(path, size, out);

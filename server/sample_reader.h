@@ -14,7 +14,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/catalog.h"
 #include "common/config.h"
@@ -27,6 +30,16 @@ namespace shardmix {
 // supplies shard descriptors; null = open the shard for this read only.
 Status read_sample(const Catalog& catalog, const DatasetConfig& dataset, SampleId id, std::uint8_t* out,
                    ShardFileCache* open_shards = nullptr);
+
+// S3 datasets (dataset.path = "s3://..."): reads each (sample, destination) of `reads` with
+// the process's S3 client, storage.s3.concurrency requests in flight, one GET per sample
+// (a ranged GET of the sample and its framing for shard formats, checked as above; a whole
+// GET, length and ETag checked, for folder). `done(i, status)` once per read, on the
+// client's thread, in any order; it must not block. read_sample() on an S3 dataset is this
+// for one sample, waited for.
+void read_samples_s3(const Catalog& catalog, const DatasetConfig& dataset,
+                     std::vector<std::pair<SampleId, std::uint8_t*>> reads,
+                     std::function<void(std::size_t, const Status&)> done);
 
 // Reads exactly `length` bytes of `path` into `out`, failing if the file is shorter or longer.
 Status read_whole_file(const std::string& path, std::uint64_t length, std::uint8_t* out);

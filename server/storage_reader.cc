@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/s3_client.h"
 #include "server/sample_reader.h"
 
 namespace shardmix {
@@ -28,6 +29,10 @@ void StorageReaderPool::fetch(std::vector<StorageRead> reads, std::function<void
     post_([group] { group->done(group->outcome); });
     return;
   }
+  if (is_s3_path(dataset_.path)) {
+    fetch_s3(std::move(reads), std::move(group));
+    return;
+  }
   {
     std::lock_guard lock(mutex_);
     if (!stopping_) {
@@ -39,6 +44,62 @@ void StorageReaderPool::fetch(std::vector<StorageRead> reads, std::function<void
   const Status cancelled = make_error(StatusCode::kUnavailable, "the daemon is stopping: cold reads cancelled");
   for (std::size_t i = 0; i < reads.size(); ++i) group->outcome.failed.emplace_back(i, cancelled);
   post_([group] { group->done(group->outcome); });
+}
+
+void StorageReaderPool::fetch_s3(std::vector<StorageRead> reads, std::shared_ptr<Group> group) {
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) {
+      const Status cancelled = make_error(StatusCode::kUnavailable, "the daemon is stopping: cold reads cancelled");
+      for (std::size_t i = 0; i < reads.size(); ++i) finish({reads[i], i, group}, cancelled);
+      return;
+    }
+    s3_in_flight_ += reads.size();  // stop() waits for them: the callbacks use this pool
+  }
+  auto jobs = std::make_shared<std::vector<Job>>();
+  auto done_one = [this, jobs](std::size_t i, const Status& s) {
+    record(jobs->at(i), s);
+    std::lock_guard lock(mutex_);
+    if (--s3_in_flight_ == 0) wake_.notify_all();
+  };
+  std::vector<std::pair<SampleId, std::uint8_t*>> sent;
+  std::vector<std::size_t> sent_index;  // sent[k] is jobs[sent_index[k]]
+  std::vector<std::pair<std::size_t, Status>> refused;
+  for (std::size_t i = 0; i < reads.size(); ++i) {
+    jobs->push_back({reads[i], i, group});
+    if (Status s = check_against_catalog(reads[i]); !s.ok()) {
+      refused.emplace_back(i, std::move(s));
+    } else {
+      sent.emplace_back(reads[i].sample, staging_base_ + reads[i].staging_offset);
+      sent_index.push_back(i);
+    }
+  }
+  for (const auto& [i, s] : refused) done_one(i, s);
+  read_samples_s3(catalog_, dataset_, std::move(sent),
+                  [done_one, jobs, sent_index = std::move(sent_index)](std::size_t k, const Status& s) {
+                    const std::size_t i = sent_index[k];
+                    done_one(i, s.ok() ? s
+                                       : s.with_context(fmt::format("reading cold sample {} from storage",
+                                                                    (*jobs)[i].read.sample)));
+                  });
+}
+
+Status StorageReaderPool::check_against_catalog(const StorageRead& r) const {
+  if (r.sample >= catalog_.size() || catalog_.sample_bytes(r.sample) != r.length) {
+    return make_error(StatusCode::kInternal, "cold read of sample {} with length {} does not match the catalog",
+                      r.sample, r.length);
+  }
+  return Status::ok_status();
+}
+
+void StorageReaderPool::record(const Job& job, const Status& s) {
+  if (s.ok()) {
+    reads_completed_.fetch_add(1, std::memory_order_relaxed);
+    bytes_read_.fetch_add(job.read.length, std::memory_order_relaxed);
+  } else {
+    reads_failed_.fetch_add(1, std::memory_order_relaxed);
+  }
+  finish(job, s);
 }
 
 void StorageReaderPool::finish(const Job& job, const Status& status) {
@@ -63,24 +124,15 @@ void StorageReaderPool::run() {
     }
     const StorageRead& r = job.read;
     const std::int64_t traced = trace::start();
-    Status s;
-    if (r.sample >= catalog_.size() || catalog_.sample_bytes(r.sample) != r.length) {
-      s = make_error(StatusCode::kInternal, "cold read of sample {} with length {} does not match the catalog",
-                     r.sample, r.length);
-    } else {
+    Status s = check_against_catalog(r);
+    if (s.ok()) {
       s = read_sample(catalog_, dataset_, r.sample, staging_base_ + r.staging_offset, open_shards_);
       if (!s.ok()) s = s.with_context(fmt::format("reading cold sample {} from storage", r.sample));
       if (delay_.count() > 0) std::this_thread::sleep_for(delay_);  // inject.storage_delay
     }
     const trace::Key& k = job.traced;
     trace::span(trace::What::kStorageRead, 0, traced, k, {r.sample, r.length, k.epoch, k.trainer, k.batch});
-    if (s.ok()) {
-      reads_completed_.fetch_add(1, std::memory_order_relaxed);
-      bytes_read_.fetch_add(r.length, std::memory_order_relaxed);
-    } else {
-      reads_failed_.fetch_add(1, std::memory_order_relaxed);
-    }
-    finish(job, s);
+    record(job, s);
   }
 }
 
@@ -97,6 +149,11 @@ void StorageReaderPool::stop() {
     if (t.joinable()) t.join();
   }
   threads_.clear();
+  {
+    // S3 reads in flight complete (or time out) through callbacks that use this pool.
+    std::unique_lock lock(mutex_);
+    wake_.wait(lock, [this] { return s3_in_flight_ == 0; });
+  }
   // Whoever waits for these groups (a scheduler freeing staging) hears of it.
   const Status cancelled = make_error(StatusCode::kUnavailable, "the daemon is stopping: cold reads cancelled");
   for (const Job& job : left) finish(job, cancelled);

@@ -75,6 +75,13 @@ class StorageReaderPool : public StorageFetcher {
     trace::Key traced;  // the batch it belongs to (the trace's sampling key)
   };
   void run();
+  // S3 datasets: the group's reads go to the S3 client at once (storage.s3.concurrency in
+  // flight, driven by its one thread) instead of to the reader threads.
+  void fetch_s3(std::vector<StorageRead> reads, std::shared_ptr<Group> group);
+  // kInternal unless the read's length is its sample's in the catalog.
+  Status check_against_catalog(const StorageRead& r) const;
+  // Counts one finished read and records it in its group.
+  void record(const Job& job, const Status& s);
   // Records one finished read of `group`; the last one posts the group's completion.
   void finish(const Job& job, const Status& status);
 
@@ -88,6 +95,7 @@ class StorageReaderPool : public StorageFetcher {
   std::condition_variable wake_;
   std::deque<Job> queue_;
   bool stopping_ = false;
+  std::size_t s3_in_flight_ = 0;  // S3 reads whose callbacks have not run yet
   std::atomic<std::uint64_t> reads_completed_{0}, bytes_read_{0}, reads_failed_{0};
   std::vector<std::thread> threads_;  // last: started once everything above exists
 };

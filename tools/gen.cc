@@ -27,6 +27,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -37,6 +39,7 @@
 
 #include "common/rng.h"
 #include "common/shard_formats.h"
+#include "common/s3_client.h"
 #include "common/status.h"
 
 namespace shardmix {
@@ -239,6 +242,49 @@ int run(const Options& o) {
   return 0;
 }
 
+// --out s3://BUCKET/PREFIX: the dataset is written to --local-copy DIR as usual, then every
+// file under it is uploaded to PREFIX/<its path in DIR>, storage.s3.concurrency PUTs at a time
+// ([storage.s3] settings from the AWS environment). The local copy stays: it is what the
+// e2e trace checker compares the served bytes with.
+int upload(const Options& o, const std::string& url, const std::string& local) {
+  auto where = parse_s3_url(url, "--out");
+  auto client = where.ok() ? shared_s3_client(S3Config{}) : Result<std::shared_ptr<S3Client>>(where.status());
+  if (!client.ok()) {
+    fmt::print(stderr, "shardmix-gen: {}\n", client.status().message());
+    return 1;
+  }
+  std::vector<fs::path> files;
+  for (const fs::directory_entry& e : fs::recursive_directory_iterator(local)) {
+    if (e.is_regular_file()) files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::uint64_t bytes = 0;
+  for (const fs::path& f : files) bytes += fs::file_size(f);
+  const auto start = std::chrono::steady_clock::now();
+  // Uploads are blocking calls; one thread each keeps that many PUTs in flight.
+  auto worker = [&] {
+    for (std::size_t i = next++; i < files.size() && !failed; i = next++) {
+      std::ifstream in(files[i], std::ios::binary);
+      const std::vector<std::uint8_t> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const std::string rel = fs::relative(files[i], local).generic_string();
+      const std::string key = where->key.empty() ? rel : where->key + "/" + rel;
+      if (Status s = (*client)->put(where->bucket, key, data); !s.ok()) {
+        fmt::print(stderr, "shardmix-gen: upload failed: {}\n", s.message());
+        failed = true;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < std::max(1u, std::min<unsigned>(32, (*client)->settings().concurrency)); ++t) pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+  if (failed) return 1;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!o.quiet) fmt::print("shardmix-gen: uploaded {} objects ({} bytes) to {} in {:.2f} s\n", files.size(), bytes, url, secs);
+  return 0;
+}
+
 }  // namespace
 }  // namespace shardmix
 
@@ -266,7 +312,20 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"folder", "webdataset", "tfrecord"}));
   app.add_option("--samples-per-shard", o.samples_per_shard, "Samples per shard (webdataset, tfrecord)")
       ->check(CLI::PositiveNumber);
+  std::string local_copy;
+  app.add_option("--local-copy", local_copy,
+                 "With --out s3://BUCKET/PREFIX: where the dataset is written before it is uploaded (kept)");
   CLI11_PARSE(app, argc, argv);
+  if (shardmix::is_s3_path(o.out)) {
+    if (local_copy.empty()) {
+      fmt::print(stderr, "shardmix-gen: --out {} needs --local-copy DIR (the files uploaded, kept for checking)\n", o.out);
+      return 2;
+    }
+    const std::string url = o.out;
+    o.out = local_copy;
+    if (const int rc = shardmix::run(o); rc != 0) return rc;
+    return shardmix::upload(o, url, local_copy);
+  }
   if (o.list && o.format != "folder") {
     fmt::print(stderr, "shardmix-gen: --list is for --format folder only\n");
     return 2;

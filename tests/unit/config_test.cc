@@ -455,18 +455,39 @@ TEST_F(ConfigTest, PrintedConfigListsSectionsInTableOrderWithEveryKey) {
     last = at;
   }
   for (const ConfigKeyInfo& key : config_keys()) {
-    const std::string leaf = key.name.substr(key.name.find('.') + 1);
+    const std::string leaf = key.name.substr(key.name.rfind('.') + 1);  // [storage.s3] holds storage.s3.*
     EXPECT_NE(text.find("\n" + leaf + " = "), std::string::npos) << key.name;
   }
 }
 
+TEST_F(ConfigTest, NestedSectionsReadAsTablesOrDottedKeys) {
+  // [storage.s3] as a table header, and as dotted keys under [storage] (sm_write_config's form).
+  for (const std::string text : {"[dataset]\npath = \"s3://b/p\"\n[storage.s3]\nconcurrency = 8\nregion = \"eu\"\n",
+                                 "[dataset]\npath = \"s3://b/p\"\n[storage]\ns3.concurrency = 8\ns3.region = \"eu\"\n"}) {
+    auto c = load_config(write("s3.toml", text), {}, {});
+    ASSERT_TRUE(c.ok()) << error_of(c);
+    EXPECT_EQ(c->dataset.s3.concurrency, 8u);
+    EXPECT_EQ(c->dataset.s3.region, "eu");
+  }
+  expect_error(load_config(write("typo.toml", "[dataset]\npath = \"/d\"\n[storage.s3]\nconcurency = 8\n"), {}, {}),
+               "unknown config key 'storage.s3.concurency'");
+  expect_error(load_config(write("bare.toml", "[dataset]\npath = \"/d\"\n[storage]\nendpoint = \"x\"\n"), {}, {}),
+               "unknown config key 'storage.endpoint'");
+  auto env = load_config("", {{"SHARDMIX_STORAGE_S3_CONCURRENCY", "3"}}, {"dataset.path=/d", "storage.s3.max_attempts=2"});
+  ASSERT_TRUE(env.ok()) << error_of(env);
+  EXPECT_EQ(env->dataset.s3.concurrency, 3u);
+  EXPECT_EQ(env->dataset.s3.max_attempts, 2u);
+}
+
 TEST(ConfigKeysTest, TableIsWellFormed) {
   const auto keys = config_keys();
-  EXPECT_EQ(keys.size(), 60u);  // update with config.h when adding a key
+  EXPECT_EQ(keys.size(), 69u);  // update with config.h when adding a key
   std::set<std::string> names;
   for (const ConfigKeyInfo& key : keys) {
     EXPECT_TRUE(names.insert(key.name).second) << "duplicate " << key.name;
-    EXPECT_EQ(std::count(key.name.begin(), key.name.end(), '.'), 1) << key.name;
+    // section.key, or section.subsection.key ([storage.s3])
+    const auto dots = std::count(key.name.begin(), key.name.end(), '.');
+    EXPECT_TRUE(dots == 1 || dots == 2) << key.name;
     EXPECT_FALSE(key.doc.empty()) << key.name;
     EXPECT_FALSE(key.tradeoff.empty()) << key.name;
     EXPECT_EQ(key.env_name.rfind("SHARDMIX_", 0), 0u) << key.name;
