@@ -11,9 +11,10 @@
 #   deploy/s3-local.sh stop [STATE_DIR]   stops it and removes its data
 #
 # STATE_DIR (default $S3_LOCAL_STATE, else a fresh temporary folder) holds the pid, the
-# port, the log and the objects. s3rver checks SigV4 signatures against its one key pair,
-# so wrong credentials are refused as by a real store. The key pair is a fixed test pair
-# of this local server, not a secret.
+# port, the log and the objects. s3rver refuses an unknown access key id but does not
+# verify signatures (a wrong secret is accepted: decision 0051), so these tests cannot
+# catch a signing mistake. The key pair is a fixed test pair of this local server, not a
+# secret.
 set -euo pipefail
 SM_PROG=s3-local.sh
 # shellcheck source=deploy/lib.sh
