@@ -24,6 +24,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/bench_util.h"
+#include "common/command_line.h"
 #include "common/rng.h"
 
 namespace {
@@ -51,7 +52,7 @@ int main(int argc, char** argv) {
   app.add_option("--processes", processes, "Reading processes (each reads its 1/P of the samples)")
       ->check(CLI::Range(1, kMaxProcesses));
   app.add_option("--passes", passes, "Passes over all samples (median reported)")->check(CLI::Range(1, kMaxPasses));
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = shardmix::parse_command_line(app, argc, argv)) return *status;
 
   const auto scanned = shardmix::bench::scan_dataset("shardmix-bench-inplace", dataset);
   if (!scanned) return 1;

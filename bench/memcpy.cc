@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/bench_util.h"
+#include "common/command_line.h"
 #include "common/rng.h"
 
 int main(int argc, char** argv) {
@@ -24,7 +25,7 @@ int main(int argc, char** argv) {
   app.add_option("--dataset", dataset, "Folder dataset whose sample sizes to use")->required();
   app.add_option("--passes", passes, "Passes over all samples (median reported)");
   app.add_option("--threads", threads, "Copying threads (each copies its share)");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = shardmix::parse_command_line(app, argc, argv)) return *status;
 
   const auto scanned = shardmix::bench::scan_dataset("shardmix-bench-memcpy", dataset);
   if (!scanned) return 1;

@@ -19,6 +19,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/command_line.h"
 #include "common/epoch_plan.h"
 #include "common/placement.h"
 #include "common/rng.h"
@@ -188,7 +189,7 @@ int main(int argc, char** argv) {
   app.add_option("--exchange-fraction", shuffle.exchange_fraction, "shuffle.exchange_fraction (Q)");
   app.add_option("--nodes-measured", new_nodes, "Nodes timed per row, new planner (median reported)");
   app.add_option("--old-nodes-measured", old_nodes, "Nodes timed per row, old planner (it costs O(N) each)");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = shardmix::parse_command_line(app, argc, argv)) return *status;
 
   std::printf("plan CPU seconds per node per epoch: thread CPU time of all %u trainers' plans of one node,\n"
               "median over the nodes timed; Q = %.3g, batch %u, drop_last = false, seed %llu.\n"

@@ -26,6 +26,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/bench_util.h"
+#include "common/command_line.h"
 #include "common/rng.h"
 
 namespace {
@@ -62,7 +63,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "Seed of the per-epoch random order (epoch e uses seed + e)");
   app.add_flag("--drop-caches", drop_caches, "Drop the page cache before every epoch (root)");
   app.add_option("--list", list_path, "Write 'epoch<TAB>path' for every file read to this file");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = shardmix::parse_command_line(app, argc, argv)) return *status;
 
   const auto scanned = shardmix::bench::scan_dataset("shardmix-bench-posix-reader", dataset);
   if (!scanned) return 1;

@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "common/command_line.h"
 #include "common/s3_client.h"
 
 int main(int argc, char** argv) {
@@ -24,7 +25,7 @@ int main(int argc, char** argv) {
   app.add_option("--url", url, "s3://BUCKET/PREFIX")->required();
   app.add_option("--concurrency", concurrency, "Requests in flight")->check(CLI::PositiveNumber);
   app.add_option("--endpoint", endpoint, "S3 endpoint (default: AWS_ENDPOINT_URL)");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = shardmix::parse_command_line(app, argc, argv)) return *status;
   auto where = shardmix::parse_s3_url(url, "--url");
   shardmix::S3Config config;
   config.endpoint = endpoint;

@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 
 #include "common/catalog.h"
+#include "common/command_line.h"
 #include "common/config.h"
 #include "server/sample_reader.h"
 #include "server/shard_file_cache.h"
@@ -119,7 +120,7 @@ int main_impl(int argc, char** argv) {
   app.add_option("--repeat", repeat, "Repetitions of the off/on pair")->check(CLI::PositiveNumber);
   app.add_option("--seed", seed, "Seed of the sample draw");
   app.add_flag("--json", json, "Also print 'JSON {...}' lines");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = shardmix::parse_command_line(app, argc, argv)) return *status;
 
   DatasetConfig dataset;
   dataset.path = path;

@@ -29,6 +29,8 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include "common/command_line.h"
 #include <fmt/format.h>
 
 namespace {
@@ -55,7 +57,7 @@ int main(int argc, char** argv) {
   app.add_option("--read-bytes", read_bytes, "Read only the first N bytes of each file (0 = whole files)");
   app.add_option("--seed", seed, "Seed of the random order");
   app.add_flag("--json", json, "Also print one 'JSON {...}' line");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = shardmix::parse_command_line(app, argc, argv)) return *status;
 
   std::vector<FileEntry> files;
   {

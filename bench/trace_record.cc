@@ -17,6 +17,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/command_line.h"
 #include "common/trace.h"
 
 namespace {
@@ -65,7 +66,7 @@ int main(int argc, char** argv) {
   app.add_option("--batches", options.batches, "Batches per measurement");
   app.add_option("--batch-size", options.batch_size, "Samples per batch (ids in the trainer's hold)");
   app.add_option("--peers", options.peers, "Peer reads per batch on the daemon");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = shardmix::parse_command_line(app, argc, argv)) return *status;
   const std::uint64_t batches = options.batches;
   const std::uint32_t batch_size = options.batch_size, peers = options.peers;
   std::vector<std::uint64_t> ids(batch_size);

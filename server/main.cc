@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/command_line.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "control/mpi_comm.h"
@@ -19,7 +20,7 @@ int main(int argc, char** argv) {
   app.add_option("-c,--config", config_file, "TOML config file (see docs/configuration.md)");
   app.add_option("--set", sets, "Override a key: --set section.key=value (repeatable)");
   app.add_flag("--print-config", print_config, "Print the effective config as TOML and exit");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = shardmix::parse_command_line(app, argc, argv)) return *status;
 
   auto config = shardmix::load_config(config_file, shardmix::environment_map(), sets);
   if (!config.ok()) {

@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "common/command_line.h"
 #include "common/config.h"
 #include "sim/simulator.h"
 
@@ -29,7 +30,7 @@ int main(int argc, char** argv) {
   app.add_option("-c,--config", config_file, "TOML config file; models under [sim] (docs/configuration.md)");
   app.add_option("--set", sets, "Override a key: --set section.key=value (repeatable)");
   app.add_flag("--json", json_only, "Print only the JSON result line");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = shardmix::parse_command_line(app, argc, argv)) return *status;
 
   auto env = shardmix::environment_map();
   // The dataset is synthetic; dataset.path is required by the loader but unused here.

@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "common/command_line.h"
 #include "sim/whatif.h"
 
 int main(int argc, char** argv) {
@@ -24,7 +25,7 @@ int main(int argc, char** argv) {
   app.add_option("--set", options.sets, "Change a key for the prediction: section.key=value (repeatable)");
   app.add_option("--epochs", options.epochs, "Simulated epochs (default: the measured count, 2 to 4)");
   app.add_flag("--json", json_only, "Print only the JSON line");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = shardmix::parse_command_line(app, argc, argv)) return *status;
 
   auto result = shardmix::sim::run_whatif(options);
   if (!result.ok()) {

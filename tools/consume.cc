@@ -41,6 +41,7 @@
 #include <xxhash.h>
 
 #include "client/client.h"
+#include "common/command_line.h"
 
 namespace {
 
@@ -185,7 +186,7 @@ int main(int argc, char** argv) {
                "Hold all trainers of the job in step as DDP does: one MPI_Allreduce of one int per batch over "
                "the trainer ranks (run them as their own mpirun job, as deploy/launch.sh does; not under "
                "deploy/mpmd.sh, whose wrapper is the MPI rank)");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = shardmix::parse_command_line(app, argc, argv)) return *status;
   if (lockstep && (synthetic_batches > 0 || first_batch_only || checkpoint_after > 0)) {
     // Those leave the loop early or never enter it: the other trainers would wait in the
     // collective for a batch that never comes.

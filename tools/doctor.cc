@@ -18,6 +18,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "common/command_line.h"
 #include "common/config.h"
 #include "fabric/fabric.h"
 #include "fabric/loopback.h"
@@ -128,7 +129,7 @@ int main(int argc, char** argv) {
                  "Self-test this provider (a fabric.provider value; repeatable). Default: every one listed");
   app.add_option("--probe-mib", probe_mib, "MiB read at each size by the bandwidth probe; 0 = no probe");
   app.add_flag("--json", json, "One JSON object on stdout instead of text");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = shardmix::parse_command_line(app, argc, argv)) return *status;
 
   // Only [fabric] matters here; without a config file the one required key of a daemon
   // (dataset.path) gets a placeholder so that the defaults load.

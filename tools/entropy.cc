@@ -18,6 +18,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "common/command_line.h"
 #include "common/shuffle_metrics.h"
 
 namespace {
@@ -83,10 +84,8 @@ int main(int argc, char** argv) {
                  "Classes in the dataset (C); default: distinct labels found in the directory's traces");
   app.add_option("--dataset-size", dataset_size,
                  "Samples in the dataset (N), for coverage; default: distinct sample ids found in the directory");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;  // --help is 0; any usage error is 2
+  if (const auto status = shardmix::parse_command_line(app, argc, argv)) {
+    return *status == 0 ? 0 : 2;  // --help is 0; any usage error is 2
   }
 
   int exit_code = 0;

@@ -37,6 +37,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "common/command_line.h"
 #include "common/rng.h"
 #include "common/shard_formats.h"
 #include "common/s3_client.h"
@@ -315,7 +316,7 @@ int main(int argc, char** argv) {
   std::string local_copy;
   app.add_option("--local-copy", local_copy,
                  "With --out s3://BUCKET/PREFIX: where the dataset is written before it is uploaded (kept)");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = shardmix::parse_command_line(app, argc, argv)) return *status;
   if (shardmix::is_s3_path(o.out)) {
     if (local_copy.empty()) {
       fmt::print(stderr, "shardmix-gen: --out {} needs --local-copy DIR (the files uploaded, kept for checking)\n", o.out);

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "client/client.h"
+#include "common/command_line.h"
 
 namespace {
 
@@ -57,7 +58,7 @@ int main(int argc, char** argv) {
   app.add_option("--daemon", daemon, "Ask the daemon of this node (default: the first on this host)");
   app.add_flag("--prometheus", prometheus, "Print the Prometheus text exposition as the daemon sent it");
   app.add_option("--timeout", timeout, "Seconds to wait for the daemon")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = shardmix::parse_command_line(app, argc, argv)) return *status;
 
   shardmix::ClientOptions options;
   options.run_dir = run_dir;
