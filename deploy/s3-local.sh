@@ -12,9 +12,10 @@
 #
 # STATE_DIR (default $S3_LOCAL_STATE, else a fresh temporary folder) holds the pid, the
 # port, the log and the objects. s3rver refuses an unknown access key id but does not
-# verify signatures (a wrong secret is accepted: decision 0051), so these tests cannot
-# catch a signing mistake. The key pair is a fixed test pair of this local server, not a
-# secret.
+# verify signatures (a wrong secret is accepted: decision 0051); the tests verify them in
+# the proxy they put in front of it (tests/e2e/s3_fault_proxy.py --verify-sigv4), so a
+# client talking to this server directly is not checked. The key pair is a fixed test
+# pair of this local server, not a secret.
 set -euo pipefail
 SM_PROG=s3-local.sh
 # shellcheck source=deploy/lib.sh

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The S3 source end to end, against the local S3 server (deploy/s3-local.sh) through a
-# fault-injecting proxy (s3_fault_proxy.py):
+# fault-injecting proxy (s3_fault_proxy.py) that also verifies every request's SigV4
+# signature (the server does not), so a signing mistake fails the job:
 #  1. folder, webdataset, tfrecord and filelist datasets uploaded with shardmix-gen --out
 #     s3://..., at twice the 3 daemons' cache.capacity (initial load and cold tier both from
 #     S3), while the proxy answers some object GETs with 503 SlowDown, 500 InternalError or
 #     a reset mid-object: every sample exactly once per epoch with the bytes of the uploaded files
-#     (check_traces.py on the local copy), and the faults must really have happened;
+#     (check_traces.py on the local copy), the faults must really have happened, and the
+#     proxy must have verified signatures and seen no bad one;
 #  2. a shard object deleted after the listing (the proxy answers 404 for it): skipped and
 #     counted, and with dataset.strict = true an error naming its key;
-#  3. wrong credentials: an error naming the endpoint and the access key id, never the secret.
+#  3. wrong credentials (an unknown access key id; the right key id with a wrong secret): an
+#     error naming the endpoint and the access key id, never the secret.
 # Usage: s3_e2e.sh [all|load|faults]
 set -euo pipefail
 SM_PROG=s3_e2e
@@ -28,15 +31,51 @@ sm_section "local S3 server"
 sm_s3_local_start "$tmp/s3"
 echo "server $AWS_ENDPOINT_URL, bucket $SHARDMIX_S3_BUCKET"
 
-# start_proxy ARG...: (re)starts the proxy in front of the server, counting into
-# $tmp/proxy.json; sets proxy_url.
+# start_proxy ARG...: (re)starts the proxy in front of the server, verifying signatures
+# with the server's key pair and counting into $tmp/proxy.json; sets proxy_url.
 start_proxy() {
   rm -f "$tmp/proxy.json"
-  sm_s3_proxy_start "$tmp" --stats "$tmp/proxy.json" "$@"
+  sm_s3_proxy_start "$tmp" --stats "$tmp/proxy.json" --verify-sigv4 "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" "$@"
   proxy_url=$SM_S3_PROXY_URL
 }
 
-# upload FORMAT: a generated dataset at s3://BUCKET/FORMAT, its local copy in $tmp/FORMAT.
+# expect_signed CASE: the proxy verified the signatures of the daemons' requests and
+# rejected none (a signing mistake in the client would show as a mismatch here).
+expect_signed() {
+  e2e_python - "$tmp/proxy.json" "$1" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+bad = {k: c[k] for k in ("sigv4_mismatch", "sigv4_unknown_key", "sigv4_unsigned") if c[k]}
+if c["sigv4_verified"] == 0 or bad:
+    sys.exit("%s: the proxy verified %d signatures and rejected %s (%s)" % (sys.argv[2], c["sigv4_verified"], bad, c))
+print("%s: %d request signatures verified, none rejected" % (sys.argv[2], c["sigv4_verified"]))
+PY
+}
+
+# expect_credentials_error CASE KEY_ID SECRET CODE COUNTER: a job with these credentials
+# fails naming the endpoint, the key id and S3's error CODE, never the secret, and the
+# proxy counted the rejection under COUNTER.
+expect_credentials_error() {
+  local name=$1 key_id=$2 secret=$3 code=$4 counter=$5 rc=0
+  start_proxy
+  write_config "$tmp/$name.toml" webdataset 0
+  AWS_ACCESS_KEY_ID=$key_id AWS_SECRET_ACCESS_KEY=$secret \
+    run_job "$tmp/$name.toml" "$tmp/$name.log" "$tmp/$name-trace" || rc=$?
+  ((rc != 0)) || sm_die "$name: the job succeeded"
+  grep -F "$proxy_url" "$tmp/$name.log" | grep -F "access key id $key_id" | grep -qF "$code" ||
+    { tail -n 20 "$tmp/$name.log" >&2; sm_die "$name: the error does not name the endpoint, key id and $code"; }
+  if grep -rqF -- "$secret" "$tmp/$name.log" "$tmp/$name-trace" 2>/dev/null; then
+    sm_die "$name: the secret access key appears in the daemons' output"
+  fi
+  e2e_python - "$tmp/proxy.json" "$counter" <<'PY' || sm_die "$name: the proxy did not reject the request itself"
+import json, sys
+sys.exit(json.load(open(sys.argv[1]))[sys.argv[2]] == 0)
+PY
+  echo "$name: $(grep -m1 -oE "HTTP 403 ${code}[^)]*\)" "$tmp/$name.log")"
+}
+
+# upload FORMAT: a generated dataset at s3://BUCKET/FORMAT, its local copy in $tmp/FORMAT;
+# through the proxy, so that the uploads' signatures are verified too.
 upload() {
   local extra=()
   case $1 in
@@ -44,7 +83,7 @@ upload() {
     filelist) extra=(--list) ;;  # the folder layout plus filelist.txt
     *) extra=(--format "$1" --samples-per-shard 24) ;;
   esac
-  "$gen" --out "s3://$SHARDMIX_S3_BUCKET/$1" --local-copy "$tmp/$1" --samples 240 --classes 6 --median-kib 4 \
+  AWS_ENDPOINT_URL=$proxy_url "$gen" --out "s3://$SHARDMIX_S3_BUCKET/$1" --local-copy "$tmp/$1" --samples 240 --classes 6 --median-kib 4 \
     --seed 11 --quiet "${extra[@]}" >/dev/null
 }
 
@@ -67,10 +106,10 @@ run_job() { # CONFIG LOG TRACE
 load_case() {
   local format=$1 bytes capacity shard_args=()
   sm_section "$format: $nodes daemons, dataset at 2x their capacity, 503/500/reset faults injected"
+  start_proxy --slowdown-every 7 --error-every 11 --reset-every 13 --budget 6
   upload "$format"
   bytes=$(find "$tmp/$format" -type f ! -name filelist.txt -printf '%s\n' | awk '{ s += $1 } END { print s }')
   capacity=$((bytes / (2 * nodes)))
-  start_proxy --slowdown-every 7 --error-every 11 --reset-every 13 --budget 6
   local labels=()
   [[ $format != tfrecord ]] || labels=(dataset.label_feature=label)
   write_config "$tmp/$format.toml" "$format" "$capacity" "${labels[@]}"
@@ -86,6 +125,7 @@ if missing:
 print("faults injected and ridden out: %d SlowDown, %d InternalError, %d resets in %d object GETs"
       % (c["slowdown"], c["server_error"], c["reset"], c["object_gets"]))
 PY
+  expect_signed "$format"
   [[ $format == folder || $format == filelist ]] || shard_args=(--format "$format")
   [[ $format != tfrecord ]] || shard_args+=(--label-feature label)
   "$python" "$SM_E2E/check_traces.py" "$tmp/$format-trace" --dataset "$tmp/$format" --epochs "$epochs" \
@@ -99,8 +139,8 @@ PY
 faults_case() {
   local gone=shard_000001.tar rc
   sm_section "an object deleted after the listing: skipped and counted"
-  [[ -d $tmp/webdataset ]] || upload webdataset
   start_proxy --missing "webdataset/$gone"
+  [[ -d $tmp/webdataset ]] || upload webdataset
   write_config "$tmp/missing.toml" webdataset 0
   rc=0
   run_job "$tmp/missing.toml" "$tmp/missing.log" "$tmp/missing-trace" || rc=$?
@@ -110,6 +150,7 @@ faults_case() {
   grep -qE "dataset: skipped [0-9]+ invalid samples; 1 shards could not be read" "$tmp/missing.log" ||
     { grep -E "dataset: skipped" "$tmp/missing.log" >&2 || true; sm_die "the missing shard was not counted"; }
   echo "missing object named and counted: $(grep -m1 -oE "dataset: skipped [^;]*" "$tmp/missing.log")"
+  expect_signed missing
 
   sm_section "the same with dataset.strict = true: an error naming the key"
   write_config "$tmp/strict.toml" webdataset 0 dataset.strict=true
@@ -119,21 +160,13 @@ faults_case() {
   grep -F "s3://$SHARDMIX_S3_BUCKET/webdataset/$gone" "$tmp/strict.log" | grep -qF "dataset.strict" ||
     { tail -n 20 "$tmp/strict.log" >&2; sm_die "the strict error does not name the key"; }
   echo "strict: failed naming s3://$SHARDMIX_S3_BUCKET/webdataset/$gone"
+  expect_signed strict
 
   sm_section "wrong credentials: endpoint and key id named, secret never"
-  start_proxy
-  write_config "$tmp/creds.toml" webdataset 0
-  local secret=not-the-secret-$RANDOM$RANDOM
-  rc=0
-  AWS_ACCESS_KEY_ID=WRONGKEYID AWS_SECRET_ACCESS_KEY=$secret \
-    run_job "$tmp/creds.toml" "$tmp/creds.log" "$tmp/creds-trace" || rc=$?
-  ((rc != 0)) || sm_die "wrong credentials: the job succeeded"
-  grep -F "$proxy_url" "$tmp/creds.log" | grep -F "WRONGKEYID" | grep -qF "InvalidAccessKeyId" ||
-    { tail -n 20 "$tmp/creds.log" >&2; sm_die "the credentials error does not name the endpoint and key id"; }
-  if grep -rqF -- "$secret" "$tmp/creds.log" "$tmp/creds-trace" 2>/dev/null; then
-    sm_die "the secret access key appears in the daemons' output"
-  fi
-  echo "wrong credentials: $(grep -m1 -oE "HTTP 403 InvalidAccessKeyId[^)]*\)" "$tmp/creds.log")"
+  expect_credentials_error creds WRONGKEYID "not-the-secret-$RANDOM$RANDOM" InvalidAccessKeyId sigv4_unknown_key
+  sm_section "the right access key id with a wrong secret: the signature is refused"
+  expect_credentials_error wrong-secret "$AWS_ACCESS_KEY_ID" "not-the-secret-$RANDOM$RANDOM" SignatureDoesNotMatch \
+    sigv4_mismatch
 }
 
 if [[ $what == all || $what == load ]]; then

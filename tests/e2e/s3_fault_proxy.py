@@ -7,7 +7,7 @@ GETs (a key in the path, no listing query) get faults; listings and uploads pass
 
   s3_fault_proxy.py --upstream http://127.0.0.1:PORT --port-file FILE [--delay-ms D]
                     [--slowdown-every N] [--error-every N] [--reset-every N] [--budget K]
-                    [--missing SUBSTRING] [--stats FILE]
+                    [--missing SUBSTRING] [--stats FILE] [--verify-sigv4 KEY_ID:SECRET]
 
 --slowdown-every N: every Nth object GET is answered 503 SlowDown; --error-every N: 500
 InternalError; --reset-every N: the headers and half the body, then a TCP reset. --budget K
@@ -15,8 +15,20 @@ stops each kind after K injections, so every request succeeds in the end. --miss
 keys containing SUBSTRING answer 404 NoSuchKey, as for an object deleted after the listing.
 --stats: a JSON file of the object GETs and the injected faults, rewritten after each, so
 that a test can check the faults really happened.
+
+--verify-sigv4 KEY_ID:SECRET (repeatable) checks every request's AWS Signature Version 4,
+since the local server does not: the signature is recomputed from the request as received
+(region and service from its Credential scope) and a mismatch is answered 403
+SignatureDoesNotMatch, an unknown key id 403 InvalidAccessKeyId, an unsigned request 403
+AccessDenied, a body that does not hash to its x-amz-content-sha256 400
+XAmzContentSHA256Mismatch, before any fault. The stats count them (sigv4_verified,
+sigv4_mismatch, sigv4_unknown_key, sigv4_unsigned). The path is signed as sent (S3 does not
+normalise it); the query is re-encoded and sorted, so a client that signs another encoding
+than it sends fails. Presigned URLs and chunk-signed (STREAMING-...) bodies are not checked.
 """
 import argparse
+import hashlib
+import hmac
 import http.client
 import http.server
 import json
@@ -29,15 +41,110 @@ import urllib.parse
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
 
+SIGV4_ALGORITHM = "AWS4-HMAC-SHA256"
+SIGV4_COUNTERS = ("sigv4_verified", "sigv4_mismatch", "sigv4_unknown_key", "sigv4_unsigned")
+
+
+class SigV4Rejection(Exception):
+    """A request the store would refuse: the HTTP status, S3's error code and a message."""
+
+    def __init__(self, status, code, message, counter):
+        super().__init__(message)
+        self.status, self.code, self.message, self.counter = status, code, message, counter
+
+
+def sigv4_encode(text):
+    """SigV4's URI encoding: everything but A-Z a-z 0-9 - _ . ~ as %XY of its UTF-8 bytes."""
+    return urllib.parse.quote(text, safe="-_.~")
+
+
+def sigv4_canonical_query(query):
+    """The query's parameters decoded ('+' is a space, as S3 reads a query; botocore sends
+    spaces so), re-encoded the SigV4 way and sorted by name, then value."""
+    pairs = []
+    for item in query.split("&") if query else []:
+        name, _, value = item.partition("=")
+        pairs.append((sigv4_encode(urllib.parse.unquote_plus(name)), sigv4_encode(urllib.parse.unquote_plus(value))))
+    return "&".join("%s=%s" % pair for pair in sorted(pairs))
+
+
+def sigv4_hmac(key, text):
+    return hmac.new(key, text.encode(), hashlib.sha256).digest()
+
+
+class SigV4Verifier:
+    """Recomputes a request's AWS Signature Version 4 with the secret of its access key id."""
+
+    def __init__(self, secrets):
+        self.secrets = secrets  # access key id -> secret access key
+
+    def check(self, method, target, headers, body):
+        """Raises SigV4Rejection unless the request as received (method, request target as
+        on the request line, (name, value) header pairs, body bytes) is signed correctly."""
+        values = {}
+        for name, value in headers:
+            values.setdefault(name.lower(), []).append(value)
+        auth = values.get("authorization", [""])[0]
+        if not auth.startswith(SIGV4_ALGORITHM + " "):
+            raise SigV4Rejection(403, "AccessDenied", "The request is not signed with %s." % SIGV4_ALGORITHM,
+                                 "sigv4_unsigned")
+        fields = {}
+        for part in auth[len(SIGV4_ALGORITHM) + 1:].split(","):
+            name, _, value = part.strip().partition("=")
+            fields[name] = value
+        scope = fields.get("Credential", "").split("/")
+        if len(scope) != 5 or scope[4] != "aws4_request" or not fields.get("SignedHeaders") \
+                or not fields.get("Signature"):
+            raise SigV4Rejection(400, "AuthorizationHeaderMalformed", "The authorization header is malformed.",
+                                 "sigv4_mismatch")
+        key_id, date, region, service = scope[:4]
+        if key_id not in self.secrets:
+            raise SigV4Rejection(403, "InvalidAccessKeyId",
+                                 "The AWS Access Key Id you provided does not exist in our records.",
+                                 "sigv4_unknown_key")
+        signed = fields["SignedHeaders"].split(";")
+        unsigned_amz = [n for n in values if n.startswith("x-amz-") and n not in signed]
+        if signed != sorted(signed) or "host" not in signed or unsigned_amz:
+            raise SigV4Rejection(403, "SignatureDoesNotMatch",
+                                 "SignedHeaders must be sorted lowercase names including host and every x-amz-* "
+                                 "header (unsigned: %s)." % ", ".join(unsigned_amz), "sigv4_mismatch")
+        missing = [n for n in signed if n not in values]
+        if missing:
+            raise SigV4Rejection(403, "SignatureDoesNotMatch",
+                                 "Signed headers absent from the request: %s." % ", ".join(missing), "sigv4_mismatch")
+        timestamp = values.get("x-amz-date", values.get("date", [""]))[0]
+        payload_hash = values.get("x-amz-content-sha256", [hashlib.sha256(body).hexdigest()])[0]
+        if len(payload_hash) == 64 and payload_hash != hashlib.sha256(body).hexdigest():
+            raise SigV4Rejection(400, "XAmzContentSHA256Mismatch",
+                                 "The provided 'x-amz-content-sha256' header does not match what was computed.",
+                                 "sigv4_mismatch")
+        path, _, query = target.partition("?")
+        # Each header's values joined by commas, spaces trimmed and runs of spaces made one.
+        canonical_headers = "".join("%s:%s\n" % (n, ",".join(" ".join(v.split()) for v in values[n]))
+                                    for n in signed)
+        canonical_request = "\n".join([method, path, sigv4_canonical_query(query), canonical_headers,
+                                       ";".join(signed), payload_hash])
+        string_to_sign = "\n".join([SIGV4_ALGORITHM, timestamp, "/".join(scope[1:]),
+                                    hashlib.sha256(canonical_request.encode()).hexdigest()])
+        key = ("AWS4" + self.secrets[key_id]).encode()
+        for part in (date, region, service, "aws4_request"):
+            key = sigv4_hmac(key, part)
+        expected = hmac.new(key, string_to_sign.encode(), hashlib.sha256).hexdigest()
+        if not timestamp.startswith(date) or not hmac.compare_digest(expected, fields["Signature"]):
+            raise SigV4Rejection(403, "SignatureDoesNotMatch",
+                                 "The request signature we calculated does not match the signature you provided. "
+                                 "Check your key and signing method.", "sigv4_mismatch")
+
 
 def make_handler(args, counters, lock):
     upstream = urllib.parse.urlsplit(args.upstream)
     local = threading.local()
+    verifier = SigV4Verifier(dict(pair.split(":", 1) for pair in args.verify_sigv4)) if args.verify_sigv4 else None
 
     def count(kind):
         with lock:
             counters[kind] += 1
-            if args.stats:  # every object GET is counted, so the file always has the total
+            if args.stats:  # every count is written, so the file always has the totals
                 tmp = args.stats + ".tmp"
                 with open(tmp, "w") as f:
                     json.dump(counters, f)
@@ -64,16 +171,15 @@ def make_handler(args, counters, lock):
             self.send_header("Content-Type", "application/xml")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            if self.command != "HEAD":
+                self.wfile.write(body)
 
-        def forward(self):
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else None
+        def forward(self, body):
             headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
             for attempt in range(2):  # a kept-alive upstream connection may have been closed
                 conn = self.upstream_conn()
                 try:
-                    conn.request(self.command, self.path, body=body, headers=headers)
+                    conn.request(self.command, self.path, body=body or None, headers=headers)
                     resp = conn.getresponse()
                     return resp.status, resp.getheaders(), resp.read()
                 except (http.client.HTTPException, OSError):
@@ -85,6 +191,15 @@ def make_handler(args, counters, lock):
         def handle_any(self):
             if args.delay_ms > 0:
                 time.sleep(args.delay_ms / 1000.0)
+            length = int(self.headers.get("Content-Length") or 0)
+            request_body = self.rfile.read(length) if length else b""
+            if verifier is not None:  # the store authenticates first, then may fail
+                try:
+                    verifier.check(self.command, self.path, self.headers.items(), request_body)
+                except SigV4Rejection as rejection:
+                    count(rejection.counter)
+                    return self.send_error_xml(rejection.status, rejection.code, rejection.message)
+                count("sigv4_verified")
             path = urllib.parse.urlsplit(self.path)
             is_object_get = (self.command == "GET" and "list-type" not in path.query
                              and path.path.strip("/").count("/") >= 1)
@@ -104,7 +219,7 @@ def make_handler(args, counters, lock):
                 reset = inject("reset", args.reset_every, n)
             else:
                 reset = False
-            status, headers, body = self.forward()
+            status, headers, body = self.forward(request_body)
             if reset and len(body) >= 2:
                 count("reset")
                 self.send_response(status)
@@ -133,7 +248,7 @@ def make_handler(args, counters, lock):
     return Handler
 
 
-def main():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--upstream", required=True)
     p.add_argument("--port-file", required=True, help="the chosen port is written here once listening")
@@ -144,12 +259,31 @@ def main():
     p.add_argument("--budget", type=int, default=1 << 62)
     p.add_argument("--missing", default="")
     p.add_argument("--stats", default="")
-    args = p.parse_args()
-    counters = {"object_gets": 0, "slowdown": 0, "server_error": 0, "reset": 0, "missing": 0}
+    p.add_argument("--verify-sigv4", action="append", default=[], metavar="KEY_ID:SECRET",
+                   type=credential_pair, help="check every request's SigV4 signature against this key pair")
+    return p.parse_args(argv)
+
+
+def credential_pair(text):
+    if ":" not in text or text.startswith(":"):
+        raise argparse.ArgumentTypeError("expected ACCESS_KEY_ID:SECRET, got a value without a key id")
+    return text
+
+
+def make_server(args):
+    """The proxy listening on a free port of 127.0.0.1; its counters are server.counters."""
+    counters = dict.fromkeys(("object_gets", "slowdown", "server_error", "reset", "missing") + SIGV4_COUNTERS, 0)
     lock = threading.Lock()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), make_handler(args, counters, lock))
+    server.counters = counters
     server.daemon_threads = True
     server.request_queue_size = 1024
+    return server
+
+
+def main():
+    args = parse_args()
+    server = make_server(args)
     tmp = args.port_file + ".tmp"
     with open(tmp, "w") as f:
         f.write("%d\n" % server.server_address[1])
