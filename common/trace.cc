@@ -1,5 +1,6 @@
 #include "common/trace.h"
 
+#include "common/atomic_file.h"
 #include "common/json_text.h"
 
 #include <time.h>
@@ -9,7 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <map>
 #include <set>
@@ -258,17 +258,9 @@ Status Recorder::write() const {
   // something was recorded in between.
   const std::uint64_t seen = recorded_events() + dropped_events();
   if (written_ && *written_ == seen) return Status::ok_status();
-  const std::string text = to_json();
-  const std::string tmp = settings_.path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return make_error(StatusCode::kIoError, "cannot write the trace file {} (telemetry.trace_dir)", tmp);
-    f.write(text.data(), static_cast<std::streamsize>(text.size()));
-    if (!f.flush()) return make_error(StatusCode::kIoError, "writing the trace file {} failed", tmp);
+  if (Status s = write_file_atomically(settings_.path, to_json()); !s.ok()) {
+    return s.with_context("the trace file (telemetry.trace_dir)");
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, settings_.path, ec);
-  if (ec) return make_error(StatusCode::kIoError, "renaming {} to {}: {}", tmp, settings_.path, ec.message());
   written_ = seen;
   return Status::ok_status();
 }

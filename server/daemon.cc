@@ -28,6 +28,7 @@
 
 #include <fmt/ranges.h>
 
+#include "common/atomic_file.h"
 #include "common/catalog.h"
 #include "common/epoch_plan.h"
 #include "common/job_token.h"
@@ -94,23 +95,6 @@ Status make_private_dir(const std::string& dir) {
   if ((st.st_mode & 0077) != 0 && ::chmod(dir.c_str(), 0700) != 0) {
     return make_error(StatusCode::kPermissionDenied, "run directory {} is mode {:o} and cannot be made 0700", dir,
                       st.st_mode & 0777);
-  }
-  return Status::ok_status();
-}
-
-// `private_file`: mode 0600 (the ready file), else the umask's (e.g. Prometheus textfiles).
-Status write_file_atomically(const std::string& path, const std::string& text, bool private_file = false) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    if (!out) return make_error(StatusCode::kIoError, "cannot write {}", tmp);
-  }
-  if (private_file && ::chmod(tmp.c_str(), 0600) != 0) {
-    return make_error(StatusCode::kIoError, "cannot make {} private (chmod 0600): {}", tmp, std::strerror(errno));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return make_error(StatusCode::kIoError, "cannot rename {} to {}: {}", tmp, path, std::strerror(errno));
   }
   return Status::ok_status();
 }
