@@ -123,6 +123,7 @@ double median(std::vector<double> v) {
 
 struct Row {
   double new_cpu = 0;
+  double spread_cpu = 0;  // the same planner reading spread ownership (a function, no lists)
   double old_cpu = 0;
   std::uint32_t old_nodes = 0;
   std::uint64_t checksum = 0;  // keeps the plans observable
@@ -145,6 +146,17 @@ Row measure(std::uint64_t n, std::uint32_t nodes, std::uint32_t tpn, std::uint32
   }
   row.new_cpu = median(times);
   times.clear();
+  for (std::uint32_t node : sample_nodes(nodes, new_nodes)) {
+    const EpochPlanner planner(shape, shardmix::Ownership::spread(n, shape.node_owned, shuffle.seed), shuffle);
+    const double start = thread_cpu_seconds();
+    for (std::uint32_t local = 0; local < tpn; ++local) {
+      const TrainerPlan plan = planner.plan_trainer(1, shape.job.first_trainer_of_node(node) + local);
+      row.checksum += plan.order.empty() ? 0 : plan.order.front();
+    }
+    times.push_back(thread_cpu_seconds() - start);
+  }
+  row.spread_cpu = median(times);
+  times.clear();
   for (std::uint32_t node : sample_nodes(nodes, old_nodes)) {
     const double start = thread_cpu_seconds();
     const auto plans = old_plan_node(shape, placement, shuffle, 1, node);
@@ -158,8 +170,9 @@ Row measure(std::uint64_t n, std::uint32_t nodes, std::uint32_t tpn, std::uint32
 
 void print_row(const char* series, std::uint32_t nodes, std::uint64_t n, std::uint32_t tpn, std::uint32_t new_nodes,
                const Row& row) {
-  std::printf("%-7s %6u %12llu %10llu %12.6f %12.6f %13.6f %8.1fx   %u/%u\n", series, nodes,
-              static_cast<unsigned long long>(n), static_cast<unsigned long long>(n / nodes), row.new_cpu, row.old_cpu,
+  std::printf("%-7s %6u %12llu %10llu %12.6f %12.6f %12.6f %13.6f %8.1fx   %u/%u\n", series, nodes,
+              static_cast<unsigned long long>(n), static_cast<unsigned long long>(n / nodes), row.new_cpu,
+              row.spread_cpu, row.old_cpu,
               row.old_cpu * tpn, row.new_cpu > 0 ? row.old_cpu / row.new_cpu : 0.0, std::min(new_nodes, nodes),
               row.old_nodes);
   std::fflush(stdout);
@@ -195,19 +208,24 @@ int main(int argc, char** argv) {
               "median over the nodes timed; Q = %.3g, batch %u, drop_last = false, seed %llu.\n"
               "Placement built directly as contiguous id ranges per node (the planner reads only\n"
               "Placement::owned). new = EpochPlanner::plan_trainer (seeded bijections, decision 0040);\n"
+              "spread = the same from Ownership::spread (dataset.placement = spread: the share is a\n"
+              "function of the id, no lists read, decision 0055);\n"
               "old = the replaced node_streams algorithm (copies and permutes all N samples) run once for\n"
               "the node, timed on fewer nodes per row since each costs O(N) (last column: nodes timed\n"
               "new/old); the old scheduler ran it once per trainer (plan_of -> plan_node), which\n"
               "old_x_T_cpu_s shows (old_cpu_s x T, not timed separately). old/new = old_cpu_s / new_cpu_s.\n\n",
               tpn, shuffle.exchange_fraction, batch, static_cast<unsigned long long>(shuffle.seed));
-  std::printf("%-7s %6s %12s %10s %12s %12s %13s %9s   %s\n", "series", "P", "N", "N/P", "new_cpu_s", "old_cpu_s",
+  std::printf("%-7s %6s %12s %10s %12s %12s %12s %13s %9s   %s\n", "series", "P", "N", "N/P", "new_cpu_s",
+              "spread_cpu_s", "old_cpu_s",
               "old_x_T_cpu_s", "old/new", "timed");
-  double weak_first = 0, weak_last = 0;
+  double weak_first = 0, weak_last = 0, spread_first = 0, spread_last = 0;
   for (std::uint32_t nodes : weak_nodes) {
     const Row row = measure(per_node * nodes, nodes, tpn, batch, shuffle, new_nodes, old_nodes);
     print_row("weak", nodes, per_node * nodes, tpn, new_nodes, row);
     if (weak_first == 0) weak_first = row.new_cpu;
     weak_last = row.new_cpu;
+    if (spread_first == 0) spread_first = row.spread_cpu;
+    spread_last = row.spread_cpu;
   }
   for (std::uint32_t nodes : strong_nodes) {
     const Row row = measure(strong_n, nodes, tpn, batch, shuffle, new_nodes, old_nodes);
@@ -216,6 +234,10 @@ int main(int argc, char** argv) {
   if (weak_first > 0) {
     std::printf("\nweak scaling, new planner: P = %u costs %.2fx P = %u per node\n", weak_nodes.back(),
                 weak_last / weak_first, weak_nodes.front());
+  }
+  if (spread_first > 0) {
+    std::printf("weak scaling, spread ownership: P = %u costs %.2fx P = %u per node\n", weak_nodes.back(),
+                spread_last / spread_first, weak_nodes.front());
   }
   return 0;
 }

@@ -6,8 +6,8 @@
 
 Two panels, plan CPU seconds per node per epoch against the node count P, both axes
 logarithmic: weak scaling (fixed samples per node: flat is ideal) and strong scaling
-(fixed N: falling as 1/P is ideal), each with the current planner next to the algorithm
-it replaced (old_x_T: what the old scheduler spent per node, once per trainer), measured
+(fixed N: falling as 1/P is ideal), each with the current planner (reading the placement's
+lists, and reading spread ownership, a function of the id) next to the algorithm it replaced (old_x_T: what the old scheduler spent per node, once per trainer), measured
 in the same run. Reads the table rows only ("weak" / "strong" lines); anything else the
 bench prints is ignored, so its stdout can be piped in whole ("-" reads stdin).
 """
@@ -19,8 +19,9 @@ def read_rows(stream):
     rows = {"weak": [], "strong": []}
     for line in stream:
         f = line.split()
-        if len(f) >= 8 and f[0] in rows and f[1].isdigit():
-            rows[f[0]].append({"P": int(f[1]), "N": int(f[2]), "new": float(f[4]), "old_x_T": float(f[6])})
+        if len(f) >= 9 and f[0] in rows and f[1].isdigit():
+            rows[f[0]].append({"P": int(f[1]), "N": int(f[2]), "new": float(f[4]), "spread": float(f[5]),
+                               "old_x_T": float(f[7])})
     if not rows["weak"] and not rows["strong"]:
         sys.exit("plan_scaling_plot.py: no 'weak' or 'strong' rows in the input "
                  "(expected shardmix-bench-plan-scaling's table)")
@@ -39,7 +40,8 @@ def plot(rows, png, title):
             ax.set_visible(False)
             continue
         p = [x["P"] for x in r]
-        ax.loglog(p, [x["new"] for x in r], "o-", label="seeded bijections (current)")
+        ax.loglog(p, [x["new"] for x in r], "o-", label="seeded bijections, listed ownership")
+        ax.loglog(p, [x["spread"] for x in r], "^-", label="seeded bijections, spread ownership")
         ax.loglog(p, [x["old_x_T"] for x in r], "s--", label="replaced algorithm, once per trainer")
         first = r[0]["new"]
         ref = [first] * len(p) if ideal == "flat" else [first * p[0] / q for q in p]
@@ -68,7 +70,8 @@ def main():
     for series in ("weak", "strong"):
         r = rows[series]
         if len(r) >= 2:
-            print(f"{series}: P = {r[0]['P']} -> {r[-1]['P']}: new planner x{r[-1]['new'] / r[0]['new']:.3g}")
+            print(f"{series}: P = {r[0]['P']} -> {r[-1]['P']}: new planner x{r[-1]['new'] / r[0]['new']:.3g}, "
+                  f"spread x{r[-1]['spread'] / r[0]['spread']:.3g}")
     print(f"wrote {a.png}")
 
 

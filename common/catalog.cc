@@ -705,15 +705,19 @@ std::string Catalog::location(SampleId id) const {
   return fmt::format("{}@{}", path(id), offsets_[id]);
 }
 
-std::size_t Catalog::memory_bytes() const {
-  std::size_t bytes = sizeof(*this) + paths_.capacity() + path_offsets_.capacity() * sizeof(std::uint64_t) +
-                      sizes_.capacity() * sizeof(std::uint64_t) + labels_.capacity() * sizeof(std::int32_t) +
-                      shards_.capacity() * sizeof(std::uint32_t) + offsets_.capacity() * sizeof(std::uint64_t) +
+std::size_t Catalog::file_table_bytes() const {
+  std::size_t bytes = paths_.capacity() + path_offsets_.capacity() * sizeof(std::uint64_t) +
                       class_names_.capacity() * sizeof(std::string);
   for (const std::string& name : class_names_) {
     if (name.capacity() > 15) bytes += name.capacity() + 1;  // heap buffer beyond the small-string buffer
   }
   return bytes;
+}
+
+std::size_t Catalog::memory_bytes() const {
+  return sizeof(*this) + file_table_bytes() + sizes_.capacity() * sizeof(std::uint64_t) +
+         labels_.capacity() * sizeof(std::int32_t) + shards_.capacity() * sizeof(std::uint32_t) +
+         offsets_.capacity() * sizeof(std::uint64_t);
 }
 
 // Layout (little-endian): magic[8] "SMXCAT\0\2", u32 kind (0 = whole files, 1 = shards),

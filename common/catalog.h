@@ -99,6 +99,9 @@ class Catalog {
   std::uint64_t max_sample_bytes() const { return max_sample_bytes_; }
   // Bytes this object holds per sample (for the overhead benchmark).
   std::size_t memory_bytes() const;
+  // Of those, the file paths and class names: per file, not per sample, in shard formats
+  // (what each node keeps beside its own share under owner-side metadata, decision 0055).
+  std::size_t file_table_bytes() const;
 
   // `prefix_bytes` zero bytes come first: room for a frame header, so that a reply frame
   // is built in one buffer (the daemon serializes per GetCatalog request).

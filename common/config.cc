@@ -106,11 +106,11 @@ const KeySpec kKeys[] = {
    },
    [](const Config& c) -> Value { return std::string(dataset_format_name(c.dataset.format)); }},
   {"dataset.placement", KeyType::kEnum, "balanced",
-   "Which node caches which sample: \"balanced\" = largest samples first, each to the node with the fewest bytes (ties in a seeded order), so nodes hold nearly equal bytes and a mix of classes; \"sorted\" = contiguous runs of sample ids, i.e. class-sorted shards.",
-   "\"balanced\" equalises cache memory per node and keeps each node's share class-mixed (good micro-batch entropy even at low exchange_fraction); \"sorted\" is the worst case for local shuffles, kept for studies and comparisons.",
-   "balanced|sorted", 0, 0, 0, 0, false,
-   [](Config& c, const Value& v) { c.dataset.placement = as_str(v) == "sorted" ? PlacementPolicy::kSorted : PlacementPolicy::kBalanced; },
-   [](const Config& c) -> Value { return std::string(c.dataset.placement == PlacementPolicy::kSorted ? "sorted" : "balanced"); }},
+   "Which node caches which sample: \"balanced\" = largest samples first, each to the node with the fewest bytes (ties in a seeded order), so nodes hold nearly equal bytes and a mix of classes; \"spread\" = a seeded pseudo-random share of exact size per node, computed from the sample id alone (no sort, O(nodes) memory; byte balance is statistical); \"sorted\" = contiguous runs of sample ids, i.e. class-sorted shards.",
+   "\"balanced\" equalises cache memory per node and keeps each node's share class-mixed (good micro-batch entropy even at low exchange_fraction), but is a global decision over all N sizes; \"spread\" mixes classes like balanced and is the placement that owner-side metadata needs (per-node metadata O(N/P), docs/decisions/0055); \"sorted\" is the worst case for local shuffles, kept for studies and comparisons.",
+   "balanced|spread|sorted", 0, 0, 0, 0, false,
+   [](Config& c, const Value& v) { c.dataset.placement = placement_policy_from_name(as_str(v)); },
+   [](const Config& c) -> Value { return std::string(placement_policy_name(c.dataset.placement)); }},
   {"dataset.max_sample_bytes", KeyType::kSize, "64MiB",
    "Largest sample accepted; a bigger file makes the scan fail with its name and size. Integer bytes or a size such as \"64MiB\".",
    "Higher admits huge outliers, which need equally large staging slots and skew the byte balance; lower catches stray files (videos, archives) in an image dataset early.",
@@ -1159,6 +1159,21 @@ std::string_view dataset_format_name(DatasetFormat format) {
     case DatasetFormat::kTfRecord: return "tfrecord";
   }
   return "folder";
+}
+
+const char* placement_policy_name(PlacementPolicy policy) {
+  switch (policy) {
+    case PlacementPolicy::kBalanced: return "balanced";
+    case PlacementPolicy::kSorted: return "sorted";
+    case PlacementPolicy::kSpread: return "spread";
+  }
+  return "balanced";
+}
+
+PlacementPolicy placement_policy_from_name(std::string_view name) {
+  if (name == "sorted") return PlacementPolicy::kSorted;
+  if (name == "spread") return PlacementPolicy::kSpread;
+  return PlacementPolicy::kBalanced;
 }
 
 Result<std::uint64_t> parse_size(std::string_view text, std::string_view key) {

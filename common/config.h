@@ -19,7 +19,11 @@
 namespace shardmix {
 
 enum class DatasetFormat { kFolder, kFileList, kWebDataset, kTfRecord };
-enum class PlacementPolicy { kBalanced, kSorted };
+enum class PlacementPolicy { kBalanced, kSorted, kSpread };
+// dataset.placement's value for a policy ("balanced", "sorted", "spread"), and back (an
+// unknown name is kBalanced: the key table has already checked it).
+const char* placement_policy_name(PlacementPolicy policy);
+PlacementPolicy placement_policy_from_name(std::string_view name);
 
 // [storage.s3]: the S3 source (dataset.path = "s3://..."); empty strings defer to the
 // AWS environment (common/s3_client.h). No secret is a key: they come from the

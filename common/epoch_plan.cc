@@ -83,7 +83,11 @@ std::uint64_t PlanShape::batch_length(std::uint32_t trainer, std::uint64_t batch
 
 EpochPlanner::EpochPlanner(const PlanShape& shape, const Placement& placement,
                            const ShuffleConfig& shuffle, std::span<const std::int32_t> labels)
-    : shape_(shape), placement_(placement), shuffle_(shuffle) {
+    : EpochPlanner(shape, ownership_of(placement), shuffle, labels) {}
+
+EpochPlanner::EpochPlanner(const PlanShape& shape, Ownership ownership, const ShuffleConfig& shuffle,
+                           std::span<const std::int32_t> labels)
+    : shape_(shape), ownership_(std::move(ownership)), shuffle_(shuffle) {
   if (shuffle_.min_entropy > 0) {
     candidates_ = exchange_candidates(shuffle_.exchange_fraction);
     if (labels.size() == shape_.num_samples) {
@@ -113,7 +117,7 @@ std::shared_ptr<const EpochPlanner::EpochTables> EpochPlanner::make_tables(std::
   t->slot_begin.resize(nodes + 1, 0);
   t->keep.resize(nodes);
   for (std::uint32_t k = 0; k < nodes; ++k) {
-    const std::uint64_t owned = placement_.owned[k].size();
+    const std::uint64_t owned = ownership_.owned_count(k);
     t->kept[k] = kept_count(shape_.node_quota[k], q);
     // sigma_k: node k keeps the first kept[k] of its owned samples in this order and puts
     // the rest into the pool.
@@ -147,34 +151,39 @@ void EpochPlanner::node_slice(const EpochTables& t, std::uint64_t epoch, std::ui
   // Node k's stream, before mixing: its kept samples (positions 0..kept-1), then the pool
   // slots it receives. tau_k mixes the stream; the trainers take contiguous slices of the
   // mixed order.
-  const std::vector<SampleId>& owned = placement_.owned[node];
   const Permutation& keep = t.keep[node];
   const std::uint64_t kept = t.kept[node];
   const std::uint64_t first_slot = t.slot_begin[node];
   const Permutation tau = Permutation::for_stream(shape_.node_quota[node], shuffle_.seed, {epoch, kStreamNode, node});
-  // Two passes per chunk: first where each sample id lives (pure arithmetic), then the
-  // loads. Received samples sit in other nodes' owned lists, i.e. anywhere in O(N) memory;
-  // issued back to back the cache misses overlap instead of waiting on the bijections.
-  constexpr std::uint64_t kChunk = 256;
-  const SampleId* where[kChunk];
+  // Where stream position i of this node comes from: (source node, index in its share).
+  const auto source_of = [&](std::uint64_t i) -> std::pair<std::uint32_t, std::uint64_t> {
+    if (i < kept) return {node, keep(i)};
+    const std::uint64_t pool_index = t.pool(first_slot + (i - kept));
+    // The source node: the last whose exchanged samples start at or before pool_index
+    // (nodes that exchange nothing have empty ranges and are skipped by upper_bound).
+    const auto source = static_cast<std::uint32_t>(
+        std::upper_bound(t.pool_begin.begin(), t.pool_begin.end(), pool_index) - t.pool_begin.begin() - 1);
+    return {source, t.keep[source](t.kept[source] + (pool_index - t.pool_begin[source]))};
+  };
   out.reserve(out.size() + (end - begin));
+  if (ownership_.is_spread()) {
+    // Spread ownership: the id is a function of (source, index), no memory is read.
+    for (std::uint64_t p = begin; p < end; ++p) {
+      const auto [source, index] = source_of(tau(p));
+      out.push_back(ownership_.owned_at(source, index));
+    }
+    return;
+  }
+  // Listed ownership, in two passes per chunk: first where each sample id lives (pure
+  // arithmetic), then the loads. Received samples sit in other nodes' owned lists, i.e.
+  // anywhere in O(N) memory; issued back to back the cache misses overlap instead of
+  // waiting on the bijections.
+  constexpr std::uint64_t kChunk = 256;
+  std::pair<std::uint32_t, std::uint64_t> where[kChunk];
   for (std::uint64_t chunk = begin; chunk < end; chunk += kChunk) {
     const std::uint64_t count = std::min(kChunk, end - chunk);
-    for (std::uint64_t c = 0; c < count; ++c) {
-      const std::uint64_t i = tau(chunk + c);
-      if (i < kept) {
-        where[c] = &owned[keep(i)];
-        continue;
-      }
-      const std::uint64_t pool_index = t.pool(first_slot + (i - kept));
-      // The source node: the last whose exchanged samples start at or before pool_index
-      // (nodes that exchange nothing have empty ranges and are skipped by upper_bound).
-      const auto source = static_cast<std::uint32_t>(
-          std::upper_bound(t.pool_begin.begin(), t.pool_begin.end(), pool_index) - t.pool_begin.begin() - 1);
-      const std::uint64_t position = t.kept[source] + (pool_index - t.pool_begin[source]);
-      where[c] = &placement_.owned[source][t.keep[source](position)];
-    }
-    for (std::uint64_t c = 0; c < count; ++c) out.push_back(*where[c]);
+    for (std::uint64_t c = 0; c < count; ++c) where[c] = source_of(tau(chunk + c));
+    for (std::uint64_t c = 0; c < count; ++c) out.push_back(ownership_.owned_at(where[c].first, where[c].second));
   }
 }
 

@@ -76,6 +76,7 @@
 
 #include "common/catalog.h"
 #include "common/config.h"
+#include "common/ownership.h"
 #include "common/permutation.h"
 
 namespace shardmix {
@@ -163,6 +164,11 @@ class EpochPlanner {
   // the ceiling. `shape` and `placement` must outlive the planner (they are referenced).
   EpochPlanner(const PlanShape& shape, const Placement& placement, const ShuffleConfig& shuffle,
                std::span<const std::int32_t> labels = {});
+  // The same from an ownership alone (ownership_of(placement) gives the one above): what a
+  // node with owner-side metadata has (decision 0055). A listed ownership's lists must
+  // outlive the planner.
+  EpochPlanner(const PlanShape& shape, Ownership ownership, const ShuffleConfig& shuffle,
+               std::span<const std::int32_t> labels = {});
   EpochPlanner(const EpochPlanner&) = delete;
   EpochPlanner& operator=(const EpochPlanner&) = delete;
 
@@ -209,7 +215,7 @@ class EpochPlanner {
   EpochChoice choose(std::uint64_t epoch) const;
 
   const PlanShape& shape_;
-  const Placement& placement_;
+  Ownership ownership_;
   ShuffleConfig shuffle_;
   // sample -> dense class index; empty = no labels. Still one entry per sample of the whole
   // dataset (O(N)), like the catalog it comes from.

@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "common/sample_directory.h"
+
 namespace shardmix {
 namespace {
 
@@ -37,6 +39,11 @@ NodeMetadataBytes node_metadata_bytes(const Catalog& catalog, const Placement& p
   out.placement = placement_memory_bytes(placement);
   out.schedulers = scheduler_bytes;
   return out;
+}
+
+NodeMetadataBytes node_metadata_bytes(const SampleDirectory& directory, std::uint64_t scheduler_bytes) {
+  const DirectoryBytes held = directory.memory_bytes();
+  return NodeMetadataBytes{held.catalog, held.placement, scheduler_bytes};
 }
 
 }  // namespace shardmix

@@ -3,9 +3,9 @@
 // indexes). One function so that the daemon and the simulator report the same figure
 // (docs/simulator.md: metadata_bytes_per_node_max).
 //
-// Today the catalog and the placement are global: every node holds all N samples' entries,
-// so this figure is O(N) whatever P is. The design (DESIGN.md "Scale") wants it O(N/P + P);
-// the figure is how that change will be measured.
+// With the global catalog and placement (the daemon's today) every node holds all N
+// samples' entries, so this figure is O(N) whatever P is; with owner-side metadata
+// (dataset.placement = spread in the simulator, decision 0055) it is O(N/P + P).
 // Counted: each container's capacity times its element size (what the allocator handed
 // out, not what is in use), plus the object itself; not allocator overhead.
 // Thread-safety: pure functions of immutable values; safe to call from any thread.
@@ -16,6 +16,10 @@
 #include "common/catalog.h"
 #include "common/epoch_plan.h"
 #include "common/placement.h"
+
+namespace shardmix {
+class SampleDirectory;
+}
 
 namespace shardmix {
 
@@ -36,5 +40,7 @@ std::uint64_t plan_memory_bytes(const TrainerPlan& plan);
 // (the scheduler lives above this layer, so its figure is passed in).
 NodeMetadataBytes node_metadata_bytes(const Catalog& catalog, const Placement& placement,
                                       std::uint64_t scheduler_bytes);
+// The same for a node whose metadata is `directory` (global or owner-side, sample_directory.h).
+NodeMetadataBytes node_metadata_bytes(const SampleDirectory& directory, std::uint64_t scheduler_bytes);
 
 }  // namespace shardmix

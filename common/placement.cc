@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "common/ownership.h"
 #include "common/rng.h"
 #include "common/status.h"
 
@@ -59,10 +60,27 @@ std::vector<std::uint32_t> place_balanced(const std::vector<std::uint64_t>& size
   return owner;
 }
 
+// The owner of every sample under spread ownership (ownership.h): the function, tabulated.
+std::vector<std::uint32_t> place_spread(std::size_t n, const PlanShape& shape, std::uint64_t seed) {
+  const Ownership spread = Ownership::spread(n, shape.node_owned, seed);
+  std::vector<std::uint32_t> owner(n);
+  for (std::uint32_t k = 0; k < shape.job.nodes; ++k) {
+    for (std::uint64_t i = 0; i < shape.node_owned[k]; ++i) owner[spread.owned_at(k, i)] = k;
+  }
+  return owner;
+}
+
 // Stream id of the residency choice (distinct from the planner's streams 1..3).
 constexpr std::uint64_t kStreamResident = 0x7265736964656e74ull;  // "resident"
 
 }  // namespace
+
+Ownership ownership_of(const Placement& placement) {
+  if (placement.policy != PlacementPolicy::kSpread) return Ownership::listed(placement.owned, placement.owner);
+  std::vector<std::uint64_t> counts(placement.owned.size());
+  for (std::size_t k = 0; k < counts.size(); ++k) counts[k] = placement.owned[k].size();
+  return Ownership::spread(placement.owner.size(), counts, placement.seed);
+}
 
 std::uint64_t Placement::total_cold_samples() const {
   std::uint64_t total = 0;
@@ -70,31 +88,43 @@ std::uint64_t Placement::total_cold_samples() const {
   return total;
 }
 
-std::vector<SampleId> choose_resident(const std::vector<std::uint64_t>& sizes, const std::vector<SampleId>& owned,
-                                      std::uint64_t capacity, std::uint64_t seed, std::uint32_t node,
-                                      std::uint64_t generation) {
+std::vector<std::uint64_t> choose_resident_positions(std::span<const std::uint64_t> owned_sizes,
+                                                     std::uint64_t capacity, std::uint64_t seed, std::uint32_t node,
+                                                     std::uint64_t generation) {
+  std::vector<std::uint64_t> positions(owned_sizes.size());
+  std::iota(positions.begin(), positions.end(), std::uint64_t{0});
   std::uint64_t needed = 0;
-  for (SampleId id : owned) {
-    needed += align_to_arena(sizes[id]);
+  for (std::uint64_t bytes : owned_sizes) {
+    needed += align_to_arena(bytes);
     if (needed > capacity) break;
   }
-  if (needed <= capacity) return owned;  // everything fits: no randomness spent
+  if (needed <= capacity) return positions;  // everything fits: no randomness spent
   // Random, not by id: ids are sorted by label, so a prefix would make the resident set
   // (and with it what stays local at low exchange_fraction) class-sorted.
-  std::vector<SampleId> order(owned);
   // Generation 0 keeps the static tier's stream, so a job without rotation is unchanged.
   Rng rng = generation == 0 ? Rng::for_stream(seed, {kStreamResident, node})
                             : Rng::for_stream(seed, {kStreamResident, node, generation});
-  shuffle(std::span<SampleId>(order), rng);
-  std::vector<SampleId> resident;
+  shuffle(std::span<std::uint64_t>(positions), rng);
+  std::vector<std::uint64_t> resident;
   std::uint64_t used = 0;
-  for (SampleId id : order) {
-    const std::uint64_t bytes = align_to_arena(sizes[id]);
+  for (std::uint64_t position : positions) {
+    const std::uint64_t bytes = align_to_arena(owned_sizes[position]);
     if (bytes > capacity - used) continue;  // first fit: a smaller one later may still fit
     used += bytes;
-    resident.push_back(id);
+    resident.push_back(position);
   }
   std::sort(resident.begin(), resident.end());
+  return resident;
+}
+
+std::vector<SampleId> choose_resident(const std::vector<std::uint64_t>& sizes, const std::vector<SampleId>& owned,
+                                      std::uint64_t capacity, std::uint64_t seed, std::uint32_t node,
+                                      std::uint64_t generation) {
+  std::vector<std::uint64_t> owned_sizes(owned.size());
+  for (std::size_t i = 0; i < owned.size(); ++i) owned_sizes[i] = sizes[owned[i]];
+  const std::vector<std::uint64_t> positions = choose_resident_positions(owned_sizes, capacity, seed, node, generation);
+  std::vector<SampleId> resident(positions.size());
+  for (std::size_t i = 0; i < positions.size(); ++i) resident[i] = owned[positions[i]];
   return resident;
 }
 
@@ -112,8 +142,13 @@ Placement make_placement(const std::vector<std::uint64_t>& sizes, const PlanShap
     invariant_failed("make_placement: {} node capacities for {} nodes", node_capacity_bytes.size(), shape.job.nodes);
   }
   Placement p;
-  p.owner = policy == PlacementPolicy::kSorted ? place_sorted(sizes.size(), shape)
-                                               : place_balanced(sizes, shape, seed);
+  p.policy = policy;
+  p.seed = seed;
+  switch (policy) {
+    case PlacementPolicy::kSorted: p.owner = place_sorted(sizes.size(), shape); break;
+    case PlacementPolicy::kBalanced: p.owner = place_balanced(sizes, shape, seed); break;
+    case PlacementPolicy::kSpread: p.owner = place_spread(sizes.size(), shape, seed); break;
+  }
   const std::uint32_t nodes = shape.job.nodes;
   p.owned.assign(nodes, {});
   for (std::uint32_t k = 0; k < nodes; ++k) p.owned[k].reserve(shape.node_owned[k]);

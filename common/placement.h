@@ -7,6 +7,9 @@
 //  - balanced (default): largest samples first, each to the node with the fewest bytes
 //    among nodes that still have room; nodes end up within about one sample's size of
 //    each other in bytes while the counts stay exact.
+//  - spread: a seeded pseudo-random share of exactly node_owned[k] samples, a function of
+//    the id alone (ownership.h; what owner-side metadata needs, decision 0055). Here it is
+//    tabulated into the same vectors as the other policies.
 //  - sorted: contiguous runs of sample ids (ids are sorted by label, then path), i.e.
 //    class-sorted shards: the worst case for local shuffles, for studies.
 //
@@ -23,11 +26,13 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "common/catalog.h"
 #include "common/config.h"
 #include "common/epoch_plan.h"
+#include "common/ownership.h"
 
 namespace shardmix {
 
@@ -46,6 +51,8 @@ inline constexpr std::uint64_t kNoCapacityLimit = ~std::uint64_t{0};
 inline constexpr std::uint64_t kNotResident = ~std::uint64_t{0};
 
 struct Placement {
+  PlacementPolicy policy = PlacementPolicy::kBalanced;  // how `owner` was chosen
+  std::uint64_t seed = 0;                               // the seed it was chosen with
   std::vector<std::uint32_t> owner;          // sample -> node
   std::vector<std::uint64_t> arena_offset;   // sample -> offset in its owner's arena; kNotResident if cold
   std::vector<std::vector<SampleId>> owned;  // node -> its samples, ascending ids
@@ -61,6 +68,12 @@ struct Placement {
   std::uint64_t total_cold_samples() const;
 };
 
+// The ownership the epoch planner reads: the placement's lists (balanced, sorted; they
+// must outlive the result) or, for spread, the function itself, whose order of each
+// node's share (rho order) is what plans are made of, so that a planner built from a
+// tabulated placement and one built from the function alone plan the same epochs.
+Ownership ownership_of(const Placement& placement);
+
 // The resident subset of one node's `owned` samples (ascending ids) for an arena of
 // `capacity` bytes: the owned samples in a seeded-random order (stream {seed, node}), each
 // taken if its aligned size still fits (first fit), returned in ascending id order. Zero-byte
@@ -72,6 +85,14 @@ struct Placement {
 std::vector<SampleId> choose_resident(const std::vector<std::uint64_t>& sizes, const std::vector<SampleId>& owned,
                                       std::uint64_t capacity, std::uint64_t seed, std::uint32_t node,
                                       std::uint64_t generation = 0);
+
+// The same choice over one node's share given as the sizes of its samples in ascending id
+// order: the positions (indices into `owned_sizes`) of the resident samples, ascending.
+// choose_resident is this applied to the share's sizes (the owner-side directory calls it
+// on its own entries, decision 0055).
+std::vector<std::uint64_t> choose_resident_positions(std::span<const std::uint64_t> owned_sizes,
+                                                     std::uint64_t capacity, std::uint64_t seed, std::uint32_t node,
+                                                     std::uint64_t generation = 0);
 
 // The residency generation of `epoch` under cache.rotation_epochs = `rotation_epochs`
 // (0 = static: always generation 0): epoch / rotation_epochs.

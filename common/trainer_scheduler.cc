@@ -32,15 +32,20 @@ std::shared_ptr<TrainerScheduler::Pass> TrainerScheduler::new_pass(std::uint64_t
     timespec begin{};
     timespec end{};
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &begin);
-    pass->plan = plan_of(epoch);
+    set_plan(*pass, plan_of(epoch));
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &end);
     const std::int64_t ns = (end.tv_sec - begin.tv_sec) * 1'000'000'000LL + (end.tv_nsec - begin.tv_nsec);
     context_.on_plan_cpu(epoch, static_cast<std::uint64_t>(std::max<std::int64_t>(ns, 0)));
   } else {
-    pass->plan = plan_of(epoch);
+    set_plan(*pass, plan_of(epoch));
   }
   trace::span(trace::What::kPlanEpoch, local_trainer_, traced, trace::kAlways, {epoch, trainer_rank()});
   return pass;
+}
+
+void TrainerScheduler::set_plan(Pass& pass, TrainerPlan plan) const {
+  pass.plan = std::move(plan);
+  pass.where = context_.directory->resolve(pass.plan.order);
 }
 
 std::uint64_t TrainerScheduler::metadata_bytes() const {
@@ -49,7 +54,8 @@ std::uint64_t TrainerScheduler::metadata_bytes() const {
   for (const auto& pass : {current_, ahead_}) {
     if (!pass) continue;
     bytes += sizeof(Pass) + plan_memory_bytes(pass->plan) + pass->slots.size() * sizeof(Slot) +
-             pass->planned_position.capacity() * sizeof(std::uint64_t);
+             pass->planned_position.capacity() * sizeof(std::uint64_t) +
+             (pass->where ? pass->where->memory_bytes() : 0);
   }
   return bytes;
 }
@@ -104,7 +110,7 @@ Status TrainerScheduler::start_epoch(std::uint64_t epoch, std::uint64_t stream, 
   if (!resumed.ok()) return resumed.status().with_context(fmt::format("resuming epoch {}", epoch));
   auto pass = std::make_shared<Pass>();
   pass->epoch = epoch;
-  pass->plan = std::move(resumed->plan);
+  set_plan(*pass, std::move(resumed->plan));
   pass->first_batch = resumed->first_batch;
   pass->planned_position = std::move(resumed->planned_position);
   begin_pass(std::move(pass), epoch, stream);
@@ -190,7 +196,7 @@ void TrainerScheduler::pump() {
   pumping_ = true;
   const std::uint64_t ahead_batches =
       std::uint64_t{context_.prefetch} +
-      (context_.placement->total_cold_samples() > 0 ? context_.cold_readahead_batches : 0);
+      (context_.directory->has_cold_samples() ? context_.cold_readahead_batches : 0);
   const std::uint64_t budget = ahead_batches * context_.planner->shape().job.batch_size + context_.window;
   bool progress = true;
   while ((progress || repump_) && !closed_ && !failed_) {
@@ -260,8 +266,8 @@ void TrainerScheduler::fail_if_stuck() {
   const std::uint64_t b = p.next_to_stage;
   std::uint64_t needed = 0;
   for (std::uint64_t i = p.plan.batch_begin[b]; i < p.plan.batch_begin[b + 1]; ++i) {
-    const SampleId id = p.plan.order[i];
-    if (!is_local(id)) needed += align_to_arena(context_.catalog->sample_bytes(id));
+    const SampleInfo info = p.where->at(i, p.plan.order[i]);
+    if (!is_local(info)) needed += align_to_arena(info.bytes);
   }
   fail(make_error(StatusCode::kResourceExhausted,
                   "epoch {} batch {} needs {} contiguous staging bytes; {} are held by samples staged ahead "
@@ -275,12 +281,11 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
   const std::uint64_t b = p.next_to_stage;
   const std::uint64_t begin = p.plan.batch_begin[b];
   const std::uint64_t end = p.plan.batch_begin[b + 1];
-  const Catalog& catalog = *context_.catalog;
-  const Placement& placement = *context_.placement;
 
   // Where each position is read from: this node's arena (zero-copy), a peer's arena, or
   // storage. Under cache rotation the residency table says where a sample is *now*.
   struct Source {
+    SampleInfo info;
     bool local = false;
     bool cold = false;
     std::uint64_t offset = 0;  // in the owner's arena
@@ -294,8 +299,9 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
   }
   for (std::uint64_t i = begin; i < end; ++i) {
     const SampleId id = p.plan.order[i];
-    const std::uint32_t owner = placement.owner[id];
     Source& source = sources[i - begin];
+    source.info = p.where->at(i, id);
+    const std::uint32_t owner = source.info.owner;
     if (context_.residency != nullptr) {
       if (auto at = ResidencyTable::locate(views, owner, id)) {
         source.local = owner == context_.node;
@@ -305,9 +311,9 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
         source.cold = true;
       }
     } else {
-      source.local = is_local(id);
-      source.cold = !placement.is_resident(id);
-      source.offset = placement.arena_offset[id];
+      source.local = is_local(source.info);
+      source.cold = !source.info.resident();
+      source.offset = source.info.arena_offset;
     }
   }
 
@@ -315,7 +321,7 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
   // released).
   std::uint64_t peer_bytes = 0;
   for (std::uint64_t i = begin; i < end; ++i) {
-    if (!sources[i - begin].local) peer_bytes += align_to_arena(catalog.sample_bytes(p.plan.order[i]));
+    if (!sources[i - begin].local) peer_bytes += align_to_arena(sources[i - begin].info.bytes);
   }
   std::uint64_t cursor = 0;
   if (peer_bytes > 0) {
@@ -354,15 +360,15 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
   std::vector<std::uint32_t> group_of(end - begin, 0);
   for (std::uint64_t i = begin; i < end; ++i) {
     const SampleId id = p.plan.order[i];
-    const std::uint32_t owner = placement.owner[id];
-    const std::uint64_t length = catalog.sample_bytes(id);
+    Source& source = sources[i - begin];
+    const std::uint32_t owner = source.info.owner;
+    const std::uint64_t length = source.info.bytes;
     Slot slot;
     proto::SampleDescriptor& d = slot.descriptor;
     d.sample_id = id;
-    d.label = catalog.label(id);
+    d.label = source.info.label;
     d.owner = owner;  // for a cold sample: the node whose share it is (none caches it)
     d.length = length;
-    Source& source = sources[i - begin];
     if (source.local) {
       d.region = static_cast<std::uint8_t>(proto::Region::kArena);
       d.tier = static_cast<std::uint8_t>(proto::Tier::kLocal);

@@ -65,6 +65,7 @@
 #include "common/catalog.h"
 #include "common/epoch_plan.h"
 #include "common/placement.h"
+#include "common/sample_directory.h"
 #include "common/resume_plan.h"
 #include "common/rotation.h"
 #include "common/shuffle_metrics.h"
@@ -130,14 +131,15 @@ class FrameSink {
 
 // What a scheduler reads; owned by the daemon and outliving every scheduler.
 struct SchedulerContext {
-  const Catalog* catalog = nullptr;
-  const Placement* placement = nullptr;
+  // Where each planned sample is (bytes, label, owner, arena offset or cold): the global
+  // catalog and placement (the daemon) or owner-side shards (decision 0055).
+  const SampleDirectory* directory = nullptr;
   const EpochPlanner* planner = nullptr;
   std::uint32_t node = 0;
   std::uint32_t prefetch = 1;
   std::uint32_t window = 0;  // shuffle.window (W)
   std::uint64_t num_classes = 0;  // C for the label-entropy figure (Catalog::num_classes(); 0 scores nothing)
-  // Reads cold samples (placement.resident == 0). Required when the placement has any;
+  // Reads cold samples (not resident in their owner's arena). Required when the directory has any;
   // a cold sample without one is an error to the trainer.
   StorageFetcher* storage = nullptr;
   // service.cold_readahead_batches: when the placement has cold samples, planned batches
@@ -231,6 +233,8 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   struct Pass {
     std::uint64_t epoch = 0;
     TrainerPlan plan;
+    // Where plan's samples are, resolved once when the plan is made (set_plan).
+    std::unique_ptr<const PlanDirectory> where;
     // A resumed pass: plan batch 0 is batch first_batch of the epoch, and plan position p
     // is position planned_position[p] of the trainer's full plan (empty: identity).
     std::uint64_t first_batch = 0;
@@ -313,10 +317,10 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
   void fail_if_stuck();
   // Fills the quality figures of stats_ at the end of the current pass.
   void finish_quality_figures();
-  // Whether `id` is served from this node's arena (owned here and resident).
-  bool is_local(SampleId id) const {
-    return context_.placement->owner[id] == context_.node && context_.placement->is_resident(id);
-  }
+  // Whether a sample is served from this node's arena (owned here and resident).
+  bool is_local(const SampleInfo& info) const { return info.owner == context_.node && info.resident(); }
+  // Gives `pass` its plan and resolves where the plan's samples are.
+  void set_plan(Pass& pass, TrainerPlan plan) const;
 
   SchedulerContext context_;
   std::uint32_t local_trainer_;

@@ -314,7 +314,7 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
         // Serialized per request, not kept: trainers fetch the catalog rarely (sample_path),
         // and a kept copy cost every daemon ~94 bytes a sample for the whole job. Straight
         // into the reply frame: no second copy.
-        std::vector<std::uint8_t> out = service_.job_.context.catalog->serialize(sizeof(proto::FrameHeader));
+        std::vector<std::uint8_t> out = service_.job_.catalog->serialize(sizeof(proto::FrameHeader));
         if (out.size() - sizeof(proto::FrameHeader) > proto::kMaxPayloadBytes) {
           send_error(make_error(StatusCode::kResourceExhausted,
                                 "the catalog is {} bytes serialized, more than one frame carries ({} bytes): "

@@ -581,6 +581,7 @@ class Daemon {
   std::vector<std::uint64_t> node_capacities_;
   Placement placement_;
   std::unique_ptr<EpochPlanner> planner_;
+  std::unique_ptr<GlobalDirectory> directory_;  // over catalog_ and placement_ (decision 0055)
   std::uint64_t digest_ = 0;  // the plan's identity in checkpoints (docs/decisions/0022)
   std::optional<RedealtEpoch> redealt_;
   GenerationClock generation_clock_;
@@ -755,6 +756,7 @@ Status Daemon::place() {
   placement_ =
       make_placement(catalog_.sizes(), shape_, config_.dataset.placement, config_.shuffle.seed, node_capacities_);
   planner_ = std::make_unique<EpochPlanner>(shape_, placement_, config_.shuffle, catalog_.labels());
+  directory_ = std::make_unique<GlobalDirectory>(catalog_, placement_);
   // Checkpoint/resume (docs/decisions/0022): the plan's identity, and an epoch re-dealt
   // from another world size's checkpoints.
   digest_ = plan_digest(catalog_digest(catalog_), catalog_.size(), job, config_.shuffle, config_.dataset.placement);
@@ -1006,7 +1008,8 @@ Status Daemon::start_service() {
     }
   }
   ServedJob served;
-  served.context = SchedulerContext{&catalog_, &placement_, planner_.get(), static_cast<std::uint32_t>(rank_),
+  served.catalog = &catalog_;
+  served.context = SchedulerContext{directory_.get(), planner_.get(), static_cast<std::uint32_t>(rank_),
                                     config_.service.prefetch, config_.shuffle.window, catalog_.num_classes(),
                                     storage_readers_.get(), config_.service.cold_readahead_batches};
   served.context.redealt = redealt_ ? &*redealt_ : nullptr;
@@ -1109,7 +1112,7 @@ Status Daemon::publish_ready() {
         {"shuffle.seed", std::to_string(config_.shuffle.seed)},
         {"shuffle.exchange_fraction", fmt::format("{}", config_.shuffle.exchange_fraction)},
         {"shuffle.window", std::to_string(config_.shuffle.window)},
-        {"dataset.placement", config_.dataset.placement == PlacementPolicy::kSorted ? "sorted" : "balanced"},
+        {"dataset.placement", placement_policy_name(config_.dataset.placement)},
         {"service.prefetch", std::to_string(config_.service.prefetch)},
         {"service.staging_bytes_per_trainer", std::to_string(config_.service.staging_bytes_per_trainer)},
         {"service.cold_readahead_batches", std::to_string(config_.service.cold_readahead_batches)},

@@ -19,6 +19,7 @@
 #include "common/catalog.h"
 #include "common/epoch_plan.h"
 #include "common/placement.h"
+#include "common/sample_directory.h"
 #include "common/rng.h"
 #include "common/staging_allocator.h"
 #include "common/trainer_scheduler.h"
@@ -159,9 +160,18 @@ class Simulation {
   const SimConfig& sim_;
   SimResult result_;
 
-  Catalog catalog_;
+  Catalog catalog_;  // the dataset on storage (the truth the nodes' metadata describes)
   PlanShape shape_;
+  // Global metadata (dataset.placement = balanced or sorted): every node's view is the
+  // one placement_ and directories_[0] (a GlobalDirectory).
   Placement placement_;
+  // Owner-side metadata (spread, decision 0055): each node holds shards_[k] and its own
+  // ShardedDirectory; other shards are reached only through exchange_.
+  bool sharded_ = false;
+  Ownership ownership_;
+  std::vector<OwnerShard> shards_;
+  std::unique_ptr<InProcessExchange> exchange_;
+  std::vector<std::unique_ptr<SampleDirectory>> directories_;  // one (global) or one per node (sharded)
   std::unique_ptr<EpochPlanner> planner_;
   std::vector<SchedulerContext> contexts_;
   std::vector<std::unique_ptr<SimPeerFetcher>> peer_fetchers_;
@@ -363,21 +373,21 @@ void Simulation::finish_step() {
 }
 
 void Simulation::sample_metadata() {
-  // Every node holds the same catalog and placement (today's design); what differs is its
-  // schedulers' state, so the node with the most of that is the maximum. (Summing the
-  // placement per node would cost O(P) per node, O(P^2) in all.)
-  std::uint64_t most = 0;
+  // A node holds its directory (the global catalog and placement, the same on every node;
+  // or its owner-side shard and O(P) tables) and its schedulers' state; the maximum over
+  // nodes is the figure. (Summing the global placement per node would cost O(P) per node,
+  // O(P^2) in all, so a global directory is counted once.)
   for (std::uint32_t node = 0; node < options_.nodes; ++node) {
     std::uint64_t schedulers = 0;
     for (std::uint32_t l = 0; l < options_.trainers_per_node; ++l) {
       schedulers += trainers_[node * options_.trainers_per_node + l].scheduler->metadata_bytes();
     }
-    most = std::max(most, schedulers);
-  }
-  const NodeMetadataBytes bytes = node_metadata_bytes(catalog_, placement_, most);
-  if (bytes.total() > result_.metadata_bytes_per_node_max) {
-    result_.metadata_bytes_per_node_max = bytes.total();
-    result_.metadata_breakdown = bytes;
+    const SampleDirectory& directory = *directories_[sharded_ ? node : 0];
+    const NodeMetadataBytes bytes = node_metadata_bytes(directory, schedulers);
+    if (bytes.total() > result_.metadata_bytes_per_node_max) {
+      result_.metadata_bytes_per_node_max = bytes.total();
+      result_.metadata_breakdown = bytes;
+    }
   }
 }
 
@@ -509,7 +519,7 @@ Result<SimResult> Simulation::run() {
   result_.trainers_per_node = options_.trainers_per_node;
   result_.samples = options_.samples;
   result_.median_kib = options_.median_kib;
-  result_.placement = config.dataset.placement == PlacementPolicy::kSorted ? "sorted" : "balanced";
+  result_.placement = placement_policy_name(config.dataset.placement);
 
   // The core, as a daemon builds it (minus the scan: the catalog is synthetic).
   auto catalog = synthetic_dataset(options_.samples, options_.median_kib * 1024.0, sim_);
@@ -518,8 +528,37 @@ Result<SimResult> Simulation::run() {
   shape_ = make_plan_shape(options_.samples, JobShape{options_.nodes, options_.trainers_per_node, config.batch.size,
                                                       config.batch.drop_last});
   const std::uint64_t capacity = config.cache.capacity_bytes == 0 ? kNoCapacityLimit : config.cache.capacity_bytes;
-  placement_ = make_placement(catalog_.sizes(), shape_, config.dataset.placement, config.shuffle.seed, capacity);
-  planner_ = std::make_unique<EpochPlanner>(shape_, placement_, config.shuffle, catalog_.labels());
+  // Per node: samples it owns, and the samples and bytes resident in its arena.
+  std::vector<std::uint64_t> cached_samples(options_.nodes);
+  std::vector<std::uint64_t> cached_bytes(options_.nodes);
+  sharded_ = config.dataset.placement == PlacementPolicy::kSpread;
+  if (sharded_) {
+    ownership_ = Ownership::spread(options_.samples, shape_.node_owned, config.shuffle.seed);
+    std::vector<std::uint64_t> cold(options_.nodes);
+    shards_.reserve(options_.nodes);
+    for (std::uint32_t k = 0; k < options_.nodes; ++k) {
+      shards_.push_back(OwnerShard::build(catalog_, ownership_, k, capacity, config.shuffle.seed));
+      cold[k] = shards_[k].cold_samples();
+      cached_samples[k] = shards_[k].cached_samples();
+      cached_bytes[k] = shards_[k].cached_bytes();
+    }
+    exchange_ = std::make_unique<InProcessExchange>(shards_);
+    // The shard file table (paths, O(files)) is on every node, as the daemons' catalog has it.
+    const std::uint64_t file_table_bytes = catalog_.file_table_bytes();
+    for (std::uint32_t k = 0; k < options_.nodes; ++k) {
+      directories_.push_back(
+          std::make_unique<ShardedDirectory>(k, ownership_, shards_[k], *exchange_, cold, file_table_bytes));
+    }
+    planner_ = std::make_unique<EpochPlanner>(shape_, ownership_, config.shuffle, catalog_.labels());
+  } else {
+    placement_ = make_placement(catalog_.sizes(), shape_, config.dataset.placement, config.shuffle.seed, capacity);
+    for (std::uint32_t k = 0; k < options_.nodes; ++k) {
+      cached_samples[k] = placement_.cached[k].size();
+      cached_bytes[k] = placement_.cached_bytes[k];
+    }
+    directories_.push_back(std::make_unique<GlobalDirectory>(catalog_, placement_));
+    planner_ = std::make_unique<EpochPlanner>(shape_, placement_, config.shuffle, catalog_.labels());
+  }
   const std::uint64_t num_classes = catalog_.num_classes();
 
   fault_ = sim_.fault_node >= 0;
@@ -538,15 +577,14 @@ Result<SimResult> Simulation::run() {
   contexts_.resize(options_.nodes);
   for (std::uint32_t k = 0; k < options_.nodes; ++k) {
     SchedulerContext& c = contexts_[k];
-    c.catalog = &catalog_;
-    c.placement = &placement_;
+    c.directory = directories_[sharded_ ? k : 0].get();
     c.planner = planner_.get();
     c.node = k;
     c.prefetch = config.service.prefetch;
     c.window = config.shuffle.window;
     c.num_classes = num_classes;
     c.storage = storage_fetchers_[k].get();
-    c.cold_readahead_batches = placement_.total_cold_samples() > 0 ? config.service.cold_readahead_batches : 0;
+    c.cold_readahead_batches = c.directory->has_cold_samples() ? config.service.cold_readahead_batches : 0;
     c.degrade_dead_peers = degrade;
     c.rerouted_samples = &rerouted_;
     c.on_plan_cpu = [this, k](std::uint64_t epoch, std::uint64_t ns) {
@@ -570,15 +608,19 @@ Result<SimResult> Simulation::run() {
   result_.setup_wall_s = seconds_since(wall_start);
 
   // Modelled start-up, per node: the scan (one metadata operation per sample of its share of
-  // the listing), the catalog allgather (every node receives every other node's entries,
-  // 12 bytes per sample here), and the load of its resident samples from storage.
+  // the listing), the catalog exchange (global: an allgather, every node receives every
+  // other node's entries, 12 bytes per sample here; owner-side: each node receives its
+  // share's entries, about OwnerShard's 32 bytes a sample, from the nodes that scanned
+  // them), and the load of its resident samples from storage.
   const double storage_bytes_per_s = sim_.storage_gbps * 1e9 / 8;
   for (std::uint32_t k = 0; k < options_.nodes; ++k) {
-    const double scan = static_cast<double>(placement_.owned[k].size()) / sim_.storage_iops;
-    const double allgather = static_cast<double>(options_.samples) * 12.0 / nodes_[k].link_bytes_per_s;
-    const double load = std::max(static_cast<double>(placement_.cached_bytes[k]) / storage_bytes_per_s,
-                                 static_cast<double>(placement_.cached[k].size()) / sim_.storage_iops);
-    result_.startup_modelled_s = std::max(result_.startup_modelled_s, scan + allgather + load);
+    const double scan = static_cast<double>(shape_.node_owned[k]) / sim_.storage_iops;
+    const double exchanged_bytes = sharded_ ? static_cast<double>(shape_.node_owned[k]) * 32.0
+                                            : static_cast<double>(options_.samples) * 12.0;
+    const double exchange = exchanged_bytes / nodes_[k].link_bytes_per_s;
+    const double load = std::max(static_cast<double>(cached_bytes[k]) / storage_bytes_per_s,
+                                 static_cast<double>(cached_samples[k]) / sim_.storage_iops);
+    result_.startup_modelled_s = std::max(result_.startup_modelled_s, scan + exchange + load);
   }
 
   if (fault_) {

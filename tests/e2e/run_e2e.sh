@@ -27,6 +27,8 @@
 # within the epoch, a generation per round, decision 0035; the storage-tier set must change
 # between epochs and every daemon must have reloaded; default 0 = off),
 # SHARDMIX_E2E_EPOCHS (default 2).
+# SHARDMIX_E2E_PLACEMENT (dataset.placement, default balanced; spread: ownership as a
+# function of the sample id, decision 0055).
 # SHARDMIX_E2E_UNEVEN_CAPACITY=1 (with a capacity factor: daemon rank r gets cache.capacity
 # x (2 + r) / 2 through SHARDMIX_CACHE_CAPACITY, as nodes with different RAM would under
 # the default "0.8"; delivery must stay byte-identical to the files; check_storage.py,
@@ -159,7 +161,7 @@ fi
 
 # ---------------------------------------------------------------- config
 config=$tmp/e2e.toml
-settings=(dataset.path="$data" dataset.format="$format" dataset.placement=balanced)
+settings=(dataset.path="$data" dataset.format="$format" dataset.placement="${SHARDMIX_E2E_PLACEMENT:-balanced}")
 if [[ $format == tfrecord ]]; then settings+=(dataset.label_feature=label); fi
 settings+=(batch.size="$batch" batch.drop_last=false shuffle.seed="$seed" shuffle.exchange_fraction=1.0
            shuffle.window="$window")

@@ -159,6 +159,46 @@ TEST(SimulatorTest, WindowAndStragglersKeepExactlyOnce) {
   EXPECT_TRUE(r.exactly_once) << (r.audit_errors.empty() ? r.error : r.audit_errors.front());
 }
 
+// Owner-side metadata (dataset.placement = spread, decision 0055): each simulated node holds
+// its own shard and asks the owners for the rest, through the same scheduler code; the
+// audit holds with cold samples, a window, stragglers and a dead node.
+TEST(SimulatorTest, OwnerSideMetadataKeepsExactlyOnce) {
+  for (const std::vector<std::string>& sets : std::vector<std::vector<std::string>>{
+           {"dataset.placement=spread"},
+           {"dataset.placement=spread", "cache.capacity=200MiB", "shuffle.window=64",
+            "sim.straggler_fraction=0.25", "sim.straggler_factor=3"},
+           {"dataset.placement=spread", "shuffle.exchange_fraction=0.2", "fault.peer_death=degrade",
+            "fault.peer_timeout=100ms", "sim.fault_node=2", "sim.fault_time_s=0.5"}}) {
+    const SimResult r = run(small(sets));
+    EXPECT_TRUE(r.exactly_once) << sets.size() << ": " << (r.audit_errors.empty() ? r.error : r.audit_errors.front());
+    EXPECT_EQ(r.placement, "spread");
+    ASSERT_EQ(r.epochs.size(), 2u);
+  }
+  const SimResult cold = run(small({"dataset.placement=spread", "cache.capacity=200MiB"}));
+  for (const SimEpochResult& e : cold.epochs) EXPECT_GT(e.tier_storage, 0.1);
+}
+
+// The scale property the owner-side directory exists for: at a fixed dataset the metadata a
+// node holds falls as nodes are added; with the global catalog and placement it does not.
+TEST(SimulatorTest, OwnerSideMetadataPerNodeFallsWithTheNodeCount) {
+  const auto metadata = [](const char* placement, std::uint32_t nodes) {
+    const SimResult r = run(small({std::string("dataset.placement=") + placement}, nodes, 2, 40000));
+    EXPECT_TRUE(r.exactly_once) << placement << " " << nodes;
+    return r.metadata_breakdown;
+  };
+  const NodeMetadataBytes spread4 = metadata("spread", 4);
+  const NodeMetadataBytes spread16 = metadata("spread", 16);
+  const NodeMetadataBytes global4 = metadata("balanced", 4);
+  const NodeMetadataBytes global16 = metadata("balanced", 16);
+  // The catalog part is the node's share (N/P entries): a quarter at four times the nodes.
+  EXPECT_LT(spread16.catalog, spread4.catalog / 3) << spread4.catalog << " -> " << spread16.catalog;
+  EXPECT_LT(spread16.total(), spread4.total() / 3) << spread4.total() << " -> " << spread16.total();
+  EXPECT_LT(spread16.placement, 4096u);  // O(P) tables only
+  EXPECT_GE(global16.catalog, global4.catalog);
+  // The directory itself (catalog + placement parts): the node's share against every sample.
+  EXPECT_GT(global16.catalog + global16.placement, 10 * (spread16.catalog + spread16.placement));
+}
+
 TEST(SimulatorTest, ASlowLinkStallsTheTrainers) {
   const std::vector<std::string> fast = {"sim.trainer_samples_per_s=100000"};
   std::vector<std::string> slow = fast;

@@ -101,6 +101,7 @@ class ServiceTest : public ::testing::Test {
     ShuffleConfig shuffle;
     shuffle.seed = 4;
     planner_ = std::make_unique<EpochPlanner>(shape_, placement_, shuffle);
+    directory_ = std::make_unique<GlobalDirectory>(catalog_, placement_);
 
     arena_ = std::move(SharedRegion::create("test-arena", placement_.arena_bytes[0]).value());
     staging_ = std::move(SharedRegion::create("test-staging", 2 * staging_per_trainer_).value());
@@ -111,7 +112,8 @@ class ServiceTest : public ::testing::Test {
     }
     fetcher_ = std::make_unique<LocalArenaFetcher>(io_, peer_arena_, *staging_);
     ServedJob job;
-    job.context = SchedulerContext{&catalog_, &placement_, planner_.get(), 0, 3};
+    job.catalog = &catalog_;
+    job.context = SchedulerContext{directory_.get(), planner_.get(), 0, 3};
     job.context.window = window_;
     job.context.redealt = redealt_.plans.empty() ? nullptr : &redealt_;
     job.plan_digest = plan_digest(catalog_digest(catalog_), catalog_.size(), shape_.job, shuffle,
@@ -213,6 +215,7 @@ class ServiceTest : public ::testing::Test {
   PlanShape shape_;
   Placement placement_;
   std::unique_ptr<EpochPlanner> planner_;
+  std::unique_ptr<GlobalDirectory> directory_;
   std::unique_ptr<SharedRegion> arena_;
   std::unique_ptr<SharedRegion> staging_;
   std::vector<std::uint8_t> peer_arena_;

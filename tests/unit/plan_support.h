@@ -77,7 +77,7 @@ inline std::ostream& operator<<(std::ostream& os, const PlanCase& c) {
             << " tpn=" << c.job.trainers_per_node << " B=" << c.job.batch_size << " drop_last=" << c.job.drop_last
             << " Q=" << c.shuffle.exchange_fraction << " floor=" << c.shuffle.min_entropy
             << " seed=" << c.shuffle.seed << " capacity=" << c.capacity
-            << " policy=" << (c.policy == PlacementPolicy::kSorted ? "sorted" : "balanced");
+            << " policy=" << placement_policy_name(c.policy);
 }
 
 inline BuiltPlan build_plan(const PlanCase& c) {
@@ -92,7 +92,7 @@ inline rc::Gen<double> gen_exchange_fraction() {
 }
 
 inline rc::Gen<PlacementPolicy> gen_policy() {
-  return rc::gen::element(PlacementPolicy::kBalanced, PlacementPolicy::kSorted);
+  return rc::gen::element(PlacementPolicy::kBalanced, PlacementPolicy::kSorted, PlacementPolicy::kSpread);
 }
 
 }  // namespace shardmix::test_support

@@ -13,6 +13,7 @@
 #include "common/epoch_plan.h"
 #include "common/placement.h"
 #include "common/rng.h"
+#include "tests/unit/plan_support.h"
 
 namespace shardmix {
 namespace residency_test {
@@ -28,7 +29,7 @@ struct ResidencyCase {
 std::ostream& operator<<(std::ostream& os, const ResidencyCase& c) {
   return os << "N=" << c.sizes.size() << " nodes=" << c.job.nodes << " tpn=" << c.job.trainers_per_node
             << " B=" << c.job.batch_size << " drop_last=" << c.job.drop_last << " seed=" << c.seed
-            << " capacity=" << c.capacity;
+            << " capacity=" << c.capacity << " policy=" << placement_policy_name(c.policy);
 }
 
 rc::Gen<ResidencyCase> gen_residency_case() {
@@ -42,7 +43,7 @@ rc::Gen<ResidencyCase> gen_residency_case() {
     c.job.batch_size = *rc::gen::inRange<std::uint32_t>(1, 17);
     c.job.drop_last = *rc::gen::arbitrary<bool>();
     c.seed = *rc::gen::arbitrary<std::uint64_t>();
-    c.policy = *rc::gen::element(PlacementPolicy::kBalanced, PlacementPolicy::kSorted);
+    c.policy = *test_support::gen_policy();
     const std::uint64_t total = std::accumulate(c.sizes.begin(), c.sizes.end(), std::uint64_t{0});
     const std::uint64_t per_node = total / c.job.nodes + 1;
     // 0, below one sample, a fraction of a node's share (1/5 .. 1), a little more, unlimited.

@@ -149,6 +149,7 @@ struct Cluster {
   PlanShape shape;
   Placement placement;
   std::unique_ptr<EpochPlanner> planner;
+  std::unique_ptr<GlobalDirectory> directory;
   std::uint64_t capacity;
   std::uint64_t seed = 17;
   std::vector<std::unique_ptr<Node>> node;
@@ -178,6 +179,7 @@ struct Cluster {
     ShuffleConfig shuffle;
     shuffle.seed = 5;
     planner = std::make_unique<EpochPlanner>(shape, placement, shuffle);
+    directory = std::make_unique<GlobalDirectory>(catalog, placement);
     clock = GenerationClock::make(rotation_epochs, reuse_rounds, shape.batches_per_trainer);
     std::vector<ArenaLayout> initial;
     for (std::uint32_t k = 0; k < nodes; ++k) {
@@ -224,7 +226,7 @@ struct Cluster {
       const std::uint64_t staging_bytes = 1 << 20;
       nd.staging.assign(staging_bytes, 0xDD);
       nd.allocator = std::make_shared<StagingAllocator>(0, staging_bytes);
-      SchedulerContext context{&catalog, &placement, planner.get(), k, prefetch, window, 5, &nd.storage, readahead};
+      SchedulerContext context{directory.get(), planner.get(), k, prefetch, window, 5, &nd.storage, readahead};
       context.residency = nd.table.get();
       nd.scheduler = std::make_shared<TrainerScheduler>(context, 0, nd.allocator, nd.peers, nd.sink);
     }

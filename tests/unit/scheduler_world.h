@@ -62,6 +62,7 @@ struct SchedulerWorld {
   PlanShape shape;
   Placement placement;
   std::unique_ptr<EpochPlanner> planner;
+  std::unique_ptr<GlobalDirectory> directory;
   SchedulerContext context;
 
   SchedulerWorld(std::uint64_t catalog_seed, std::size_t n, std::uint32_t nodes, std::uint32_t batch,
@@ -81,7 +82,8 @@ struct SchedulerWorld {
     ShuffleConfig shuffle;
     shuffle.seed = 5;
     planner = std::make_unique<EpochPlanner>(shape, placement, shuffle);
-    context = SchedulerContext{&catalog, &placement, planner.get(), 0, prefetch, window, 7, storage, readahead};
+    directory = std::make_unique<GlobalDirectory>(catalog, placement);
+    context = SchedulerContext{directory.get(), planner.get(), 0, prefetch, window, 7, storage, readahead};
   }
 };
 

@@ -1,0 +1,163 @@
+// The sample directory: what a trainer scheduler needs to know about each sample of its
+// plan (its bytes, label, owner node and where it sits in the owner's arena, or that it is
+// cold), behind one interface so that where that knowledge lives is the node's business.
+// Two implementations (docs/decisions/0055):
+//  - GlobalDirectory: the whole catalog and placement on every node (O(N) per node). The
+//    daemon's today: its start-up allgathers the catalog and computes every node's layout.
+//  - ShardedDirectory: owner-side metadata. A node holds the entries of its own share only
+//    (an OwnerShard: N/P entries) plus O(P) tables (the spread ownership, every node's cold
+//    count); the entries of a plan's samples owned elsewhere are asked of their owners once
+//    per plan, through a DirectoryExchange. Needs dataset.placement = spread, so that
+//    "whose share is sample s, and at which index" is a function of s. The simulator runs it
+//    (its exchange calls the owners' shards in-process); a daemon transport for the
+//    exchange (one request per owner per plan, over the fabric or the control plane) is
+//    the next step.
+// A plan is resolved once, before its first batch is staged, into a PlanDirectory that the
+// scheduler reads by plan position; the global form keeps no copy, the sharded one holds
+// one SampleInfo per planned sample (24 bytes) while the plan is alive.
+// Thread-safety: directories and shards are immutable after construction and safe to share;
+// resolve() is const and may run on any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/catalog.h"
+#include "common/ownership.h"
+#include "common/placement.h"
+
+namespace shardmix {
+
+// One sample as a reader sees it.
+struct SampleInfo {
+  std::uint64_t bytes = 0;
+  std::uint64_t arena_offset = kNotResident;  // in the owner's arena; kNotResident = cold
+  std::uint32_t owner = 0;                    // whose share it is (for a cold sample: no one caches it)
+  std::int32_t label = 0;
+
+  bool resident() const { return arena_offset != kNotResident; }
+};
+
+// Where one plan's samples are.
+class PlanDirectory {
+ public:
+  virtual ~PlanDirectory() = default;
+  // The sample at plan position `position`, whose id is `id` (plan.order[position]).
+  virtual SampleInfo at(std::uint64_t position, SampleId id) const = 0;
+  // Bytes this object holds (part of the scheduler's metadata figure).
+  virtual std::uint64_t memory_bytes() const = 0;
+};
+
+// What one node holds of the job's metadata besides its schedulers' plans.
+struct DirectoryBytes {
+  std::uint64_t catalog = 0;    // sample entries (global: all N; sharded: the node's share)
+  std::uint64_t placement = 0;  // ownership, residency and arena layout
+};
+
+class SampleDirectory {
+ public:
+  virtual ~SampleDirectory() = default;
+  // Where the samples of `order` (one trainer's plan of one epoch) are.
+  virtual std::unique_ptr<const PlanDirectory> resolve(std::span<const SampleId> order) const = 0;
+  // True when some node's share does not fit its arena (there are cold samples anywhere).
+  virtual bool has_cold_samples() const = 0;
+  virtual DirectoryBytes memory_bytes() const = 0;
+};
+
+// Every sample's entry on every node: the catalog and placement the daemon builds.
+class GlobalDirectory : public SampleDirectory {
+ public:
+  // Both must outlive the directory (they are referenced).
+  GlobalDirectory(const Catalog& catalog, const Placement& placement) : catalog_(catalog), placement_(placement) {}
+  std::unique_ptr<const PlanDirectory> resolve(std::span<const SampleId> order) const override;
+  bool has_cold_samples() const override { return placement_.total_cold_samples() > 0; }
+  DirectoryBytes memory_bytes() const override;
+
+  SampleInfo info(SampleId id) const {
+    return SampleInfo{catalog_.sample_bytes(id), placement_.arena_offset[id], placement_.owner[id],
+                      catalog_.label(id)};
+  }
+
+ private:
+  const Catalog& catalog_;
+  const Placement& placement_;
+};
+
+// One node's share under spread ownership, as its owner holds it: per local index i (the
+// share's order, Ownership::owned_at), the sample's bytes, label, storage location (shard
+// index and byte offset for shard formats) and arena offset (kNotResident when cold). The
+// resident subset and arena layout are those make_placement computes for the same node
+// (choose_resident over the share in ascending ids, offsets in ascending ids), so a
+// tabulated spread placement and the shards agree byte for byte.
+class OwnerShard {
+ public:
+  // Node `node`'s shard of `dataset` (the storage it scans: in the simulator the synthetic
+  // catalog) for an arena of `capacity` bytes; `seed` is the placement's (shuffle.seed).
+  static OwnerShard build(const Catalog& dataset, const Ownership& ownership, std::uint32_t node,
+                          std::uint64_t capacity, std::uint64_t seed);
+
+  std::uint64_t size() const { return bytes_.size(); }
+  SampleInfo at(std::uint64_t local) const {
+    return SampleInfo{bytes_[local], arena_offset_[local], node_, labels_[local]};
+  }
+  std::uint64_t cold_samples() const { return cold_samples_; }
+  std::uint64_t cached_bytes() const { return cached_bytes_; }
+  std::uint64_t cached_samples() const { return size() - cold_samples_; }
+  // Bytes the shard holds.
+  std::uint64_t memory_bytes() const;
+
+ private:
+  std::uint32_t node_ = 0;
+  std::vector<std::uint64_t> bytes_;
+  std::vector<std::int32_t> labels_;
+  std::vector<std::uint64_t> arena_offset_;
+  std::vector<std::uint32_t> shard_;    // shard formats: the sample's shard (its path is in the shared file table)
+  std::vector<std::uint64_t> offset_;   // shard formats: its byte offset there
+  std::uint64_t cold_samples_ = 0;
+  std::uint64_t cached_bytes_ = 0;
+};
+
+// How a node asks owners for the entries of samples they own: `local[i]` is an index in
+// `owner`'s share; out[i] receives its entry. One call per (plan, owner).
+class DirectoryExchange {
+ public:
+  virtual ~DirectoryExchange() = default;
+  virtual void describe(std::uint32_t owner, std::span<const std::uint64_t> local, std::span<SampleInfo> out) const = 0;
+};
+
+// An exchange inside one process: the owners' shards are at hand (the simulator's).
+class InProcessExchange : public DirectoryExchange {
+ public:
+  explicit InProcessExchange(const std::vector<OwnerShard>& shards) : shards_(shards) {}
+  void describe(std::uint32_t owner, std::span<const std::uint64_t> local, std::span<SampleInfo> out) const override;
+
+ private:
+  const std::vector<OwnerShard>& shards_;
+};
+
+// Owner-side metadata for node `node`: its own shard, the spread ownership, the nodes' cold
+// counts (O(P), an allgather in a daemon) and the shared file table's bytes (shard paths,
+// O(files)); everything else comes through `exchange`, per plan.
+class ShardedDirectory : public SampleDirectory {
+ public:
+  // All references must outlive the directory.
+  ShardedDirectory(std::uint32_t node, const Ownership& ownership, const OwnerShard& own,
+                   const DirectoryExchange& exchange, std::vector<std::uint64_t> cold_per_node,
+                   std::uint64_t file_table_bytes);
+  std::unique_ptr<const PlanDirectory> resolve(std::span<const SampleId> order) const override;
+  bool has_cold_samples() const override { return any_cold_; }
+  DirectoryBytes memory_bytes() const override;
+
+ private:
+  std::uint32_t node_;
+  const Ownership& ownership_;
+  const OwnerShard& own_;
+  const DirectoryExchange& exchange_;
+  std::vector<std::uint64_t> cold_per_node_;
+  bool any_cold_ = false;
+  std::uint64_t file_table_bytes_;
+};
+
+}  // namespace shardmix

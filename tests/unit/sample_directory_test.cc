@@ -1,0 +1,172 @@
+// Owner-side metadata (decision 0055): the spread ownership is a partition of the ids that
+// the placement tabulates exactly, and a node's ShardedDirectory (its own OwnerShard plus
+// the owners' answers) tells the scheduler the same bytes, label, owner and arena offset
+// for every planned sample as the global catalog and placement do, cold samples included.
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "common/catalog.h"
+#include "common/epoch_plan.h"
+#include "common/metadata_footprint.h"
+#include "common/ownership.h"
+#include "common/placement.h"
+#include "common/sample_directory.h"
+#include "tests/unit/plan_support.h"
+
+namespace shardmix {
+namespace sample_directory_test {
+
+struct DirectoryCase {
+  std::vector<std::uint64_t> sizes;
+  std::uint32_t classes = 1;
+  JobShape job;
+  ShuffleConfig shuffle;
+  double share = 1.0;  // of the dataset the nodes' arenas hold together
+};
+
+std::ostream& operator<<(std::ostream& os, const DirectoryCase& c) {
+  return os << "N=" << c.sizes.size() << " C=" << c.classes << " nodes=" << c.job.nodes
+            << " tpn=" << c.job.trainers_per_node << " B=" << c.job.batch_size << " drop_last=" << c.job.drop_last
+            << " Q=" << c.shuffle.exchange_fraction << " seed=" << c.shuffle.seed << " share=" << c.share;
+}
+
+rc::Gen<DirectoryCase> gen_case() {
+  return rc::gen::exec([] {
+    DirectoryCase c;
+    const auto n = *rc::gen::inRange<std::size_t>(1, 600);
+    c.sizes = test_support::random_sizes(*rc::gen::arbitrary<std::uint64_t>(), n);
+    c.classes = *rc::gen::inRange<std::uint32_t>(1, 12);
+    c.job.nodes = *rc::gen::inRange<std::uint32_t>(1, 9);
+    c.job.trainers_per_node = *rc::gen::inRange<std::uint32_t>(1, 4);
+    c.job.batch_size = *rc::gen::inRange<std::uint32_t>(1, 17);
+    c.job.drop_last = *rc::gen::arbitrary<bool>();
+    c.shuffle.seed = *rc::gen::arbitrary<std::uint64_t>();
+    c.shuffle.exchange_fraction = *test_support::gen_exchange_fraction();
+    c.share = *rc::gen::element(0.0, 0.3, 0.7, 1.0, 2.0);
+    return c;
+  });
+}
+
+// A synthetic catalog of the case (labels ascending in id, as every catalog assigns them).
+Catalog catalog_of(const DirectoryCase& c) {
+  std::vector<std::int32_t> labels(c.sizes.size());
+  for (std::size_t i = 0; i < labels.size(); ++i) {
+    labels[i] = static_cast<std::int32_t>(i * c.classes / labels.size());
+  }
+  return std::move(Catalog::synthetic(c.sizes, labels).value());
+}
+
+bool same(const SampleInfo& a, const SampleInfo& b) {
+  return a.bytes == b.bytes && a.arena_offset == b.arena_offset && a.owner == b.owner && a.label == b.label;
+}
+
+RC_GTEST_PROP(Ownership, SpreadIsAPartitionThatThePlacementTabulates, ()) {
+  const DirectoryCase c = *gen_case();
+  const PlanShape shape = make_plan_shape(c.sizes.size(), c.job);
+  const Ownership spread = Ownership::spread(c.sizes.size(), shape.node_owned, c.shuffle.seed);
+  const Placement p = make_placement(c.sizes, shape, PlacementPolicy::kSpread, c.shuffle.seed);
+  std::vector<int> seen(c.sizes.size(), 0);
+  for (std::uint32_t k = 0; k < c.job.nodes; ++k) {
+    RC_ASSERT(spread.owned_count(k) == shape.node_owned[k]);
+    std::vector<SampleId> share;
+    for (std::uint64_t i = 0; i < spread.owned_count(k); ++i) {
+      const SampleId id = spread.owned_at(k, i);
+      RC_ASSERT(id < c.sizes.size());
+      ++seen[id];
+      const Ownership::Share where = spread.locate(id);
+      RC_ASSERT(where.node == k);
+      RC_ASSERT(where.index == i);
+      RC_ASSERT(spread.owner(id) == k);
+      share.push_back(id);
+    }
+    std::sort(share.begin(), share.end());
+    RC_ASSERT(share == p.owned[k]);  // the tabulated lists are the function's shares, ascending
+  }
+  RC_ASSERT(std::all_of(seen.begin(), seen.end(), [](int s) { return s == 1; }));
+  // The planner reads the function, not the tabulated lists' ascending order.
+  RC_ASSERT(ownership_of(p).is_spread());
+}
+
+RC_GTEST_PROP(ShardedDirectory, TellsTheSchedulerWhatTheGlobalDirectoryTells, ()) {
+  const DirectoryCase c = *gen_case();
+  const Catalog catalog = catalog_of(c);
+  const PlanShape shape = make_plan_shape(c.sizes.size(), c.job);
+  const std::uint64_t capacity = c.share >= 2.0 ? kNoCapacityLimit
+                                                : test_support::capacity_for_share(c.sizes, c.job.nodes, c.share);
+  const Placement p = make_placement(catalog.sizes(), shape, PlacementPolicy::kSpread, c.shuffle.seed, capacity);
+  const GlobalDirectory global(catalog, p);
+
+  const Ownership ownership = Ownership::spread(c.sizes.size(), shape.node_owned, c.shuffle.seed);
+  std::vector<OwnerShard> shards;
+  std::vector<std::uint64_t> cold;
+  for (std::uint32_t k = 0; k < c.job.nodes; ++k) {
+    shards.push_back(OwnerShard::build(catalog, ownership, k, capacity, c.shuffle.seed));
+    RC_ASSERT(shards[k].size() == p.owned[k].size());
+    RC_ASSERT(shards[k].cold_samples() == p.cold_samples[k]);
+    RC_ASSERT(shards[k].cached_bytes() == p.cached_bytes[k]);
+    cold.push_back(shards[k].cold_samples());
+    for (std::uint64_t i = 0; i < shards[k].size(); ++i) {
+      RC_ASSERT(same(shards[k].at(i), global.info(ownership.owned_at(k, i))));
+    }
+  }
+  const InProcessExchange exchange(shards);
+  const EpochPlanner from_placement(shape, p, c.shuffle);
+  const EpochPlanner from_ownership(shape, ownership, c.shuffle);
+  const auto epoch = *rc::gen::inRange<std::uint64_t>(0, 5);
+  for (std::uint32_t k = 0; k < c.job.nodes; ++k) {
+    const ShardedDirectory directory(k, ownership, shards[k], exchange, cold, 0);
+    RC_ASSERT(directory.has_cold_samples() == global.has_cold_samples());
+    const std::vector<TrainerPlan> plans = from_ownership.plan_node(epoch, k);
+    const std::vector<TrainerPlan> tabulated = from_placement.plan_node(epoch, k);
+    for (std::size_t t = 0; t < plans.size(); ++t) {
+      // The same plan whether the planner has the tabulated placement or the function alone.
+      RC_ASSERT(plans[t].order == tabulated[t].order);
+      const auto resolved = directory.resolve(plans[t].order);
+      const auto looked_up = global.resolve(plans[t].order);
+      for (std::uint64_t i = 0; i < plans[t].order.size(); ++i) {
+        const SampleId id = plans[t].order[i];
+        RC_ASSERT(same(resolved->at(i, id), looked_up->at(i, id)));
+      }
+    }
+    // What the node holds: its shard and O(P) tables, never the other shards.
+    const DirectoryBytes held = directory.memory_bytes();
+    RC_ASSERT(held.catalog == shards[k].memory_bytes());
+    RC_ASSERT(held.placement == ownership.memory_bytes() + cold.size() * sizeof(std::uint64_t));
+  }
+}
+
+// The figure the issue is about: at a fixed dataset, a node's owner-side metadata shrinks as
+// nodes are added, while the global directory's does not.
+TEST(ShardedDirectory, PerNodeBytesFallWithTheNodeCount) {
+  constexpr std::size_t kSamples = 200000;
+  DirectoryCase c;
+  c.sizes = test_support::random_sizes(3, kSamples);
+  c.classes = 10;
+  const Catalog catalog = catalog_of(c);
+  std::vector<std::uint64_t> sharded_bytes;
+  std::vector<std::uint64_t> global_bytes;
+  for (std::uint32_t nodes : {4u, 16u, 64u}) {
+    const PlanShape shape = make_plan_shape(kSamples, JobShape{nodes, 2, 32, false});
+    const Ownership ownership = Ownership::spread(kSamples, shape.node_owned, 1);
+    const std::vector<OwnerShard> shards{OwnerShard::build(catalog, ownership, 0, kNoCapacityLimit, 1)};
+    const InProcessExchange exchange(shards);
+    const ShardedDirectory directory(0, ownership, shards[0], exchange, std::vector<std::uint64_t>(nodes, 0), 0);
+    sharded_bytes.push_back(node_metadata_bytes(directory, 0).total());
+    const Placement p = make_placement(catalog.sizes(), shape, PlacementPolicy::kSpread, 1);
+    global_bytes.push_back(node_metadata_bytes(GlobalDirectory(catalog, p), 0).total());
+  }
+  // N/P entries of 32 bytes: a quarter each time the nodes quadruple (plus O(P) tables).
+  EXPECT_LT(sharded_bytes[1], sharded_bytes[0] / 3) << sharded_bytes[0] << " -> " << sharded_bytes[1];
+  EXPECT_LT(sharded_bytes[2], sharded_bytes[1] / 3) << sharded_bytes[1] << " -> " << sharded_bytes[2];
+  EXPECT_LE(sharded_bytes[0], kSamples / 4 * 40);
+  // The global directory holds every sample on every node: it does not fall.
+  EXPECT_GE(global_bytes[2], global_bytes[0]);
+  EXPECT_GT(global_bytes[2], 20 * sharded_bytes[2]);
+}
+
+}  // namespace sample_directory_test
+}  // namespace shardmix
