@@ -187,21 +187,13 @@ std::string decode(std::span<const std::uint8_t> payload, EpochStats& out) {
   return decode_fields(payload, "epoch-end frame", out);
 }
 
-std::string decode(std::span<const std::uint8_t> payload, CheckpointWelcome& out) {
-  return decode_fields(payload, "checkpoint-welcome frame", out);
-}
-
-std::string decode(std::span<const std::uint8_t> payload, CheckpointSave& out) {
-  return decode_fields(payload, "checkpoint-save frame", out);
-}
-
-std::string decode(std::span<const std::uint8_t> payload, CheckpointRequest& out) {
-  return decode_fields(payload, "checkpoint request frame", out);
-}
-
-std::string decode(std::span<const std::uint8_t> payload, CheckpointReply& out) {
-  return decode_fields(payload, "checkpoint-reply frame", out);
-}
+// The checkpoint frames have no checks of meaning beyond their fields (the daemon's
+// CheckpointNode validates names), except the listing below.
+using Payload = std::span<const std::uint8_t>;
+std::string decode(Payload payload, CheckpointWelcome& out) { return decode_fields(payload, "checkpoint-welcome frame", out); }
+std::string decode(Payload payload, CheckpointSave& out) { return decode_fields(payload, "checkpoint-save frame", out); }
+std::string decode(Payload payload, CheckpointRequest& out) { return decode_fields(payload, "checkpoint request frame", out); }
+std::string decode(Payload payload, CheckpointReply& out) { return decode_fields(payload, "checkpoint-reply frame", out); }
 
 std::string decode(std::span<const std::uint8_t> payload, CheckpointListing& out) {
   std::string err = decode_fields(payload, "checkpoint-listing frame", out);

@@ -347,6 +347,11 @@ void NodeTelemetry::set_job_epoch(const JobEpochStats& job) {
   job_ = job;
 }
 
+void NodeTelemetry::set_checkpoint_stats(std::function<CheckpointNodeStats()> source) {
+  std::lock_guard lock(mutex_);
+  checkpoint_stats_ = std::move(source);
+}
+
 std::string NodeTelemetry::prometheus_text() const {
   std::lock_guard lock(mutex_);
   PromWriter w(fmt::format("node=\"{}\"", info_.node));
@@ -397,6 +402,28 @@ std::string NodeTelemetry::prometheus_text() const {
   w.metric("shardmix_dead_peer_storage_samples_total", "counter",
            "Samples read from storage instead of a dead or failing peer daemon (degraded mode).",
            static_cast<double>(rerouted_samples_.load(std::memory_order_relaxed)));
+  if (checkpoint_stats_) {
+    const CheckpointNodeStats c = checkpoint_stats_();
+    w.metric("shardmix_checkpoint_ram_bytes", "gauge", "Model checkpoint bytes held in this daemon's RAM.",
+             static_cast<double>(c.store.bytes_in_ram));
+    w.metric("shardmix_checkpoint_waiting_bytes", "gauge",
+             "Checkpoint bytes saved here and not yet durable in checkpoint.dir.",
+             static_cast<double>(c.store.bytes_waiting));
+    w.metric("shardmix_checkpoint_drained_bytes_total", "counter", "Checkpoint bytes made durable by this daemon.",
+             static_cast<double>(c.store.bytes_drained));
+    w.metric("shardmix_checkpoint_drain_seconds_total", "counter",
+             "Time the drain spent writing checkpoint files (drained bytes / this = the drain rate).",
+             c.drain_busy_us / 1e6);
+    w.metric("shardmix_checkpoint_drain_failures_total", "counter", "Failed attempts to write a checkpoint file.",
+             static_cast<double>(c.store.drain_failures));
+    w.metric("shardmix_checkpoint_saves_total", "counter", "Checkpoint saves completed for trainers.",
+             static_cast<double>(c.saves));
+    w.metric("shardmix_checkpoint_save_seconds_total", "counter",
+             "Time trainers' saves took, from the daemon receiving them to their reply, summed.", c.save_us / 1e6);
+    w.metric("shardmix_checkpoint_saves_waiting_for_room", "gauge",
+             "Saves waiting for checkpoint.capacity to free room (when_full = wait).",
+             static_cast<double>(c.saves_waiting_for_room));
+  }
   if (last_) {
     const proto::EpochStats& s = last_->stats;
     w.metric("shardmix_last_epoch", "gauge", "Epoch of the latest finished trainer pass on this node.",

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <set>
 #include <map>
 #include <mutex>
@@ -24,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/checkpoint_node.h"
 #include "proto/wire.h"
 
 namespace shardmix {
@@ -166,6 +168,10 @@ class NodeTelemetry {
   void note_scheduler_metadata_bytes(std::uint64_t bytes);
   std::uint64_t scheduler_metadata_bytes_max() const { return scheduler_metadata_max_.load(); }
 
+  // Model checkpoints (checkpoint.dir): where prometheus_text() reads their figures; called
+  // once before serving, from the daemon's thread. Unset: no checkpoint metrics.
+  void set_checkpoint_stats(std::function<CheckpointNodeStats()> source);
+
   // Prometheus text exposition format 0.0.4 (# HELP/# TYPE, one sample per line).
   std::string prometheus_text() const;
 
@@ -187,6 +193,7 @@ class NodeTelemetry {
   std::optional<TrainerEpochRecord> last_;  // latest record (quality figures of the last pass)
   std::optional<JobEpochStats> job_;
   std::vector<TrainerEpochRecord> queue_;
+  std::function<CheckpointNodeStats()> checkpoint_stats_;
 };
 
 // Seconds since 1970 on the system clock (comparable across NTP-synchronised nodes).

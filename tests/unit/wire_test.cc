@@ -56,7 +56,7 @@ Bytes frame_of(const CheckpointRequest& m) {
   return frame;
 }
 
-CheckpointListing sample_listing() { return CheckpointListing{9, {3, 1}, {5, 6}, "rank0model"}; }
+CheckpointListing sample_listing() { return CheckpointListing{9, {3, 1}, {5, 5}, "rank0model"}; }
 
 TEST(Wire, EveryMessageEncodesToItsPinnedBytes) {
   EXPECT_EQ(hex(frame_of(Hello{3, 8, 4242})), "534d5831080001000c00000000000000030000000800000092100000");
@@ -291,7 +291,7 @@ TEST(Wire, CheckpointListingNamesMustAddUp) {
   const Bytes frame = frame_of(listing);
   CheckpointListing back;
   EXPECT_EQ(decode(std::span(frame).subspan(16), back),
-            "checkpoint-listing frame: the name lengths add up to 11 bytes, the names hold 12");
+            "checkpoint-listing frame: the name lengths add up to 10 bytes, the names hold 11");
   CheckpointListing empty_name{1, {1}, {0}, ""};
   const Bytes frame2 = frame_of(empty_name);
   EXPECT_EQ(decode(std::span(frame2).subspan(16), back), "checkpoint-listing frame: a name of 0 bytes (1 to 200 allowed)");
