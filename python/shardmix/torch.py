@@ -38,7 +38,7 @@ one rank's torch.save/torch.load:
     shardmix.torch.save(model.state_dict(), f"rank{rank}")   # returns once in the node's RAM
     model.load_state_dict(shardmix.torch.load(f"rank{rank}"))  # RAM, else checkpoint.dir
 
-Both use the process's ShardMix client (the one a ShardMixDataset created, else a new one),
+Both use the process's ShardMix client (the first one a ShardMixDataset created, else a new one),
 or ``client=``.
 """
 import io
@@ -51,17 +51,24 @@ import shardmix
 
 __all__ = ["ShardMixDataset", "make_loader", "save", "load"]
 
-# The client of this process: one per trainer rank (the daemon refuses a second batch
-# connection of the same rank), shared by ShardMixDataset and save/load.
+# The client save/load use by default: the first one a ShardMixDataset of this process
+# created, else one they create. A rank has one batch connection (the daemon refuses a
+# second of the same rank), so save/load must not open another next to a dataset's.
 _process_client = None
 
 
-def _client(client=None, **client_options):
+def _adopt(client):
     global _process_client
+    if _process_client is None or _process_client.closed:
+        _process_client = client
+    return client
+
+
+def _client(client=None):
     if client is not None:
         return client
     if _process_client is None or _process_client.closed:
-        _process_client = shardmix.Client(**client_options)
+        _adopt(shardmix.Client())
     return _process_client
 
 
@@ -99,7 +106,7 @@ class ShardMixDataset(IterableDataset):
     @property
     def client(self):
         if self._client is None:
-            self._client = _client(**self._client_options)
+            self._client = _adopt(shardmix.Client(**self._client_options))
         if not self._checked:
             self._check_distributed()
             self._checked = True
