@@ -1069,9 +1069,11 @@ Status Daemon::start_service() {
     telemetry_.set_checkpoint_stats([node = checkpoints_.get()] { return node->stats(); });
     forget_checkpoint_stats_.run = [this] { telemetry_.set_checkpoint_stats({}); };
     log_->info("checkpoints: absorbed in RAM (checkpoint.capacity {} bytes, retain {}, when_full {}) and drained to "
-               "{}; replication to a peer daemon is not built yet",
+               "{}; the cache arena is limited to {}; replication to a peer daemon is not built yet",
                config_.checkpoint.capacity_bytes, config_.checkpoint.retain, config_.checkpoint.when_full,
-               config_.checkpoint.dir);
+               config_.checkpoint.dir,
+               capacity_ == kNoCapacityLimit ? std::string("RAM (cache.capacity = 0)")
+                                             : fmt::format("cache.capacity - checkpoint.capacity = {} bytes", capacity_));
   }
   served.checkpoints = checkpoints_.get();
   const std::string socket_path = run_dir_ + "/d" + std::to_string(rank_) + ".sock";

@@ -51,7 +51,8 @@ start_daemons_in_background() {
   local nodes=$1 run_dir=$2 dir=$3
   world=$nodes
   sm_write_config "$tmp/c.toml" dataset.path="$tmp/data" batch.size=8 fabric.provider=tcp \
-    service.trainers_per_node=1 service.run_dir="$run_dir" checkpoint.dir="$dir" checkpoint.capacity=64MiB
+    service.trainers_per_node=1 service.run_dir="$run_dir" checkpoint.dir="$dir" checkpoint.capacity=64MiB \
+    cache.capacity=256MiB
   : >"$tmp/daemons.log"
   e2e_start_daemons "$nodes" "$tmp/c.toml" "$tmp/daemons.log"
   current_run_dir=$run_dir
@@ -82,6 +83,9 @@ case_killed() {
   local dir=$tmp/killed-ckpt
   start_daemons 2 "$tmp/run-killed" "$dir"
   payload "$tmp/k1" one 3000
+  # checkpoint.capacity comes out of the cache's budget (cache.capacity = 256MiB here).
+  grep -q "the cache arena is limited to cache.capacity - checkpoint.capacity = $(((256 - 64) << 20)) bytes" \
+    "$tmp/daemons.log" || fail "the daemons did not take checkpoint.capacity out of cache.capacity"
   as_rank 0 save rank0 --file "$tmp/k1" --kill-after-save
   ((rc == 137)) || fail "the trainer was to kill itself right after save returned (exit 137), exit $rc: $out"
   as_rank 0 wait rank0
