@@ -258,11 +258,7 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
       if (self->closed_ || self->closing_after_write_) return;
       iovec iov{self->payload_.data() + self->payload_read_, self->payload_.size() - self->payload_read_};
       alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
+      msghdr msg{.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof(control)};
       const ssize_t got = ::recvmsg(self->socket_.native_handle(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
       if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
         return self->read_payload_with_descriptor();

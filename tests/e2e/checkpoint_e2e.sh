@@ -32,15 +32,7 @@ stat=$(sm_find_exe shardmix-stat)
 e2e_gen_dataset 200 4 4 9
 
 CASE=setup
-fail() {
-  local log
-  for log in "$tmp"/*.log; do
-    [[ -f $log ]] || continue
-    echo "---- $log (last 15 lines)" >&2
-    tail -n 15 "$log" >&2
-  done
-  sm_die "$CASE: $*" 1
-}
+fail() { e2e_fail_with_logs "$CASE: $*"; }
 
 # start_daemons NODES RUN_DIR CHECKPOINT_DIR: NODES daemons, one trainer each, ready.
 start_daemons() {
