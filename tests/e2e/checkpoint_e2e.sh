@@ -5,7 +5,8 @@
 #   killed    a trainer SIGKILLed right after save returned: the version still becomes
 #             durable (wait_durable from a new process), its file holds the saved bytes,
 #             and load returns them; shardmix-stat counts the save and the drained bytes;
-#   broken    checkpoint.dir cannot be created at start (a regular file is in its way): the
+#   broken    without checkpoint.dir a save is refused naming the key; checkpoint.dir
+#             cannot be created at start (a regular file is in its way): the
 #             daemons refuse to start, naming it; it breaks while serving (replaced by a
 #             file): save still returns (the bytes are in RAM), wait_durable fails naming
 #             the checkpoint and the directory, load still returns the bytes from RAM; once
@@ -101,6 +102,14 @@ case_killed() {
 
 case_broken() {
   local blocker=$tmp/blocker dir=$tmp/blocker/ckpt
+  # Without checkpoint.dir a save is refused, naming the key.
+  start_daemons 2 "$tmp/run-off" ""
+  payload "$tmp/b1" broken 512
+  as_rank 0 save model --file "$tmp/b1"
+  if ((rc == 0)) || [[ $out != *"checkpoint.dir is not set"* ]]; then
+    fail "a save without checkpoint.dir: exit $rc: $out"
+  fi
+  stop_daemons
   echo "not a directory" >"$blocker"
   start_daemons_in_background 2 "$tmp/run-broken-start" "$dir"
   ! e2e_wait_ready "$current_run_dir" "$tmp/daemons.log" 2>/dev/null || fail "the daemons started with $dir impossible"
@@ -113,7 +122,6 @@ case_broken() {
   # The directory breaks while serving: a file takes its place.
   rm -r "$dir"
   echo "not a directory" >"$dir"
-  payload "$tmp/b1" broken 512
   as_rank 0 save model --file "$tmp/b1"
   ((rc == 0)) || fail "save with a broken checkpoint.dir should return once in RAM: $out"
   as_rank 0 wait model
