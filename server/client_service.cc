@@ -258,7 +258,8 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
       if (self->closed_ || self->closing_after_write_) return;
       iovec iov{self->payload_.data() + self->payload_read_, self->payload_.size() - self->payload_read_};
       alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
-      msghdr msg{.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof(control)};
+      msghdr msg{.msg_name = nullptr, .msg_namelen = 0, .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
+                 .msg_controllen = sizeof(control), .msg_flags = 0};
       const ssize_t got = ::recvmsg(self->socket_.native_handle(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
       if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
         return self->read_payload_with_descriptor();
@@ -636,6 +637,7 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     r.stall_us = pass_wait_us_;
     r.released_batches = pass_released_;
     r.node_errors_total = telemetry->errors_total();
+    r.node_checkpoints = telemetry->checkpoint_figures();
     r.t_start = pass_start_;
     r.t_end = wall_seconds_now();
     telemetry->add_record(r);

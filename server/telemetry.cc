@@ -123,6 +123,12 @@ std::string JobEpochStats::to_json() const {
   field("errors_total", u(errors_total));
   field("skipped_samples", skipped_samples ? u(*skipped_samples) : "null");
   field("invalid_samples", u(invalid_samples));
+  field("checkpoint_ram_bytes", u(checkpoints.ram_bytes));
+  field("checkpoint_waiting_bytes", u(checkpoints.waiting_bytes));
+  field("checkpoint_drained_bytes", u(checkpoints.drained_bytes));
+  field("checkpoint_drain_seconds", json_number(checkpoints.drain_us / 1e6));
+  field("checkpoint_saves", u(checkpoints.saves));
+  field("checkpoint_save_seconds", json_number(checkpoints.save_us / 1e6));
   return s + "}";
 }
 
@@ -184,6 +190,10 @@ void JobAggregator::add(const TrainerEpochRecord& record) {
   pending_[record.stats.epoch][record.trainer_rank] = record;
   auto& errors = node_errors_[record.node];
   errors = std::max(errors, record.node_errors_total);
+  // Records of one node may arrive out of order; its totals only grow.
+  NodeCheckpointFigures& latest = node_checkpoints_[record.node];
+  const NodeCheckpointFigures& now = record.node_checkpoints;
+  if (now.saves + now.drained_bytes >= latest.saves + latest.drained_bytes) latest = now;
 }
 
 JobEpochStats JobAggregator::merge(std::uint64_t epoch,
@@ -240,6 +250,14 @@ JobEpochStats JobAggregator::merge(std::uint64_t epoch,
   j.label_entropy_mean = j.batches_scored > 0 ? entropy_weighted / static_cast<double>(j.batches_scored) : kNaN;
   j.affinity = affinity_samples > 0 ? affinity_weighted / static_cast<double>(affinity_samples) : kNaN;
   for (const auto& [node, errors] : node_errors_) j.errors_total += errors;
+  for (const auto& [node, c] : node_checkpoints_) {
+    j.checkpoints.ram_bytes += c.ram_bytes;
+    j.checkpoints.waiting_bytes += c.waiting_bytes;
+    j.checkpoints.drained_bytes += c.drained_bytes;
+    j.checkpoints.drain_us += c.drain_us;
+    j.checkpoints.saves += c.saves;
+    j.checkpoints.save_us += c.save_us;
+  }
   j.invalid_samples = invalid_samples_;
   if (j.complete && dataset_samples_ >= j.samples) j.skipped_samples = dataset_samples_ - j.samples + invalid_samples_;
   return j;
@@ -350,6 +368,17 @@ void NodeTelemetry::set_job_epoch(const JobEpochStats& job) {
 void NodeTelemetry::set_checkpoint_stats(std::function<CheckpointNodeStats()> source) {
   std::lock_guard lock(mutex_);
   checkpoint_stats_ = std::move(source);
+}
+
+NodeCheckpointFigures NodeTelemetry::checkpoint_figures() const {
+  std::function<CheckpointNodeStats()> source;
+  {
+    std::lock_guard lock(mutex_);
+    source = checkpoint_stats_;
+  }
+  if (!source) return {};
+  const CheckpointNodeStats c = source();
+  return {c.store.bytes_in_ram, c.store.bytes_waiting, c.store.bytes_drained, c.drain_busy_us, c.saves, c.save_us};
 }
 
 std::string NodeTelemetry::prometheus_text() const {
