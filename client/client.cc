@@ -1,5 +1,7 @@
 #include "client/client.h"
 
+#include "common/checkpoint_file.h"
+#include "common/checkpoint_memfd.h"
 #include "common/config.h"
 #include "common/job_token.h"
 #include "common/trace.h"
@@ -20,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -119,6 +122,25 @@ Result<std::uint32_t> find_job_token(const std::string& run_dir, double timeout_
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+}
+
+// A connected Unix stream socket to the daemon of `node` at `path`.
+Result<int> connect_socket(const std::string& path, std::uint32_t node) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return make_error(StatusCode::kInvalidArgument, "socket path {} is too long", path);
+  }
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return make_error(StatusCode::kIoError, "socket(): {}", std::strerror(errno));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int error = errno;
+    ::close(fd);
+    return make_error(StatusCode::kUnavailable, "cannot connect to the daemon of node {} at {}: {}", node, path,
+                      std::strerror(error));
+  }
+  return fd;
 }
 
 }  // namespace
@@ -223,6 +245,7 @@ class DaemonConnection {
  public:
   ~DaemonConnection() {
     if (fd_ >= 0) ::close(fd_);
+    for (const int fd : received_fds_) ::close(fd);
   }
 
   static Result<std::unique_ptr<DaemonConnection>> open(const ClientOptions& options);
@@ -417,6 +440,77 @@ class DaemonConnection {
     return &*catalog_;
   }
 
+  // ---- model checkpoints (docs/decisions/0056) ----
+
+  Result<std::uint64_t> save_checkpoint(std::string_view name, std::uint64_t size,
+                                        const std::function<void(std::span<std::uint8_t>)>& write) {
+    SHARDMIX_RETURN_IF_ERROR(validate_checkpoint_name(name));  // before any memory is taken for it
+    SHARDMIX_ASSIGN_OR_RETURN(DaemonConnection * channel, checkpoint_channel());
+    SHARDMIX_ASSIGN_OR_RETURN(CheckpointMemfd memfd, CheckpointMemfd::create(name, size));
+    write(memfd.data());
+    SHARDMIX_RETURN_IF_ERROR(memfd.seal());
+    const std::uint64_t request = next_request_++;
+    std::vector<std::uint8_t> frame;
+    proto::encode(frame, proto::CheckpointSave{request, size, std::string(name)});
+    SHARDMIX_RETURN_IF_ERROR(channel->send_with_memfd(frame, memfd.fd()));
+    SHARDMIX_ASSIGN_OR_RETURN(proto::CheckpointReply reply, channel->checkpoint_reply(request));
+    return reply.version;
+  }
+
+  Status wait_durable(std::string_view name) {
+    SHARDMIX_ASSIGN_OR_RETURN(DaemonConnection * channel, checkpoint_channel());
+    const std::uint64_t request = next_request_++;
+    std::vector<std::uint8_t> frame;
+    proto::encode(frame, proto::FrameType::kCheckpointWaitDurable, proto::CheckpointRequest{request, std::string(name)});
+    SHARDMIX_RETURN_IF_ERROR(channel->send(frame));
+    return channel->checkpoint_reply(request).status();
+  }
+
+  // The reply's memfd goes to `memfd` (owned by the caller from then on).
+  Result<proto::CheckpointReply> load_checkpoint(std::string_view name, int& memfd) {
+    SHARDMIX_ASSIGN_OR_RETURN(DaemonConnection * channel, checkpoint_channel());
+    const std::uint64_t request = next_request_++;
+    std::vector<std::uint8_t> frame;
+    proto::encode(frame, proto::FrameType::kCheckpointLoad, proto::CheckpointRequest{request, std::string(name)});
+    SHARDMIX_RETURN_IF_ERROR(channel->send(frame));
+    auto reply = channel->checkpoint_reply(request);
+    std::vector<int> fds = std::exchange(channel->received_fds_, {});
+    if (reply.ok() && !fds.empty()) memfd = fds.front();
+    for (std::size_t i = memfd >= 0 ? 1 : 0; i < fds.size(); ++i) ::close(fds[i]);
+    if (reply.ok() && memfd < 0) {
+      return make_error(StatusCode::kProtocol, "the daemon of node {} loaded checkpoint '{}' but passed no memfd",
+                        node_, name);
+    }
+    return reply;
+  }
+
+  Result<std::vector<CheckpointVersion>> list_checkpoints() {
+    SHARDMIX_ASSIGN_OR_RETURN(DaemonConnection * channel, checkpoint_channel());
+    const std::uint64_t request = next_request_++;
+    std::vector<std::uint8_t> frame;
+    proto::encode(frame, proto::FrameType::kCheckpointList, proto::CheckpointRequest{request, {}});
+    SHARDMIX_RETURN_IF_ERROR(channel->send(frame));
+    proto::FrameHeader header{};
+    SHARDMIX_RETURN_IF_ERROR(channel->receive(header, channel->payload_));
+    if (header.type != static_cast<std::uint16_t>(proto::FrameType::kCheckpointListing)) {
+      return make_error(StatusCode::kProtocol, "expected a checkpoint listing from the daemon of node {}, got frame type {}",
+                        node_, header.type);
+    }
+    proto::CheckpointListing listing;
+    if (auto err = proto::decode(channel->payload_, listing); !err.empty()) return Status(StatusCode::kProtocol, err);
+    if (listing.request != request) {
+      return make_error(StatusCode::kProtocol, "the daemon of node {} answered request {}, not {}", node_,
+                        listing.request, request);
+    }
+    std::vector<CheckpointVersion> out;
+    std::size_t offset = 0;
+    for (std::size_t i = 0; i < listing.versions.size(); ++i) {
+      out.push_back(CheckpointVersion{listing.names.substr(offset, listing.name_bytes[i]), listing.versions[i]});
+      offset += listing.name_bytes[i];
+    }
+    return out;
+  }
+
   // This trainer's position in the epoch it iterates (or last iterated).
   struct Position {
     bool started = false;
@@ -484,7 +578,10 @@ class DaemonConnection {
   // and the bytes are read exactly, with their SCM_RIGHTS descriptors.
   Status read_exact(std::uint8_t* out, std::size_t n, int* fds) {
     if (fd_ < 0) return lost("");
-    if (fds != nullptr && inbox_begin_ == inbox_end_) return read_exact_unbuffered(out, n, fds);
+    // A checkpoint connection buffers nothing: a recv that ran into a load's reply would drop its memfd.
+    if (keep_all_descriptors_ || (fds != nullptr && inbox_begin_ == inbox_end_)) {
+      return read_exact_unbuffered(out, n, fds);
+    }
     std::size_t done = std::min(n, inbox_end_ - inbox_begin_);
     // Not memcpy of 0 bytes: before the first recv the inbox has no storage (data() is null).
     if (done > 0) std::memcpy(out, inbox_.data() + inbox_begin_, done);
@@ -523,7 +620,8 @@ class DaemonConnection {
       msghdr msg{};
       msg.msg_iov = &iov;
       msg.msg_iovlen = 1;
-      if (fds != nullptr && done == 0) {
+      const bool take_fds = keep_all_descriptors_ || (fds != nullptr && done == 0);
+      if (take_fds) {
         msg.msg_control = control;
         msg.msg_controllen = sizeof(control);
       }
@@ -534,7 +632,7 @@ class DaemonConnection {
       }
       if (got < 0) return lost(std::strerror(errno));
       if (got == 0) return lost("the daemon closed the connection (did it stop or crash?)");
-      if (fds != nullptr && done == 0) {
+      if (take_fds) {
         // Keep exactly the two descriptors of a well-formed SCM_RIGHTS message; close
         // anything else that arrived, so a confused peer cannot leak fds (and the RAM
         // they pin) into the trainer.
@@ -544,7 +642,9 @@ class DaemonConnection {
           std::vector<int> got(n);
           std::memcpy(got.data(), CMSG_DATA(c), n * sizeof(int));
           for (std::size_t i = 0; i < n; ++i) {
-            if (n == 2 && fds[i] < 0) {
+            if (keep_all_descriptors_) {
+              received_fds_.push_back(got[i]);  // the caller takes the one it expects
+            } else if (n == 2 && fds[i] < 0) {
               fds[i] = got[i];
             } else {
               ::close(got[i]);
@@ -579,12 +679,84 @@ class DaemonConnection {
     return found;
   }
 
+  // The checkpoint connection to this trainer's daemon: opened on first use with a
+  // CheckpointHello (same socket and job token), so checkpoint requests never share the
+  // batch stream. Its waits have no progress backstop: a save waiting for room or a
+  // wait_durable on slow storage may take long; keepalives show the daemon is alive.
+  Result<DaemonConnection*> checkpoint_channel() {
+    if (checkpoints_ && checkpoints_->fd_ >= 0) return checkpoints_.get();
+    auto c = std::make_unique<DaemonConnection>();
+    c->receive_timeout_s_ = receive_timeout_s_;
+    c->progress_timeout_s_ = std::numeric_limits<double>::infinity();
+    c->interrupted_ = interrupted_;
+    c->node_ = node_;
+    c->socket_path_ = socket_path_;
+    c->keep_all_descriptors_ = true;
+    SHARDMIX_ASSIGN_OR_RETURN(c->fd_, connect_socket(socket_path_, node_));
+    std::vector<std::uint8_t> hello;
+    proto::encode_checkpoint_hello(hello, proto::Hello{static_cast<std::uint32_t>(who_.rank),
+                                                       static_cast<std::uint32_t>(who_.world_size),
+                                                       static_cast<std::uint32_t>(::getpid())});
+    proto::set_hello_job_token(hello, job_token_);
+    SHARDMIX_RETURN_IF_ERROR(c->send(hello));
+    proto::FrameHeader header{};
+    SHARDMIX_RETURN_IF_ERROR(c->receive(header, c->payload_));
+    proto::CheckpointWelcome welcome;
+    if (header.type != static_cast<std::uint16_t>(proto::FrameType::kCheckpointWelcome)) {
+      return make_error(StatusCode::kProtocol, "expected a checkpoint welcome from the daemon of node {}, got frame type {}",
+                        node_, header.type);
+    }
+    if (auto err = proto::decode(c->payload_, welcome); !err.empty()) return Status(StatusCode::kProtocol, err);
+    checkpoints_ = std::move(c);
+    return checkpoints_.get();
+  }
+
+  // The frame's header alone, then its payload with the memfd attached to its first byte:
+  // the daemon reads headers with plain reads, which would drop a descriptor.
+  Status send_with_memfd(const std::vector<std::uint8_t>& frame, int memfd) {
+    const std::span<const std::uint8_t> bytes(frame);
+    SHARDMIX_RETURN_IF_ERROR(send(std::vector<std::uint8_t>(bytes.begin(), bytes.begin() + sizeof(proto::FrameHeader))));
+    std::size_t done = sizeof(proto::FrameHeader);
+    while (done < bytes.size()) {
+      const bool first = done == sizeof(proto::FrameHeader);
+      const ssize_t n = send_with_descriptors(fd_, bytes.subspan(done), first ? std::span(&memfd, 1) : std::span<const int>(), 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return lost(std::string(std::strerror(errno)) + " (did the daemon stop or crash?)");
+      done += static_cast<std::size_t>(n);
+    }
+    return Status::ok_status();
+  }
+
+  // The reply to checkpoint request `request`: its error as a Status, naming what failed.
+  Result<proto::CheckpointReply> checkpoint_reply(std::uint64_t request) {
+    proto::FrameHeader header{};
+    SHARDMIX_RETURN_IF_ERROR(receive(header, payload_));
+    if (header.type != static_cast<std::uint16_t>(proto::FrameType::kCheckpointReply)) {
+      return make_error(StatusCode::kProtocol, "expected a checkpoint reply from the daemon of node {}, got frame type {}",
+                        node_, header.type);
+    }
+    proto::CheckpointReply reply;
+    if (auto err = proto::decode(payload_, reply); !err.empty()) return Status(StatusCode::kProtocol, err);
+    if (reply.request != request) {
+      return make_error(StatusCode::kProtocol, "the daemon of node {} answered request {}, not {}", node_, reply.request,
+                        request);
+    }
+    if (reply.code != 0) return Status(static_cast<StatusCode>(reply.code), "daemon of node " + std::to_string(node_) + ": " + reply.message);
+    return reply;
+  }
+
   // Bytes received but not consumed yet (read_exact).
   static constexpr std::size_t kInboxBytes = 64 * 1024;
   std::vector<std::uint8_t> inbox_;
   std::size_t inbox_begin_ = 0;
   std::size_t inbox_end_ = 0;
   int fd_ = -1;
+  // A checkpoint connection: every descriptor that arrives is kept in received_fds_.
+  bool keep_all_descriptors_ = false;
+  std::vector<int> received_fds_;
+  std::uint32_t job_token_ = 0;
+  std::unique_ptr<DaemonConnection> checkpoints_;  // opened on first use
+  std::uint64_t next_request_ = 1;
   std::string socket_path_;
   double receive_timeout_s_ = 30;
   double progress_timeout_s_ = 600;
@@ -683,24 +855,14 @@ Result<std::unique_ptr<DaemonConnection>> DaemonConnection::open(const ClientOpt
   c->node_ = static_cast<std::uint32_t>(daemon);
   c->socket_path_ = run_dir + "/d" + std::to_string(daemon) + ".sock";
 
-  c->fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (c->fd_ < 0) return make_error(StatusCode::kIoError, "socket(): {}", std::strerror(errno));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (c->socket_path_.size() >= sizeof(addr.sun_path)) {
-    return make_error(StatusCode::kInvalidArgument, "socket path {} is too long", c->socket_path_);
-  }
-  std::strncpy(addr.sun_path, c->socket_path_.c_str(), sizeof(addr.sun_path) - 1);
-  if (::connect(c->fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return make_error(StatusCode::kUnavailable, "cannot connect to the daemon of node {} at {}: {}", daemon,
-                      c->socket_path_, std::strerror(errno));
-  }
+  SHARDMIX_ASSIGN_OR_RETURN(c->fd_, connect_socket(c->socket_path_, c->node_));
   std::vector<std::uint8_t> hello;
   proto::encode(hello, proto::Hello{static_cast<std::uint32_t>(c->who_.rank),
                                     static_cast<std::uint32_t>(c->who_.world_size),
                                     static_cast<std::uint32_t>(::getpid())});
   auto token = find_job_token(run_dir, ready_timeout);
   if (!token.ok()) return token.status();
+  c->job_token_ = *token;
   proto::set_hello_job_token(hello, *token);
   SHARDMIX_RETURN_IF_ERROR(c->send(hello));
 
@@ -958,6 +1120,70 @@ std::uint64_t Client::batches_per_epoch() const { return connection_->welcome_.b
 std::uint64_t Client::samples_per_epoch() const { return connection_->welcome_.samples_this_trainer; }
 std::uint64_t Client::dataset_samples() const { return connection_->welcome_.num_samples; }
 const std::optional<proto::EpochStats>& Client::last_epoch_stats() const { return connection_->last_stats_; }
+
+LoadedCheckpoint::LoadedCheckpoint(LoadedCheckpoint&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)), version_(other.version_) {}
+LoadedCheckpoint& LoadedCheckpoint::operator=(LoadedCheckpoint&& other) noexcept {
+  if (this != &other) {
+    this->~LoadedCheckpoint();
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    version_ = other.version_;
+  }
+  return *this;
+}
+LoadedCheckpoint::~LoadedCheckpoint() {
+  if (data_ != nullptr) ::munmap(const_cast<std::uint8_t*>(data_), size_);
+  data_ = nullptr;
+}
+
+template <typename T>
+static T value_or_throw(Result<T> result) {
+  if (!result.ok()) throw Error(result.status());
+  return std::move(result).value();
+}
+
+std::uint64_t Client::save(std::string_view name, std::span<const std::uint8_t> bytes) {
+  return save(name, bytes.size(), [bytes](std::span<std::uint8_t> into) {
+    if (!bytes.empty()) std::memcpy(into.data(), bytes.data(), bytes.size());
+  });
+}
+
+std::uint64_t Client::save(std::string_view name, std::uint64_t size,
+                           const std::function<void(std::span<std::uint8_t>)>& write) {
+  return value_or_throw(connection_->save_checkpoint(name, size, write));
+}
+
+void Client::wait_durable(std::string_view name) {
+  if (Status s = connection_->wait_durable(name); !s.ok()) throw Error(s);
+}
+
+LoadedCheckpoint Client::load(std::string_view name) {
+  int memfd = -1;
+  const proto::CheckpointReply reply = value_or_throw(connection_->load_checkpoint(name, memfd));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{memfd};
+  LoadedCheckpoint loaded;
+  loaded.version_ = reply.version;
+  if (reply.length == 0) return loaded;
+  struct stat st{};
+  if (::fstat(memfd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < reply.length) {
+    throw Error(make_error(StatusCode::kProtocol, "checkpoint '{}': the daemon's memfd holds fewer than {} bytes", name,
+                           reply.length));
+  }
+  void* p = ::mmap(nullptr, reply.length, PROT_READ, MAP_SHARED, memfd, 0);
+  if (p == MAP_FAILED) {
+    throw Error(make_error(StatusCode::kResourceExhausted, "checkpoint '{}': mapping {} bytes: {}", name, reply.length,
+                           std::strerror(errno)));
+  }
+  loaded.data_ = static_cast<const std::uint8_t*>(p);
+  loaded.size_ = reply.length;
+  return loaded;
+}
+
+std::vector<CheckpointVersion> Client::list() { return value_or_throw(connection_->list_checkpoints()); }
 
 const Catalog& Client::catalog() {
   auto c = connection_->catalog();

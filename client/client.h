@@ -25,6 +25,15 @@
 // different number of trainers, start the daemons with resume.checkpoint_dir holding every
 // old rank's blob and iterate client.resumed_epoch() without a blob.
 //
+// Model checkpoints (the trainer's own state, not the data position above; checkpoint.dir
+// set on the daemons, docs/decisions/0053 and 0056):
+//   client.save("rank3", bytes);                     // returns once the bytes are in the node's RAM
+//   client.wait_durable("rank3");                    // once the newest version is in checkpoint.dir
+//   shardmix::LoadedCheckpoint c = client.load("rank3");   // c.bytes(): RAM, else the file
+//   for (const shardmix::CheckpointVersion& v : client.list()) ...
+// They travel on a second connection to the same daemon, opened on first use, so they can be
+// called between batches without touching the batch stream.
+//
 // Errors: exceptions at this edge only (shardmix::Error, with the daemon's message),
 // thrown by connect() and by the iterator. The library writes nothing to stdout or
 // stderr (it does not log at all).
@@ -201,6 +210,30 @@ class EpochIterator {
   trace::Key trace_key() const;
 };
 
+// One version of a model checkpoint the daemon knows (in its RAM, or newest on disk).
+struct CheckpointVersion {
+  std::string name;
+  std::uint64_t version = 0;
+};
+
+// A loaded version: a read-only mapping of the sealed memfd the daemon passed (no copy
+// when the version was in its RAM). Valid until destroyed.
+class LoadedCheckpoint {
+ public:
+  LoadedCheckpoint() = default;
+  LoadedCheckpoint(LoadedCheckpoint&& other) noexcept;
+  LoadedCheckpoint& operator=(LoadedCheckpoint&& other) noexcept;
+  ~LoadedCheckpoint();
+  std::span<const std::uint8_t> bytes() const { return {data_, size_}; }
+  std::uint64_t version() const { return version_; }
+
+ private:
+  friend class Client;
+  const std::uint8_t* data_ = nullptr;
+  std::uint64_t size_ = 0;
+  std::uint64_t version_ = 0;
+};
+
 class Epoch {
  public:
   EpochIterator begin();
@@ -253,6 +286,28 @@ class Client {
   const Catalog& catalog();
   // The last completed epoch's statistics as reported by the daemon.
   const std::optional<proto::EpochStats>& last_epoch_stats() const;
+
+  // Model checkpoints; each throws shardmix::Error with the daemon's message (naming the
+  // checkpoint, and checkpoint.dir for file system errors).
+  // Saves `bytes` as the next version of `name` (letters, digits, '.', '_', '-'; at most
+  // 200 bytes) and returns its version number once the node holds it: the bytes are copied
+  // once, into a sealed memfd the daemon keeps, so they survive this process.
+  std::uint64_t save(std::string_view name, std::span<const std::uint8_t> bytes);
+  // The same without the copy: `write` fills the `size` bytes of the memfd itself (e.g. a
+  // serializer writing straight into it).
+  std::uint64_t save(std::string_view name, std::uint64_t size,
+                     const std::function<void(std::span<std::uint8_t>)>& write);
+  // Returns once the newest version of `name` saved so far is in checkpoint.dir; throws
+  // the drain's error (naming the checkpoint and the directory) if writing it failed: the
+  // RAM copy is kept and the drain retries, so it may be called again.
+  void wait_durable(std::string_view name);
+  // The newest version of `name`: from the daemon's RAM when it is there, else its file
+  // (checksum verified). kNotFound if there is none.
+  LoadedCheckpoint load(std::string_view name);
+  // The versions this node's daemon knows, newest first per name: held in its RAM, and the
+  // newest durable one of each name it found in checkpoint.dir at start or loaded since
+  // (another node's checkpoint saved during this job shows after a load of its name).
+  std::vector<CheckpointVersion> list();
 
  private:
   explicit Client(std::unique_ptr<DaemonConnection> connection);

@@ -1,5 +1,7 @@
 #include "common/checkpoint_memfd.h"
 
+#include <sys/socket.h>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -24,6 +26,7 @@ class MappedCheckpointBytes final : public CheckpointBytes {
     ::close(fd_);
   }
   std::span<const std::uint8_t> bytes() const override { return {data_, size_}; }
+  int memfd() const override { return fd_; }
 
  private:
   int fd_;
@@ -116,6 +119,42 @@ Result<CheckpointBytesPtr> map_sealed_checkpoint(int fd, std::string_view checkp
     data = static_cast<const std::uint8_t*>(mapped);
   }
   return CheckpointBytesPtr(std::make_shared<MappedCheckpointBytes>(own, data, size));
+}
+
+}  // namespace shardmix
+
+namespace shardmix {
+
+// One sendmsg of `bytes` with `fds` attached (SCM_RIGHTS); none when `fds` is empty.
+ssize_t send_with_descriptors(int socket, std::span<const std::uint8_t> bytes, std::span<const int> fds, int flags) {
+  if (fds.size() > 2) {
+    errno = EINVAL;
+    return -1;
+  }
+  iovec iov{const_cast<std::uint8_t*>(bytes.data()), bytes.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (!fds.empty()) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(fds.size_bytes());
+    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(fds.size_bytes());
+    std::memcpy(CMSG_DATA(cmsg), fds.data(), fds.size_bytes());
+  }
+  return ::sendmsg(socket, &msg, flags | MSG_NOSIGNAL);
+}
+
+Result<CheckpointBytesPtr> checkpoint_bytes_in_memfd(CheckpointBytesPtr bytes, std::string_view checkpoint) {
+  if (bytes->memfd() >= 0) return bytes;
+  const std::span<const std::uint8_t> data = bytes->bytes();
+  SHARDMIX_ASSIGN_OR_RETURN(CheckpointMemfd copy, CheckpointMemfd::create(checkpoint, data.size()));
+  if (!data.empty()) std::memcpy(copy.data().data(), data.data(), data.size());
+  SHARDMIX_RETURN_IF_ERROR(copy.seal());
+  return map_sealed_checkpoint(copy.fd(), checkpoint);
 }
 
 }  // namespace shardmix

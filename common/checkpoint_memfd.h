@@ -7,6 +7,8 @@
 // Thread-safety: a CheckpointMemfd belongs to one thread; the mapped bytes are immutable.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -44,5 +46,15 @@ class CheckpointMemfd {
 // read-only as the bytes of `checkpoint` (named in errors). kInvalidArgument if it is not
 // a memfd sealed against writes, growth and shrinking.
 Result<CheckpointBytesPtr> map_sealed_checkpoint(int fd, std::string_view checkpoint);
+
+// `bytes` if they are in a sealed memfd already (CheckpointBytes::memfd()), else a copy in
+// a new sealed memfd: what the daemon passes a trainer that loads a version it read from
+// its file or holds as a peer's replica.
+Result<CheckpointBytesPtr> checkpoint_bytes_in_memfd(CheckpointBytesPtr bytes, std::string_view checkpoint);
+
+// One sendmsg (MSG_NOSIGNAL | `flags`) of `bytes` with `fds` attached (SCM_RIGHTS; at most
+// two), or none when `fds` is empty: how a memfd crosses the trainer's Unix socket. Returns
+// what sendmsg returns (errno set on -1).
+ssize_t send_with_descriptors(int socket, std::span<const std::uint8_t> bytes, std::span<const int> fds, int flags);
 
 }  // namespace shardmix

@@ -221,6 +221,17 @@ Result<CheckpointBytesPtr> CheckpointNode::load(const std::string& name) {
     if (latest != nullptr && (!on_disk || latest->id.version >= *on_disk)) return latest->bytes;
   }
   if (!on_disk) {
+    // Not held here: another daemon of the job may have drained it since this one listed
+    // checkpoint.dir at start (a trainer loading another node's checkpoint).
+    Result<std::vector<CheckpointId>> listed = list_checkpoint_files(options_.dir);
+    if (!listed.ok()) return listed.status();
+    std::lock_guard lock(mutex_);
+    for (const CheckpointId& id : *listed) {
+      if (id.name == name) store_.note_durable_on_disk(id);
+    }
+    on_disk = store_.newest_durable_on_disk(name);
+  }
+  if (!on_disk) {
     return make_error(StatusCode::kNotFound, "checkpoint '{}': no version in RAM or in checkpoint.dir {}", name,
                       options_.dir.string());
   }

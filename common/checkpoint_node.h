@@ -99,6 +99,7 @@ class CheckpointNode {
   void peer_died(std::int32_t rank);
 
   CheckpointNodeStats stats() const;
+  const CheckpointNodeOptions& options() const { return options_; }
 
  private:
   struct PendingSave {

@@ -43,6 +43,9 @@ class CheckpointBytes {
  public:
   virtual ~CheckpointBytes() = default;
   virtual std::span<const std::uint8_t> bytes() const = 0;
+  // The sealed memfd holding them, if they are in one (what a load hands a trainer
+  // without a copy); -1 otherwise. Owned by this object.
+  virtual int memfd() const { return -1; }
 };
 using CheckpointBytesPtr = std::shared_ptr<const CheckpointBytes>;
 

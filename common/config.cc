@@ -293,6 +293,23 @@ const KeySpec kKeys[] = {
    "Needed only when the number of trainers changes: with the same world size each trainer restores its own blob (Client::epoch(e, blob)), which keeps the planned order and locality; the re-dealt epoch is a fresh global shuffle of what is left (peer reads regardless of shuffle.exchange_fraction).",
    "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(resume.checkpoint_dir)},
 
+  {"checkpoint.dir", KeyType::kString, "",
+   "Model checkpoint absorption: the directory trainers' checkpoints (Client::save, shardmix.torch.save) drain to in the background, as <dir>/<name>/v<N>.smxckpt (temporary file, fsync, rename; a CRC32C in the header). Every daemon of the job uses it; put it on the shared file system. \"\" = off: a trainer's save is refused naming this key.",
+   "A save returns once the bytes are in the node's RAM (a memory copy) instead of after the file system's write; the price is checkpoint.capacity of RAM taken from the cache and a window in which the newest version is only in RAM (wait_durable closes it).",
+   "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(checkpoint.dir)},
+  {"checkpoint.capacity", KeyType::kSize, "2GiB",
+   "checkpoint.dir set: RAM per node for checkpoint versions not yet drained and the newest checkpoint.retain of each name. Taken from cache.capacity: the cache arena gets cache.capacity minus this (an error naming both keys if nothing is left). Integer bytes or a size such as \"8GiB\".",
+   "More absorbs larger or more frequent checkpoints without back-pressure on save; every byte of it is a byte less of dataset cache (more storage reads when the dataset does not fit).",
+   "", 1, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_U64_KEY(checkpoint.capacity_bytes)},
+  {"checkpoint.retain", KeyType::kUint, "2",
+   "checkpoint.dir set: the newest versions of each checkpoint name kept, in RAM (once durable) and on disk (older files are removed after a newer version is durable).",
+   "More keeps older versions to fall back to (a diverged run) at the cost of RAM and disk; 1 keeps only the newest.",
+   "", 1, kU32Max, 0, 0, false, SHARDMIX_U32_KEY(checkpoint.retain)},
+  {"checkpoint.when_full", KeyType::kEnum, "wait",
+   "checkpoint.dir set: a save that does not fit in checkpoint.capacity: \"wait\" = it waits, in order, until the drain frees room (a version larger than checkpoint.capacity is refused with an error naming that key); \"write_through\" = it is written straight to checkpoint.dir and returns when durable.",
+   "wait bounds RAM and keeps saves fast while the drain keeps up; write_through never blocks on RAM but a save then costs the file system's write time, as without ShardMix.",
+   "wait|write_through", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(checkpoint.when_full)},
+
   {"log.level", KeyType::kEnum, "info",
    "Daemon log level.",
    "debug/trace explain every decision but are verbose on many nodes; warn keeps logs short.",
@@ -1136,6 +1153,13 @@ Status validate(const Config& config, const Origins& origins) {
                       "config keys 'cache.reuse_rounds' ({}) and 'cache.rotation_epochs' ({}) cannot both be set: reuse "
                       "rounds already change the resident set every round; set one of them to 0",
                       config.cache.reuse_rounds, config.cache.rotation_epochs);
+  }
+  if (!config.checkpoint.dir.empty() && config.cache.capacity_bytes != 0 &&
+      config.checkpoint.capacity_bytes >= config.cache.capacity_bytes) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "config key 'checkpoint.capacity' ({} bytes) must be less than 'cache.capacity' ({} bytes): "
+                      "checkpoints take their RAM from the cache's budget and would leave the cache nothing",
+                      config.checkpoint.capacity_bytes, config.cache.capacity_bytes);
   }
   if (config.sim.fault_node < -1 || config.sim.slow_link_node < -1) {
     return make_error(StatusCode::kInvalidArgument,

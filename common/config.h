@@ -148,6 +148,16 @@ struct ResumeConfig {
   bool operator==(const ResumeConfig&) const = default;
 };
 
+// Model checkpoint absorption (docs/decisions/0053, 0056): off while dir is "".
+struct CheckpointConfig {
+  std::string dir;                     // checkpoint.dir: where versions drain to; "" = off
+  std::uint64_t capacity_bytes = 2ull << 30;  // checkpoint.capacity: RAM for checkpoints, taken from cache.capacity
+  std::uint32_t retain = 2;            // checkpoint.retain: versions of a name kept in RAM and on disk
+  std::string when_full = "wait";      // checkpoint.when_full = wait | write_through
+
+  bool operator==(const CheckpointConfig&) const = default;
+};
+
 struct LogConfig {
   std::string level = "info";          // log.level = trace|debug|info|warn|error
   std::string components;              // log.components = "fabric=debug,service=warn"
@@ -192,6 +202,7 @@ struct Config {
   ResumeConfig resume;
   LogConfig log;
   SimConfig sim;
+  CheckpointConfig checkpoint;
 
   bool operator==(const Config&) const = default;
 };

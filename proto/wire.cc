@@ -76,6 +76,19 @@ void encode_stats(std::vector<std::uint8_t>& out, std::string_view text) {
                    std::span(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()));
 }
 
+void encode_checkpoint_hello(std::vector<std::uint8_t>& out, const Hello& m) {
+  encode_frame(out, FrameType::kCheckpointHello, m);
+}
+void encode(std::vector<std::uint8_t>& out, const CheckpointWelcome& m) {
+  encode_frame(out, FrameType::kCheckpointWelcome, m);
+}
+void encode(std::vector<std::uint8_t>& out, const CheckpointSave& m) { encode_frame(out, FrameType::kCheckpointSave, m); }
+void encode(std::vector<std::uint8_t>& out, FrameType type, const CheckpointRequest& m) { encode_frame(out, type, m); }
+void encode(std::vector<std::uint8_t>& out, const CheckpointReply& m) { encode_frame(out, FrameType::kCheckpointReply, m); }
+void encode(std::vector<std::uint8_t>& out, const CheckpointListing& m) {
+  encode_frame(out, FrameType::kCheckpointListing, m);
+}
+
 void set_hello_job_token(std::vector<std::uint8_t>& frame, std::uint32_t token) {
   if (frame.size() < sizeof(FrameHeader)) return;
   std::memcpy(frame.data() + offsetof(FrameHeader, reserved), &token, sizeof(token));
@@ -88,6 +101,11 @@ std::int64_t request_payload_bytes(FrameType type) {
     case FrameType::kRelease: return static_cast<std::int64_t>(encoded_size(Release{}));
     case FrameType::kGetCatalog: return 0;
     case FrameType::kGetStats: return 0;
+    case FrameType::kCheckpointHello: return static_cast<std::int64_t>(encoded_size(Hello{}));
+    case FrameType::kCheckpointSave: return static_cast<std::int64_t>(encoded_size(CheckpointSave{}));  // no name
+    case FrameType::kCheckpointWaitDurable:
+    case FrameType::kCheckpointLoad:
+    case FrameType::kCheckpointList: return static_cast<std::int64_t>(encoded_size(CheckpointRequest{}));
     default: return -1;
   }
 }
@@ -95,6 +113,10 @@ std::int64_t request_payload_bytes(FrameType type) {
 std::int64_t request_payload_max_bytes(FrameType type) {
   if (type == FrameType::kStartEpoch) {
     return request_payload_bytes(type) + static_cast<std::int64_t>(kMaxCheckpointBytes);
+  }
+  if (type == FrameType::kCheckpointSave || type == FrameType::kCheckpointWaitDurable ||
+      type == FrameType::kCheckpointLoad || type == FrameType::kCheckpointList) {
+    return request_payload_bytes(type) + static_cast<std::int64_t>(kMaxCheckpointNameBytes);
   }
   return request_payload_bytes(type);
 }
@@ -108,7 +130,7 @@ std::string decode_header(std::span<const std::uint8_t> bytes, FrameHeader& out)
            std::to_string(kProtocolVersion);
   }
   if (out.type < static_cast<std::uint16_t>(FrameType::kHello) ||
-      out.type > static_cast<std::uint16_t>(FrameType::kKeepalive)) {
+      out.type > static_cast<std::uint16_t>(kLastFrameType)) {
     return "frame header: unknown frame type " + std::to_string(out.type);
   }
   if (out.payload_bytes > kMaxPayloadBytes) {
@@ -163,6 +185,32 @@ std::string decode(std::span<const std::uint8_t> payload, Release& out) {
 
 std::string decode(std::span<const std::uint8_t> payload, EpochStats& out) {
   return decode_fields(payload, "epoch-end frame", out);
+}
+
+// The checkpoint frames have no checks of meaning beyond their fields (the daemon's
+// CheckpointNode validates names), except the listing below.
+using Payload = std::span<const std::uint8_t>;
+std::string decode(Payload payload, CheckpointWelcome& out) { return decode_fields(payload, "checkpoint-welcome frame", out); }
+std::string decode(Payload payload, CheckpointSave& out) { return decode_fields(payload, "checkpoint-save frame", out); }
+std::string decode(Payload payload, CheckpointRequest& out) { return decode_fields(payload, "checkpoint request frame", out); }
+std::string decode(Payload payload, CheckpointReply& out) { return decode_fields(payload, "checkpoint-reply frame", out); }
+
+std::string decode(std::span<const std::uint8_t> payload, CheckpointListing& out) {
+  std::string err = decode_fields(payload, "checkpoint-listing frame", out);
+  if (!err.empty()) return err;
+  std::uint64_t total = 0;
+  for (const std::uint32_t n : out.name_bytes) {
+    if (n == 0 || n > kMaxCheckpointNameBytes) {
+      return "checkpoint-listing frame: a name of " + std::to_string(n) + " bytes (1 to " +
+             std::to_string(kMaxCheckpointNameBytes) + " allowed)";
+    }
+    total += n;
+  }
+  if (total != out.names.size()) {
+    return "checkpoint-listing frame: the name lengths add up to " + std::to_string(total) + " bytes, the names hold " +
+           std::to_string(out.names.size());
+  }
+  return {};
 }
 
 std::string decode_stats(std::span<const std::uint8_t> payload, std::string& out) {

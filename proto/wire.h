@@ -31,12 +31,13 @@
 namespace shardmix::proto {
 
 inline constexpr std::uint32_t kMagic = 0x31584d53;  // "SMX1" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 7;  // 2: stream ids on epoch frames; 3: quality figures;
+inline constexpr std::uint16_t kProtocolVersion = 8;  // 2: stream ids on epoch frames; 3: quality figures;
                                                       // 4: trainer wait in Release, GetStats/Stats;
                                                       // 5: checkpoint/resume (plan identity in Welcome,
                                                       //    resume blob in StartEpoch, plan positions in Batch)
                                                       // 6: Keepalive
                                                       // 7: unreadable samples skipped (descriptor flag, EpochStats)
+                                                      // 8: model checkpoint connections (kCheckpointHello ..)
 // A daemon sends a Keepalive to a trainer it has sent nothing else for this long, so that a
 // trainer can tell a daemon with nothing ready yet (slow storage, a peer's reads) from a
 // stopped or hung one (decision 0036) with a short receive timeout.
@@ -58,7 +59,19 @@ enum class FrameType : std::uint16_t {
   kGetStats = 10,    // client -> daemon: the daemon's counters (allowed before a Hello)
   kStats = 11,       // daemon -> client: Prometheus text exposition of those counters
   kKeepalive = 12,   // daemon -> client: no payload; "still here" after kKeepaliveInterval of silence
+  // Model checkpoints (docs/decisions/0056): only on a connection whose first frame is a
+  // CheckpointHello, never on a trainer's batch connection, so the batch stream and its
+  // exactly-once bookkeeping never see them.
+  kCheckpointHello = 13,        // client -> daemon: a Hello payload (job token in `reserved`)
+  kCheckpointWelcome = 14,      // daemon -> client: the node's checkpoint settings
+  kCheckpointSave = 15,         // client -> daemon: CheckpointSave + one sealed memfd (SCM_RIGHTS)
+  kCheckpointWaitDurable = 16,  // client -> daemon: CheckpointRequest
+  kCheckpointLoad = 17,         // client -> daemon: CheckpointRequest
+  kCheckpointList = 18,         // client -> daemon: CheckpointRequest (empty name)
+  kCheckpointReply = 19,        // daemon -> client: a request's outcome (+ a sealed memfd for a load)
+  kCheckpointListing = 20,      // daemon -> client: the reply to a CheckpointList
 };
+inline constexpr FrameType kLastFrameType = FrameType::kCheckpointListing;
 
 struct FrameHeader {
   std::uint32_t magic;
@@ -225,6 +238,76 @@ struct EpochStats {
   }
 };
 
+// Longest checkpoint name a frame carries (common/checkpoint_file.h validates names).
+inline constexpr std::uint32_t kMaxCheckpointNameBytes = 200;
+// Most versions a listing carries.
+inline constexpr std::uint32_t kMaxCheckpointListing = 1u << 20;
+
+struct CheckpointWelcome {
+  std::uint32_t node = 0;
+  std::uint32_t retain = 0;              // checkpoint.retain
+  std::uint64_t capacity_bytes = 0;      // checkpoint.capacity
+  std::uint32_t replication = 0;         // 1: a save returns once a peer holds a copy; 0: once in this node's RAM
+
+  template <typename Self, typename Visit>
+  static void fields(Self& m, Visit&& visit) {
+    visit("node", m.node), visit("retain", m.retain), visit("capacity_bytes", m.capacity_bytes);
+    visit("replication", m.replication);
+  }
+};
+
+// `request` is chosen by the client and comes back in the reply. The save's bytes are the
+// memfd sent with this frame's payload; `length` is what the trainer wrote (the daemon
+// checks the memfd against it).
+struct CheckpointSave {
+  std::uint64_t request = 0, length = 0;
+  std::string name;
+
+  template <typename Self, typename Visit>
+  static void fields(Self& m, Visit&& visit) {
+    visit("request", m.request), visit("length", m.length), visit("name", counted(kMaxCheckpointNameBytes, m.name));
+  }
+};
+
+struct CheckpointRequest {
+  std::uint64_t request = 0;
+  std::string name;
+
+  template <typename Self, typename Visit>
+  static void fields(Self& m, Visit&& visit) {
+    visit("request", m.request), visit("name", counted(kMaxCheckpointNameBytes, m.name));
+  }
+};
+
+// code 0: done (version and length of what was saved, made durable or loaded); else a
+// StatusCode and the daemon's message naming the checkpoint (and checkpoint.dir).
+struct CheckpointReply {
+  std::uint64_t request = 0;
+  std::uint16_t code = 0;
+  std::uint64_t version = 0, length = 0;
+  std::string message;
+
+  template <typename Self, typename Visit>
+  static void fields(Self& m, Visit&& visit) {
+    visit("request", m.request), visit("code", m.code), visit("version", m.version), visit("length", m.length);
+    visit("message", counted(~std::uint32_t{0}, m.message));
+  }
+};
+
+// Every listed version: names[i] is the next name_bytes[i] bytes of `names`.
+struct CheckpointListing {
+  std::uint64_t request = 0;
+  std::vector<std::uint64_t> versions;
+  std::vector<std::uint32_t> name_bytes;
+  std::string names;
+
+  template <typename Self, typename Visit>
+  static void fields(Self& m, Visit&& visit) {
+    visit("request", m.request), visit("versions", counted(kMaxCheckpointListing, m.versions, m.name_bytes));
+    visit("names", counted(kMaxCheckpointListing * kMaxCheckpointNameBytes, m.names));
+  }
+};
+
 // Exact payload size of a request frame type (the walked size of its fields), checked
 // before its payload is read, so a header cannot make the daemon allocate more than a
 // request needs. -1 for types that
@@ -249,6 +332,13 @@ void finish_catalog_frame(std::vector<std::uint8_t>& frame);
 void encode_get_stats(std::vector<std::uint8_t>& out);
 void encode_keepalive(std::vector<std::uint8_t>& out);
 void encode_stats(std::vector<std::uint8_t>& out, std::string_view text);
+void encode_checkpoint_hello(std::vector<std::uint8_t>& out, const Hello& m);
+void encode(std::vector<std::uint8_t>& out, const CheckpointWelcome& m);
+void encode(std::vector<std::uint8_t>& out, const CheckpointSave& m);
+// `type`: kCheckpointWaitDurable, kCheckpointLoad or kCheckpointList.
+void encode(std::vector<std::uint8_t>& out, FrameType type, const CheckpointRequest& m);
+void encode(std::vector<std::uint8_t>& out, const CheckpointReply& m);
+void encode(std::vector<std::uint8_t>& out, const CheckpointListing& m);
 // The job token (common/job_token.h, docs/decisions/0024) travels in the Hello frame's
 // header `reserved` field, so the Hello payload layout is unchanged (0 = no token).
 // Sets it in an encoded frame that starts at `frame[0]` (a Hello from encode()).
@@ -264,6 +354,12 @@ std::string decode(std::span<const std::uint8_t> payload, StartEpoch& out);
 std::string decode(std::span<const std::uint8_t> payload, BatchFrame& out);
 std::string decode(std::span<const std::uint8_t> payload, Release& out);
 std::string decode(std::span<const std::uint8_t> payload, EpochStats& out);
+std::string decode(std::span<const std::uint8_t> payload, CheckpointWelcome& out);
+std::string decode(std::span<const std::uint8_t> payload, CheckpointSave& out);
+std::string decode(std::span<const std::uint8_t> payload, CheckpointRequest& out);
+std::string decode(std::span<const std::uint8_t> payload, CheckpointReply& out);
+// Also checks that the name lengths add up to the names' bytes.
+std::string decode(std::span<const std::uint8_t> payload, CheckpointListing& out);
 // kStats: the payload is UTF-8 text; checks only that it holds no NUL byte.
 std::string decode_stats(std::span<const std::uint8_t> payload, std::string& out);
 

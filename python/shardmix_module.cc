@@ -559,6 +559,50 @@ unless given. Raises shardmix.Error.)doc")
         d["redealt"] = info.redealt;
         return d;
       }, py::arg("blob"), "What a checkpoint blob says (epoch, batches_consumed, samples_consumed, rank, world_size, redealt), without a daemon.")
+      // ---- model checkpoints (C++: Client::save, wait_durable, load, list; decision 0056) ----
+      .def("save", [](PyClient& c, const std::string& name, py::buffer data) {
+        State& s = *c.state;
+        const py::buffer_info info = data.request();
+        if (!PyBuffer_IsContiguous(info.view(), 'C')) throw py::value_error("save(): the data must be a contiguous buffer");
+        const std::span<const std::uint8_t> bytes(static_cast<const std::uint8_t*>(info.ptr),
+                                                  static_cast<std::size_t>(info.size * info.itemsize));
+        Busy busy(s);
+        py::gil_scoped_release nogil;
+        return s.get().save(name, bytes);
+      }, py::arg("name"), py::arg("data"),
+      "Saves the bytes of `data` (bytes, bytearray, memoryview, a numpy array...) as the next version of "
+      "checkpoint `name` and returns its version number once the node's daemon holds them (checkpoint.dir set). "
+      "They are copied once, into memory that outlives this process.")
+      .def("wait_durable", [](PyClient& c, const std::string& name) {
+        State& s = *c.state;
+        Busy busy(s);
+        py::gil_scoped_release nogil;
+        s.get().wait_durable(name);
+      }, py::arg("name"),
+      "Returns once the newest version of `name` is in checkpoint.dir; raises shardmix.Error with the drain's "
+      "error (naming the checkpoint and the directory) if writing it failed (the daemon keeps it in RAM and retries).")
+      .def("load", [](PyClient& c, const std::string& name) {
+        State& s = *c.state;
+        std::optional<sm::LoadedCheckpoint> loaded;
+        {
+          Busy busy(s);
+          py::gil_scoped_release nogil;
+          loaded.emplace(s.get().load(name));
+        }
+        return py::bytes(reinterpret_cast<const char*>(loaded->bytes().data()), loaded->bytes().size());
+      }, py::arg("name"), "The newest version of `name` as bytes: from the daemon's RAM, else from its file.")
+      .def("list", [](PyClient& c) {
+        State& s = *c.state;
+        std::vector<sm::CheckpointVersion> versions;
+        {
+          Busy busy(s);
+          py::gil_scoped_release nogil;
+          versions = s.get().list();
+        }
+        py::list out;
+        for (const sm::CheckpointVersion& v : versions) out.append(py::make_tuple(v.name, v.version));
+        return out;
+      }, "The checkpoint versions the daemon knows, as (name, version) tuples, newest first per name.")
       .def("close", [](PyClient& c) {
         State& s = *c.state;
         if (s.busy) throw std::runtime_error("close() while another thread waits on this client");

@@ -18,6 +18,8 @@
 #include <optional>
 #include <thread>
 
+#include "common/checkpoint_file.h"
+#include "common/checkpoint_memfd.h"
 #include "common/log.h"
 #include "common/read_groups.h"
 #include "common/trace.h"
@@ -26,6 +28,10 @@
 namespace shardmix {
 namespace asio = boost::asio;
 using stream = asio::local::stream_protocol;
+
+static_assert(proto::kMaxCheckpointNameBytes == kMaxCheckpointNameBytes,
+              "a checkpoint frame carries any name common/checkpoint_file.h accepts");
+
 
 void FabricFetcher::fetch(std::vector<PeerRead> reads, std::function<void(const Status&)> done) {
   // A batch's reads of one peer go out as vectored reads (read_groups.h), all handed to
@@ -116,6 +122,7 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
       if (slot.lock().get() == this) slot.reset();
     }
     keepalive_timer_.cancel();
+    if (received_fd_ >= 0) ::close(std::exchange(received_fd_, -1));
     boost::system::error_code ignored;
     socket_.shutdown(stream::socket::shutdown_both, ignored);
     socket_.close(ignored);
@@ -226,6 +233,10 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
       }
       self->header_ = header;
       self->payload_.resize(header.payload_bytes);
+      if (header.type == static_cast<std::uint16_t>(proto::FrameType::kCheckpointSave)) {
+        self->payload_read_ = 0;
+        return self->read_payload_with_descriptor();
+      }
       self->read_payload();
     });
   }
@@ -234,22 +245,75 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     auto self = shared_from_this();
     asio::async_read(socket_, asio::buffer(payload_), [self](boost::system::error_code ec, std::size_t) {
       if (ec) return self->on_disconnect(ec);
-      if (self->closed_ || self->closing_after_write_) return;
-      if (!self->dispatch()) return;
-      // Backpressure: a trainer that does not read its replies stops being read.
-      if (self->queued_bytes_ > kMaxQueuedBytes) {
-        self->read_paused_ = true;
-      } else {
-        self->read_header();
-      }
+      self->after_payload();
     });
+  }
+
+  // A CheckpointSave's payload arrives with the trainer's memfd (SCM_RIGHTS), which a plain
+  // read would drop: read it with recvmsg, keeping the first descriptor and closing any other.
+  void read_payload_with_descriptor() {
+    auto self = shared_from_this();
+    socket_.async_wait(stream::socket::wait_read, [self](boost::system::error_code ec) {
+      if (ec) return self->on_disconnect(ec);
+      if (self->closed_ || self->closing_after_write_) return;
+      iovec iov{self->payload_.data() + self->payload_read_, self->payload_.size() - self->payload_read_};
+      alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
+      msghdr msg{.msg_name = nullptr, .msg_namelen = 0, .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
+                 .msg_controllen = sizeof(control), .msg_flags = 0};
+      const ssize_t got = ::recvmsg(self->socket_.native_handle(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        return self->read_payload_with_descriptor();
+      }
+      if (got <= 0) {
+        return self->on_disconnect(got == 0 ? asio::error::eof
+                                            : boost::system::error_code(errno, boost::system::system_category()));
+      }
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        const std::size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (std::size_t i = 0; i < n; ++i) {
+          int fd = -1;
+          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+          if (self->received_fd_ < 0) {
+            self->received_fd_ = fd;
+          } else {
+            ::close(fd);
+          }
+        }
+      }
+      self->payload_read_ += static_cast<std::size_t>(got);
+      if (self->payload_read_ < self->payload_.size()) return self->read_payload_with_descriptor();
+      self->after_payload();
+    });
+  }
+
+  void after_payload() {
+    if (closed_ || closing_after_write_) return;
+    if (!dispatch()) return;
+    // Backpressure: a trainer that does not read its replies stops being read.
+    if (queued_bytes_ > kMaxQueuedBytes) {
+      read_paused_ = true;
+    } else {
+      read_header();
+    }
   }
 
   // Returns whether to keep reading.
   bool dispatch() {
     const auto type = static_cast<proto::FrameType>(header_.type);
-    if (!scheduler_ && type != proto::FrameType::kHello && type != proto::FrameType::kGetStats) {
-      protocol_error("the first frame must be a Hello");
+    const bool checkpoint_frame = type >= proto::FrameType::kCheckpointSave;
+    if (checkpoint_connection_) {
+      if (!checkpoint_frame && type != proto::FrameType::kGetStats) {
+        return protocol_error("frame type " + std::to_string(header_.type) +
+                              " on a checkpoint connection (it carries checkpoint requests only)"),
+               false;
+      }
+      return dispatch_checkpoint(type);
+    }
+    if (!scheduler_ && type != proto::FrameType::kHello && type != proto::FrameType::kCheckpointHello &&
+        type != proto::FrameType::kGetStats) {
+      protocol_error(checkpoint_frame ? "checkpoint requests need a connection opened with a CheckpointHello"
+                                      : "the first frame must be a Hello");
       return false;
     }
     switch (type) {
@@ -264,6 +328,11 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
         proto::Hello hello;
         if (auto err = proto::decode(payload_, hello); !err.empty()) return protocol_error(err), false;
         return on_hello(hello, header_.reserved);
+      }
+      case proto::FrameType::kCheckpointHello: {
+        proto::Hello hello;
+        if (auto err = proto::decode(payload_, hello); !err.empty()) return protocol_error(err), false;
+        return on_checkpoint_hello(hello, header_.reserved);
       }
       case proto::FrameType::kStartEpoch: {
         proto::StartEpoch m;
@@ -332,11 +401,9 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     }
   }
 
-  bool on_hello(const proto::Hello& hello, std::uint32_t job_token) {
-    if (scheduler_) return protocol_error("a second Hello on one connection"), false;
+  // Refuses (with an Error frame naming the socket) a Hello without this job's token.
+  bool job_token_accepted(const proto::Hello& hello, std::uint32_t job_token) {
     const ServedJob& job = service_.job_;
-    const std::uint32_t trainers = job.nodes * job.trainers_per_node;
-    trainer_rank_ = hello.trainer_rank;
     if (job.job_token != 0 && job_token != job.job_token) {
       // Same uid, another job (or a stale token file): refuse before the trainer maps anything.
       log_->warn("refusing trainer rank {} (pid {}): {} job token", hello.trainer_rank, peer_pid_,
@@ -349,6 +416,15 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
                             job_token == 0 ? "sent none" : "holds another job's token"));
       return false;
     }
+    return true;
+  }
+
+  bool on_hello(const proto::Hello& hello, std::uint32_t job_token) {
+    if (scheduler_) return protocol_error("a second Hello on one connection"), false;
+    const ServedJob& job = service_.job_;
+    const std::uint32_t trainers = job.nodes * job.trainers_per_node;
+    trainer_rank_ = hello.trainer_rank;
+    if (!job_token_accepted(hello, job_token)) return false;
     if (hello.world_size != trainers) {
       send_error(make_error(StatusCode::kInvalidArgument,
                             "trainer world size {} does not match the daemons' layout: {} daemons x "
@@ -407,22 +483,12 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     proto::encode(out, w);
     // The Welcome is the first thing written on this socket, so a blocking sendmsg cannot
     // interleave with queued async writes.
-    int fds[2] = {job.arena->readonly_fd(), job.staging->readonly_fd()};  // trainers only read
-    iovec iov{out.data(), out.size()};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(fds))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(fds));
-    std::memcpy(CMSG_DATA(cmsg), fds, sizeof(fds));
+    const int fds[2] = {job.arena->readonly_fd(), job.staging->readonly_fd()};  // trainers only read
     std::size_t sent = 0;
     while (sent < out.size()) {
-      const ssize_t n = ::sendmsg(socket_.native_handle(), &msg, MSG_NOSIGNAL);
+      // The fds go with the first byte only.
+      const ssize_t n = send_with_descriptors(socket_.native_handle(), std::span(out).subspan(sent),
+                                              sent == 0 ? std::span<const int>(fds) : std::span<const int>(), 0);
       if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
       if (n <= 0) {
         log_->warn("trainer rank {}: sending the welcome failed: {}", trainer_rank_, std::strerror(errno));
@@ -430,14 +496,125 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
         return false;
       }
       sent += static_cast<std::size_t>(n);
-      iov.iov_base = out.data() + sent;
-      iov.iov_len = out.size() - sent;
-      msg.msg_control = nullptr;  // the fds go with the first byte only
-      msg.msg_controllen = 0;
     }
     last_write_ = std::chrono::steady_clock::now();
     arm_keepalive();
     return true;
+  }
+
+  // A checkpoint connection: any rank of this job may save, load or list (a restarted job
+  // of another world size loads what the old ranks saved), so only the token is checked.
+  bool on_checkpoint_hello(const proto::Hello& hello, std::uint32_t job_token) {
+    trainer_rank_ = hello.trainer_rank;
+    if (!job_token_accepted(hello, job_token)) return false;
+    const CheckpointNode* node = service_.job_.checkpoints;
+    if (node == nullptr) {
+      send_error(make_error(StatusCode::kInvalidArgument,
+                            "the daemon of node {} keeps no model checkpoints: checkpoint.dir is not set in its config",
+                            service_.job_.context.node));
+      return false;
+    }
+    checkpoint_connection_ = true;
+    log_->info("trainer rank {} (pid {}) opened a checkpoint connection", hello.trainer_rank, peer_pid_);
+    proto::CheckpointWelcome w;
+    w.node = service_.job_.context.node;
+    w.retain = node->options().retain;
+    w.capacity_bytes = node->options().capacity_bytes;
+    w.replication = 0;  // no CheckpointReplicator across daemons yet (docs/decisions/0056)
+    std::vector<std::uint8_t> out;
+    proto::encode(out, w);
+    write(std::move(out));
+    arm_keepalive();
+    return true;
+  }
+
+  // Requests on a checkpoint connection. Their outcomes come back as CheckpointReply frames
+  // (an error names the checkpoint and keeps the connection); only a malformed frame closes it.
+  bool dispatch_checkpoint(proto::FrameType type) {
+    CheckpointNode& node = *service_.job_.checkpoints;
+    if (type == proto::FrameType::kGetStats) {
+      std::vector<std::uint8_t> out;
+      proto::encode_stats(out, service_.job_.telemetry != nullptr ? service_.job_.telemetry->prometheus_text() : "");
+      write(std::move(out));
+      return true;
+    }
+    if (type == proto::FrameType::kCheckpointSave) {
+      proto::CheckpointSave m;
+      if (auto err = proto::decode(payload_, m); !err.empty()) return protocol_error(err), false;
+      const int fd = std::exchange(received_fd_, -1);
+      if (fd < 0) return protocol_error("checkpoint '" + m.name + "': the save frame carried no memfd"), false;
+      Result<CheckpointBytesPtr> bytes = map_sealed_checkpoint(fd, m.name);
+      ::close(fd);
+      if (bytes.ok() && (*bytes)->bytes().size() != m.length) {
+        bytes = make_error(StatusCode::kInvalidArgument, "checkpoint '{}': its memfd holds {} bytes, the save says {}",
+                           m.name, (*bytes)->bytes().size(), m.length);
+      }
+      if (!bytes.ok()) return reply_checkpoint(m.request, bytes.status()), true;
+      node.save(m.name, std::move(*bytes), [reply = replier(m.request), length = m.length](Result<CheckpointId> id) {
+        if (!id.ok()) return reply(id.status(), 0, 0, nullptr);
+        reply(Status::ok_status(), id->version, length, nullptr);
+      });
+      return true;
+    }
+    proto::CheckpointRequest m;
+    if (auto err = proto::decode(payload_, m); !err.empty()) return protocol_error(err), false;
+    switch (type) {
+      case proto::FrameType::kCheckpointWaitDurable:
+        node.wait_durable(m.name, [reply = replier(m.request)](const Status& s) { reply(s, 0, 0, nullptr); });
+        return true;
+      case proto::FrameType::kCheckpointLoad:
+        // Off the io thread: a version no longer in RAM is read from its file.
+        asio::post(service_.checkpoint_reads_, [&node, name = m.name, reply = replier(m.request)] {
+          std::uint64_t version = 0;
+          for (const CheckpointId& id : node.list()) {
+            if (id.name == name) version = std::max(version, id.version);
+          }
+          Result<CheckpointBytesPtr> bytes = node.load(name);
+          if (bytes.ok()) bytes = checkpoint_bytes_in_memfd(std::move(*bytes), name);
+          if (!bytes.ok()) return reply(bytes.status(), 0, 0, nullptr);
+          const std::uint64_t length = (*bytes)->bytes().size();
+          reply(Status::ok_status(), version, length, std::move(*bytes));
+        });
+        return true;
+      case proto::FrameType::kCheckpointList: {
+        proto::CheckpointListing listing;
+        listing.request = m.request;
+        for (const CheckpointId& id : node.list()) {
+          listing.versions.push_back(id.version);
+          listing.name_bytes.push_back(static_cast<std::uint32_t>(id.name.size()));
+          listing.names += id.name;
+        }
+        std::vector<std::uint8_t> out;
+        proto::encode(out, listing);
+        write(std::move(out));
+        return true;
+      }
+      default:
+        return protocol_error("frame type " + std::to_string(header_.type) + " is not a request"), false;
+    }
+  }
+
+  // What a CheckpointNode completion calls, on any thread: the reply is written on the io
+  // thread, if this connection is still open (a trainer killed after its save returned is
+  // not there to read it; the node keeps the checkpoint anyway).
+  using CheckpointReplier = std::function<void(const Status&, std::uint64_t version, std::uint64_t length,
+                                               CheckpointBytesPtr memfd)>;
+  CheckpointReplier replier(std::uint64_t request) {
+    return [weak = weak_from_this(), io = &service_.io_, request](const Status& status, std::uint64_t version,
+                                                                  std::uint64_t length, CheckpointBytesPtr memfd) {
+      asio::post(*io, [weak, request, status, version, length, memfd = std::move(memfd)]() mutable {
+        if (auto self = weak.lock()) self->reply_checkpoint(request, status, version, length, std::move(memfd));
+      });
+    };
+  }
+
+  void reply_checkpoint(std::uint64_t request, const Status& status, std::uint64_t version = 0,
+                        std::uint64_t length = 0, CheckpointBytesPtr memfd = nullptr) {
+    if (!status.ok()) log_->warn("trainer rank {}: {}", trainer_rank_, status.to_string());
+    std::vector<std::uint8_t> out;
+    proto::encode(out, proto::CheckpointReply{request, static_cast<std::uint16_t>(status.code()), version, length,
+                                              status.message()});
+    write(std::move(out), status.ok() ? std::move(memfd) : nullptr);
   }
 
   // The pass is over for telemetry once its EpochEnd is sent and the trainer released
@@ -460,6 +637,7 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     r.stall_us = pass_wait_us_;
     r.released_batches = pass_released_;
     r.node_errors_total = telemetry->errors_total();
+    r.node_checkpoints = telemetry->checkpoint_figures();
     r.t_start = pass_start_;
     r.t_end = wall_seconds_now();
     telemetry->add_record(r);
@@ -506,27 +684,55 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     });
   }
 
-  void write(std::vector<std::uint8_t> bytes) {
+  // `memfd`: a checkpoint's sealed memfd, passed with the frame's first byte (a load's reply).
+  void write(std::vector<std::uint8_t> bytes, CheckpointBytesPtr memfd = nullptr) {
     if (closed_) return;
     last_write_ = std::chrono::steady_clock::now();
     queued_bytes_ += bytes.size();
-    writes_.push_back(std::move(bytes));
+    writes_.push_back(Outgoing{std::move(bytes), std::move(memfd)});
     if (writes_.size() == 1) write_next();
   }
 
   void write_next() {
+    if (writes_.front().memfd) return write_with_memfd();
     auto self = shared_from_this();
-    asio::async_write(socket_, asio::buffer(writes_.front()), [self](boost::system::error_code ec, std::size_t) {
+    asio::async_write(socket_, asio::buffer(writes_.front().bytes), [self](boost::system::error_code ec, std::size_t) {
       if (ec) return self->on_disconnect(ec);
-      self->queued_bytes_ -= self->writes_.front().size();
-      self->writes_.pop_front();
-      if (self->read_paused_ && self->queued_bytes_ <= kMaxQueuedBytes && !self->closed_) {
-        self->read_paused_ = false;
-        self->read_header();
-      }
-      if (!self->writes_.empty()) return self->write_next();
-      if (self->closing_after_write_) self->close();
+      self->written(self->writes_.front().bytes.size());
     });
+  }
+
+  // The first part of the front frame, with its descriptor, by one sendmsg; the rest (if
+  // the socket took only part) as any other write.
+  void write_with_memfd() {
+    auto self = shared_from_this();
+    socket_.async_wait(stream::socket::wait_write, [self](boost::system::error_code ec) {
+      if (ec) return self->on_disconnect(ec);
+      if (self->closed_) return;
+      Outgoing& front = self->writes_.front();
+      const int fd = front.memfd->memfd();
+      const ssize_t n = send_with_descriptors(self->socket_.native_handle(), front.bytes, std::span(&fd, 1),
+                                              MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return self->write_with_memfd();
+      if (n <= 0) return self->on_disconnect(boost::system::error_code(errno, boost::system::system_category()));
+      front.memfd.reset();
+      front.bytes.erase(front.bytes.begin(), front.bytes.begin() + n);
+      self->queued_bytes_ -= static_cast<std::size_t>(n);
+      if (!front.bytes.empty()) return self->write_next();
+      self->written(0);
+    });
+  }
+
+  // The front frame's last `bytes` were written.
+  void written(std::size_t bytes) {
+    queued_bytes_ -= bytes;
+    writes_.pop_front();
+    if (read_paused_ && queued_bytes_ <= kMaxQueuedBytes && !closed_) {
+      read_paused_ = false;
+      read_header();
+    }
+    if (!writes_.empty()) return write_next();
+    if (closing_after_write_) close();
   }
 
   // Replies queued beyond this stop us reading the trainer's requests until they drain.
@@ -538,7 +744,11 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
   std::array<std::uint8_t, sizeof(proto::FrameHeader)> header_bytes_{};
   proto::FrameHeader header_{};
   std::vector<std::uint8_t> payload_;
-  std::deque<std::vector<std::uint8_t>> writes_;
+  struct Outgoing {
+    std::vector<std::uint8_t> bytes;
+    CheckpointBytesPtr memfd;  // sent with the first byte, then dropped
+  };
+  std::deque<Outgoing> writes_;
   std::size_t queued_bytes_ = 0;
   asio::steady_timer keepalive_timer_;
   std::chrono::steady_clock::time_point last_write_{};
@@ -548,6 +758,11 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
   std::uint32_t peer_pid_ = 0;
   bool closed_ = false;
   bool closing_after_write_ = false;
+  // A checkpoint connection (first frame a CheckpointHello), and the memfd that came with
+  // the CheckpointSave being read.
+  bool checkpoint_connection_ = false;
+  int received_fd_ = -1;
+  std::size_t payload_read_ = 0;
   // The current pass, for telemetry.
   bool pass_open_ = false;
   std::uint64_t pass_stream_ = 0;

@@ -5,7 +5,10 @@
 // GetCatalog requests, answered by Batch / EpochEnd / Catalog frames from the trainer's
 // scheduler. A malformed frame or a vanished trainer closes that connection only.
 // A GetStats request (allowed before any Hello: shardmix-stat) is answered with the node's
-// telemetry as Prometheus text. Each finished pass (EpochEnd sent and every batch released,
+// telemetry as Prometheus text. A connection whose first frame is a CheckpointHello is a
+// checkpoint connection (docs/decisions/0056): it carries only CheckpointSave (with the
+// trainer's sealed memfd), CheckpointWaitDurable, CheckpointLoad and CheckpointList, served
+// by the node's CheckpointNode, and never batches. Each finished pass (EpochEnd sent and every batch released,
 // with the trainer's reported waits summed) becomes a TrainerEpochRecord in the telemetry.
 // Thread-safety: all methods and callbacks run on the io_context's thread, except
 // stop(), which posts to it.
@@ -21,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "common/checkpoint_node.h"
 #include "common/staging_allocator.h"
 #include "common/status.h"
 #include "common/trainer_scheduler.h"
@@ -48,6 +52,8 @@ struct ServedJob {
   // Plan identity for checkpoints (common/resume_plan.h plan_digest; proto/checkpoint.h).
   std::uint64_t plan_digest = 0;
   std::uint64_t seed = 0;
+  // Model checkpoints (checkpoint.dir set); nullptr = checkpoint connections are refused.
+  CheckpointNode* checkpoints = nullptr;
 };
 
 // Checks a trainer's checkpoint blob against what this daemon serves (plan digest, job
@@ -117,6 +123,9 @@ class ClientService {
   void forget(const std::shared_ptr<TrainerConnection>& connection);
 
   boost::asio::io_context& io_;
+  // Loads that read a checkpoint's file run here, not on the io thread, so a large read
+  // from slow storage never delays a batch.
+  boost::asio::thread_pool checkpoint_reads_{1};
   ServedJob job_;
   std::string socket_path_;
   boost::asio::local::stream_protocol::acceptor acceptor_;

@@ -24,6 +24,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include <fmt/ranges.h>
@@ -548,6 +549,10 @@ class Daemon {
   [[noreturn]] void stop_for_dead_peer(const PeerMonitor::Failure& dead);
   std::string host_of(std::uint32_t rank) const { return rank < hosts_.size() ? hosts_[rank] : std::string("?"); }
   void log_shutdown_figures();
+  // At a stop: waits, within kCheckpointDrainAtExit, until every checkpoint name's newest
+  // version is in checkpoint.dir (a job that ends right after its last save keeps it);
+  // logs each one that is not, with the drain's error.
+  void drain_checkpoints_before_exit();
   // A step that failed after the fabric opened waits here for every peer (they may still
   // be reading this arena) before returning `why`. The barrier's own failure is logged, not
   // returned: `why` is the error the job reports.
@@ -609,6 +614,11 @@ class Daemon {
   bool degrade_ = false;  // fault.peer_death = degrade
   std::unique_ptr<StorageReaderPool> storage_readers_;
   std::unique_ptr<ResidencyTable> residency_;
+  // Model checkpoints (checkpoint.dir); destroyed after the service (which posts its
+  // completions) and before the io thread is joined (the drain's completions post to io_).
+  std::unique_ptr<CheckpointNode> checkpoints_;
+  // Before the node goes: the telemetry (which outlives it) stops reading its figures.
+  OnDestroy forget_checkpoint_stats_;
   std::unique_ptr<ClientService> service_;
   // On every way out from here: the service dies on its own thread (it owns Asio objects),
   // then the progress thread stops, before `fetcher_` (used by read callbacks) goes away.
@@ -728,7 +738,10 @@ Status Daemon::place() {
   // daemon computes every node's resident set and arena offsets, so each node's own figure
   // is gathered here and node k's layout is always computed from node k's capacity; computing
   // a peer's layout from one's own number would make fi_reads fetch another sample's bytes.
-  capacity_ = config_.cache.capacity_bytes == 0 ? kNoCapacityLimit : config_.cache.capacity_bytes;
+  // checkpoint.capacity comes out of cache.capacity (docs/configuration.md, memory budget;
+  // load_config checked that something is left).
+  const std::uint64_t checkpoint_ram = config_.checkpoint.dir.empty() ? 0 : config_.checkpoint.capacity_bytes;
+  capacity_ = config_.cache.capacity_bytes == 0 ? kNoCapacityLimit : config_.cache.capacity_bytes - checkpoint_ram;
   node_capacities_.assign(static_cast<std::size_t>(nodes_), 0);
   {
     auto gathered_capacities =
@@ -1043,6 +1056,29 @@ Status Daemon::start_service() {
   served.fetcher = fetcher_.get();
   served.telemetry = &telemetry_;
   served.job_token = job_token_;
+  if (!config_.checkpoint.dir.empty()) {
+    CheckpointNodeOptions options;
+    // No CheckpointReplicator across daemons yet (docs/decisions/0056): each node works
+    // alone, as the only daemon its store knows, so a save returns once in this node's RAM.
+    options.rank = 0;
+    options.dir = config_.checkpoint.dir;
+    options.capacity_bytes = config_.checkpoint.capacity_bytes;
+    options.retain = config_.checkpoint.retain;
+    options.when_full = config_.checkpoint.when_full == "write_through" ? WhenFull::kWriteThrough : WhenFull::kWait;
+    auto node = CheckpointNode::start(std::move(options), nullptr);
+    SHARDMIX_RETURN_IF_ERROR(agree(mpi_, node.ok() ? Status::ok_status() : node.status(),
+                                   "starting checkpoint absorption (checkpoint.dir " + config_.checkpoint.dir + ")"));
+    checkpoints_ = std::move(*node);
+    telemetry_.set_checkpoint_stats([node = checkpoints_.get()] { return node->stats(); });
+    forget_checkpoint_stats_.run = [this] { telemetry_.set_checkpoint_stats({}); };
+    log_->info("checkpoints: absorbed in RAM (checkpoint.capacity {} bytes, retain {}, when_full {}) and drained to "
+               "{}; the cache arena is limited to {}; replication to a peer daemon is not built yet",
+               config_.checkpoint.capacity_bytes, config_.checkpoint.retain, config_.checkpoint.when_full,
+               config_.checkpoint.dir,
+               capacity_ == kNoCapacityLimit ? std::string("RAM (cache.capacity = 0)")
+                                             : fmt::format("cache.capacity - checkpoint.capacity = {} bytes", capacity_));
+  }
+  served.checkpoints = checkpoints_.get();
   const std::string socket_path = run_dir_ + "/d" + std::to_string(rank_) + ".sock";
   service_ = std::make_unique<ClientService>(io_, std::move(served), socket_path);
   tear_down_service_.run = [this] {
@@ -1333,6 +1369,7 @@ int Daemon::serve() {
     boost::asio::post(io_, [&] { stopped.set_value(); });
     stopped.get_future().wait();
   }
+  drain_checkpoints_before_exit();
   if (rank_ == 0) ::unlink(ready_path_.c_str());
   ::unlink(token_path_.c_str());
   if (Status s = trace::write(); !s.ok()) log_->error("{}", s.to_string());
@@ -1378,6 +1415,45 @@ int Daemon::serve() {
     return 1;
   }
   return 0;
+}
+
+// Long enough for a few GiB on a slow file system; a daemon killed before (SIGKILL, the
+// launcher's own timeout) loses what was not durable yet (docs/operations.md).
+constexpr std::chrono::seconds kCheckpointDrainAtExit{120};
+
+void Daemon::drain_checkpoints_before_exit() {
+  if (!checkpoints_) return;
+  std::set<std::string> pending;
+  for (const CheckpointId& id : checkpoints_->list()) pending.insert(id.name);
+  if (pending.empty()) return;
+  log_->info("checkpoints: making the newest version of {} name(s) durable before exiting (at most {} s)",
+             pending.size(), kCheckpointDrainAtExit.count());
+  const auto deadline = std::chrono::steady_clock::now() + kCheckpointDrainAtExit;
+  std::map<std::string, Status> last_error;
+  while (!pending.empty() && std::chrono::steady_clock::now() < deadline) {
+    for (auto it = pending.begin(); it != pending.end();) {
+      // Shared: a completion may come after this wait gave up.
+      auto outcome = std::make_shared<std::promise<Status>>();
+      std::future<Status> done = outcome->get_future();
+      checkpoints_->wait_durable(*it, [outcome](const Status& s) { outcome->set_value(s); });
+      if (done.wait_until(deadline) != std::future_status::ready) break;
+      Status s = done.get();
+      if (s.ok()) {
+        last_error.erase(*it);
+        it = pending.erase(it);
+      } else {
+        last_error[*it] = std::move(s);  // the drain retries with the RAM copy kept
+        ++it;
+      }
+    }
+    if (!pending.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  for (const std::string& name : pending) {
+    auto error = last_error.find(name);
+    log_->error("checkpoint '{}': its newest version is not durable in {} and is lost with this daemon{}", name,
+                config_.checkpoint.dir,
+                error != last_error.end() ? ": " + error->second.message() : std::string(" (the drain did not finish)"));
+  }
 }
 
 void Daemon::log_shutdown_figures() {

@@ -123,6 +123,12 @@ std::string JobEpochStats::to_json() const {
   field("errors_total", u(errors_total));
   field("skipped_samples", skipped_samples ? u(*skipped_samples) : "null");
   field("invalid_samples", u(invalid_samples));
+  field("checkpoint_ram_bytes", u(checkpoints.ram_bytes));
+  field("checkpoint_waiting_bytes", u(checkpoints.waiting_bytes));
+  field("checkpoint_drained_bytes", u(checkpoints.drained_bytes));
+  field("checkpoint_drain_seconds", json_number(checkpoints.drain_us / 1e6));
+  field("checkpoint_saves", u(checkpoints.saves));
+  field("checkpoint_save_seconds", json_number(checkpoints.save_us / 1e6));
   return s + "}";
 }
 
@@ -184,6 +190,10 @@ void JobAggregator::add(const TrainerEpochRecord& record) {
   pending_[record.stats.epoch][record.trainer_rank] = record;
   auto& errors = node_errors_[record.node];
   errors = std::max(errors, record.node_errors_total);
+  // Records of one node may arrive out of order; its totals only grow.
+  NodeCheckpointFigures& latest = node_checkpoints_[record.node];
+  const NodeCheckpointFigures& now = record.node_checkpoints;
+  if (now.saves + now.drained_bytes >= latest.saves + latest.drained_bytes) latest = now;
 }
 
 JobEpochStats JobAggregator::merge(std::uint64_t epoch,
@@ -240,6 +250,14 @@ JobEpochStats JobAggregator::merge(std::uint64_t epoch,
   j.label_entropy_mean = j.batches_scored > 0 ? entropy_weighted / static_cast<double>(j.batches_scored) : kNaN;
   j.affinity = affinity_samples > 0 ? affinity_weighted / static_cast<double>(affinity_samples) : kNaN;
   for (const auto& [node, errors] : node_errors_) j.errors_total += errors;
+  for (const auto& [node, c] : node_checkpoints_) {
+    j.checkpoints.ram_bytes += c.ram_bytes;
+    j.checkpoints.waiting_bytes += c.waiting_bytes;
+    j.checkpoints.drained_bytes += c.drained_bytes;
+    j.checkpoints.drain_us += c.drain_us;
+    j.checkpoints.saves += c.saves;
+    j.checkpoints.save_us += c.save_us;
+  }
   j.invalid_samples = invalid_samples_;
   if (j.complete && dataset_samples_ >= j.samples) j.skipped_samples = dataset_samples_ - j.samples + invalid_samples_;
   return j;
@@ -347,6 +365,22 @@ void NodeTelemetry::set_job_epoch(const JobEpochStats& job) {
   job_ = job;
 }
 
+void NodeTelemetry::set_checkpoint_stats(std::function<CheckpointNodeStats()> source) {
+  std::lock_guard lock(mutex_);
+  checkpoint_stats_ = std::move(source);
+}
+
+NodeCheckpointFigures NodeTelemetry::checkpoint_figures() const {
+  std::function<CheckpointNodeStats()> source;
+  {
+    std::lock_guard lock(mutex_);
+    source = checkpoint_stats_;
+  }
+  if (!source) return {};
+  const CheckpointNodeStats c = source();
+  return {c.store.bytes_in_ram, c.store.bytes_waiting, c.store.bytes_drained, c.drain_busy_us, c.saves, c.save_us};
+}
+
 std::string NodeTelemetry::prometheus_text() const {
   std::lock_guard lock(mutex_);
   PromWriter w(fmt::format("node=\"{}\"", info_.node));
@@ -397,6 +431,28 @@ std::string NodeTelemetry::prometheus_text() const {
   w.metric("shardmix_dead_peer_storage_samples_total", "counter",
            "Samples read from storage instead of a dead or failing peer daemon (degraded mode).",
            static_cast<double>(rerouted_samples_.load(std::memory_order_relaxed)));
+  if (checkpoint_stats_) {
+    const CheckpointNodeStats c = checkpoint_stats_();
+    w.metric("shardmix_checkpoint_ram_bytes", "gauge", "Model checkpoint bytes held in this daemon's RAM.",
+             static_cast<double>(c.store.bytes_in_ram));
+    w.metric("shardmix_checkpoint_waiting_bytes", "gauge",
+             "Checkpoint bytes saved here and not yet durable in checkpoint.dir.",
+             static_cast<double>(c.store.bytes_waiting));
+    w.metric("shardmix_checkpoint_drained_bytes_total", "counter", "Checkpoint bytes made durable by this daemon.",
+             static_cast<double>(c.store.bytes_drained));
+    w.metric("shardmix_checkpoint_drain_seconds_total", "counter",
+             "Time the drain spent writing checkpoint files (drained bytes / this = the drain rate).",
+             c.drain_busy_us / 1e6);
+    w.metric("shardmix_checkpoint_drain_failures_total", "counter", "Failed attempts to write a checkpoint file.",
+             static_cast<double>(c.store.drain_failures));
+    w.metric("shardmix_checkpoint_saves_total", "counter", "Checkpoint saves completed for trainers.",
+             static_cast<double>(c.saves));
+    w.metric("shardmix_checkpoint_save_seconds_total", "counter",
+             "Time trainers' saves took, from the daemon receiving them to their reply, summed.", c.save_us / 1e6);
+    w.metric("shardmix_checkpoint_saves_waiting_for_room", "gauge",
+             "Saves waiting for checkpoint.capacity to free room (when_full = wait).",
+             static_cast<double>(c.saves_waiting_for_room));
+  }
   if (last_) {
     const proto::EpochStats& s = last_->stats;
     w.metric("shardmix_last_epoch", "gauge", "Epoch of the latest finished trainer pass on this node.",

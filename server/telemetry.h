@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <set>
 #include <map>
 #include <mutex>
@@ -24,9 +25,16 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/checkpoint_node.h"
 #include "proto/wire.h"
 
 namespace shardmix {
+
+// A node's model checkpoint figures at one moment (all 0 without checkpoint.dir).
+struct NodeCheckpointFigures {
+  std::uint64_t ram_bytes = 0, waiting_bytes = 0;  // gauges
+  std::uint64_t drained_bytes = 0, drain_us = 0, saves = 0, save_us = 0;  // totals so far
+};
 
 struct TrainerEpochRecord {
   std::uint32_t node = 0;
@@ -35,6 +43,7 @@ struct TrainerEpochRecord {
   std::uint64_t stall_us = 0;      // sum of the trainer's Release.wait_us for this pass
   std::uint64_t released_batches = 0;
   std::uint64_t node_errors_total = 0;  // the node's error count when this record was made
+  NodeCheckpointFigures node_checkpoints;  // and its checkpoint figures
   double t_start = 0;  // system clock, seconds since 1970: StartEpoch received
   double t_end = 0;    // ... last batch released (or the pass ended otherwise)
 };
@@ -70,6 +79,9 @@ struct JobEpochStats {
   // the invalid samples the scan left out of the catalog (damaged shard input).
   std::optional<std::uint64_t> skipped_samples;
   std::uint64_t invalid_samples = 0;  // of which left out by the scan (the same every epoch)
+  // Model checkpoints: every node's latest figures (as its last record of this epoch
+  // carried them), summed.
+  NodeCheckpointFigures checkpoints;
 
   // One JSON object on one line (no trailing newline); NaN becomes null.
   std::string to_json() const;
@@ -125,6 +137,7 @@ class JobAggregator {
   std::uint64_t invalid_samples_;
   std::map<std::uint64_t, std::map<std::uint32_t, TrainerEpochRecord>> pending_;  // epoch -> rank -> record
   std::map<std::uint32_t, std::uint64_t> node_errors_;  // latest cumulative error count per node
+  std::map<std::uint32_t, NodeCheckpointFigures> node_checkpoints_;  // latest per node (most saves and drained bytes)
 };
 
 // What a node knows about itself, for the Prometheus text.
@@ -166,6 +179,11 @@ class NodeTelemetry {
   void note_scheduler_metadata_bytes(std::uint64_t bytes);
   std::uint64_t scheduler_metadata_bytes_max() const { return scheduler_metadata_max_.load(); }
 
+  // Model checkpoints (checkpoint.dir): where prometheus_text() reads their figures; called
+  // once before serving, from the daemon's thread. Unset: no checkpoint metrics.
+  void set_checkpoint_stats(std::function<CheckpointNodeStats()> source);
+  NodeCheckpointFigures checkpoint_figures() const;
+
   // Prometheus text exposition format 0.0.4 (# HELP/# TYPE, one sample per line).
   std::string prometheus_text() const;
 
@@ -187,6 +205,7 @@ class NodeTelemetry {
   std::optional<TrainerEpochRecord> last_;  // latest record (quality figures of the last pass)
   std::optional<JobEpochStats> job_;
   std::vector<TrainerEpochRecord> queue_;
+  std::function<CheckpointNodeStats()> checkpoint_stats_;
 };
 
 // Seconds since 1970 on the system clock (comparable across NTP-synchronised nodes).

@@ -114,6 +114,19 @@ int main(int argc, char** argv) {
                get("shardmix_last_label_entropy_mean"), get("shardmix_last_label_entropy_p5"),
                get("shardmix_last_affinity"));
   }
+  if (!std::isnan(get("shardmix_checkpoint_ram_bytes"))) {
+    const double drain_s = get("shardmix_checkpoint_drain_seconds_total");
+    const double saves = get("shardmix_checkpoint_saves_total");
+    fmt::print("  checkpoints: {:.1f} MB in RAM, {:.1f} MB not yet durable, {:.1f} MB drained ({} MB/s while "
+               "writing), {:.0f} failed writes; {:.0f} saves, {:.3f} s each on average, {:.0f} waiting for room\n",
+               get("shardmix_checkpoint_ram_bytes") / 1e6, get("shardmix_checkpoint_waiting_bytes") / 1e6,
+               get("shardmix_checkpoint_drained_bytes_total") / 1e6,
+               drain_s > 0 ? fmt::format("{:.1f}", get("shardmix_checkpoint_drained_bytes_total") / 1e6 / drain_s)
+                           : std::string("-"),
+               get("shardmix_checkpoint_drain_failures_total"), saves,
+               saves > 0 ? get("shardmix_checkpoint_save_seconds_total") / saves : 0.0,
+               get("shardmix_checkpoint_saves_waiting_for_room"));
+  }
   if (!std::isnan(get("shardmix_job_epoch"))) {
     fmt::print("  job:       epoch {:.0f}: {:.0f} samples/s, {:.3f} GB/s, trainers stalled {:.1f}% of the time, "
                "label entropy mean {:.3f} p5(min) {:.3f}, affinity {:.3f}\n",

@@ -31,7 +31,17 @@ initialised, its rank and world size must agree, else ValueError.
 DataLoader workers: the connection is one per trainer process and rank, and the daemon
 already prefetches, so the loader runs in the main process (num_workers=0); iterating
 the dataset inside a DataLoader worker raises RuntimeError.
+
+Model checkpoints (checkpoint.dir set on the daemons; docs/decisions/0056), in place of
+one rank's torch.save/torch.load:
+
+    shardmix.torch.save(model.state_dict(), f"rank{rank}")   # returns once in the node's RAM
+    model.load_state_dict(shardmix.torch.load(f"rank{rank}"))  # RAM, else checkpoint.dir
+
+Both use the process's ShardMix client (the first one a ShardMixDataset created, else a new one),
+or ``client=``.
 """
+import io
 import warnings
 
 import torch
@@ -39,7 +49,27 @@ from torch.utils.data import DataLoader, IterableDataset
 
 import shardmix
 
-__all__ = ["ShardMixDataset", "make_loader"]
+__all__ = ["ShardMixDataset", "make_loader", "save", "load"]
+
+# The client save/load use by default: the first one a ShardMixDataset of this process
+# created, else one they create. A rank has one batch connection (the daemon refuses a
+# second of the same rank), so save/load must not open another next to a dataset's.
+_process_client = None
+
+
+def _adopt(client):
+    global _process_client
+    if _process_client is None or _process_client.closed:
+        _process_client = client
+    return client
+
+
+def _client(client=None):
+    if client is not None:
+        return client
+    if _process_client is None or _process_client.closed:
+        _adopt(shardmix.Client())
+    return _process_client
 
 
 class ShardMixDataset(IterableDataset):
@@ -76,7 +106,7 @@ class ShardMixDataset(IterableDataset):
     @property
     def client(self):
         if self._client is None:
-            self._client = shardmix.Client(**self._client_options)
+            self._client = _adopt(shardmix.Client(**self._client_options))
         if not self._checked:
             self._check_distributed()
             self._checked = True
@@ -169,3 +199,25 @@ def make_loader(dataset, pin_memory=False, **kwargs):
     if pin_memory:
         dataset.pin_memory = True
     return DataLoader(dataset, batch_size=None, num_workers=0, **kwargs)
+
+
+def save(obj, name, *, client=None, wait_durable=False):
+    """torch.save(obj) into the node's ShardMix daemon as the next version of checkpoint
+    `name` (one rank's state: use a name per rank). Returns the version number once the
+    daemon holds the bytes; with wait_durable=True, once they are in checkpoint.dir.
+    Serialised in memory first (torch.save to a BytesIO), then copied once into the
+    daemon's memory."""
+    c = _client(client)
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    version = c.save(name, buffer.getbuffer())
+    if wait_durable:
+        c.wait_durable(name)
+    return version
+
+
+def load(name, *, client=None, **torch_load_kwargs):
+    """torch.load of the newest version of checkpoint `name` (from the daemon's RAM, else
+    from checkpoint.dir); keyword arguments (map_location, weights_only...) go to torch.load."""
+    data = _client(client).load(name)
+    return torch.load(io.BytesIO(data), **torch_load_kwargs)

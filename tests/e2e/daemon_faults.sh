@@ -49,15 +49,7 @@ sm_before_tmp_cleanup() {
 e2e_init faults
 e2e_gen_dataset 800 8 8 5
 
-fail() {
-  local log
-  for log in "$tmp"/*.log; do
-    [[ -f $log ]] || continue
-    echo "---- $log (last 15 lines)" >&2
-    tail -n 15 "$log" >&2
-  done
-  sm_die "$CASE: $*" 1
-}
+fail() { e2e_fail_with_logs "$CASE: $*"; }
 # wait_until SECONDS WHAT COMMAND...: polls COMMAND every 0.1 s; fails naming WHAT.
 wait_until() {
   local limit=$1 what=$2 i

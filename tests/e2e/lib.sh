@@ -17,6 +17,7 @@
 #                               NP shardmixd ranks in the background; E2E_MPIRUN_PID
 #   e2e_wait_ready RUN_DIR LOG  waits for rank 0's "ready:" line and RUN_DIR/ready
 #   e2e_daemon_pid RUN_DIR RANK a running daemon's pid, from RUN_DIR/ready
+#   e2e_fail_with_logs MESSAGE  the tails of $tmp/*.log, then dies with MESSAGE
 #   e2e_kill_daemons            SIGKILL to the daemons of e2e_start_daemons and their mpirun
 #   e2e_python ARG...           $python with this directory's modules importable (e2e_verdict.py)
 
@@ -104,6 +105,17 @@ e2e_wait_ready() {
 }
 
 e2e_daemon_pid() { sed -n "s/^pid\.$2=//p" "$1/ready"; }
+
+# e2e_fail_with_logs MESSAGE: the last 15 lines of every $tmp/*.log, then dies with MESSAGE.
+e2e_fail_with_logs() {
+  local log
+  for log in "$tmp"/*.log; do
+    [[ -f $log ]] || continue
+    echo "---- $log (last 15 lines)" >&2
+    tail -n 15 "$log" >&2
+  done
+  sm_die "$1" 1
+}
 
 e2e_kill_daemons() {
   local p

@@ -35,7 +35,10 @@ constexpr std::size_t kHeaderBytes = sizeof(FrameHeader);
 constexpr FrameType kKnownTypes[] = {
     FrameType::kHello,   FrameType::kWelcome,  FrameType::kError,      FrameType::kStartEpoch,
     FrameType::kBatch,   FrameType::kRelease,  FrameType::kEpochEnd,   FrameType::kGetCatalog,
-    FrameType::kCatalog, FrameType::kGetStats, FrameType::kStats,      FrameType::kKeepalive};
+    FrameType::kCatalog, FrameType::kGetStats, FrameType::kStats,      FrameType::kKeepalive,
+    FrameType::kCheckpointHello, FrameType::kCheckpointWelcome, FrameType::kCheckpointSave,
+    FrameType::kCheckpointWaitDurable, FrameType::kCheckpointLoad, FrameType::kCheckpointList,
+    FrameType::kCheckpointReply, FrameType::kCheckpointListing};
 
 std::string frame_name(FrameType type) { return "frame type " + std::to_string(static_cast<int>(type)); }
 
@@ -54,6 +57,9 @@ void check_header(Span bytes, const std::string& err, const FrameHeader& h) {
   FUZZ_CHECK(h.payload_bytes <= kMaxPayloadBytes, "oversized payload accepted");
   FUZZ_CHECK(std::memcmp(&h, bytes.data(), kHeaderBytes) == 0, "decoded header differs from its bytes");
 }
+
+// The checkpoint requests share one layout; the round trip encodes it as a load.
+void encode(Bytes& frame, const CheckpointRequest& m) { shardmix::proto::encode(frame, FrameType::kCheckpointLoad, m); }
 
 // encode(decode(payload)) must be a well-formed frame of `type` carrying exactly `payload`.
 template <typename Message>
@@ -125,6 +131,21 @@ void run_every_decoder(Span payload) {
                    std::equal(payload.begin(), payload.end(), frame.begin() + kHeaderBytes),
                "stats frame: encode(decode(x)) != x");
   }
+  if (CheckpointWelcome m; try_decode(payload, FrameType::kCheckpointWelcome, m)) {
+  }
+  if (CheckpointSave m; try_decode(payload, FrameType::kCheckpointSave, m)) {
+    FUZZ_CHECK(m.name.size() <= kMaxCheckpointNameBytes, "checkpoint-save name over the limit accepted");
+  }
+  if (CheckpointRequest m; try_decode(payload, FrameType::kCheckpointLoad, m)) {
+    FUZZ_CHECK(m.name.size() <= kMaxCheckpointNameBytes, "checkpoint request name over the limit accepted");
+  }
+  if (CheckpointReply m; try_decode(payload, FrameType::kCheckpointReply, m)) {
+  }
+  if (CheckpointListing m; try_decode(payload, FrameType::kCheckpointListing, m)) {
+    std::size_t total = 0;
+    for (const std::uint32_t n : m.name_bytes) total += n;
+    FUZZ_CHECK(total == m.names.size(), "checkpoint listing whose name lengths do not add up accepted");
+  }
   if (BatchFrame m; try_decode(payload, FrameType::kBatch, m)) {
     FUZZ_CHECK(m.samples.size() <= kMaxBatchSamples, "batch over the sample limit accepted");
     FUZZ_CHECK(m.positions.size() == m.samples.size(), "batch without one plan position per sample accepted");
@@ -161,8 +182,20 @@ void check_request_sizes() {
              "get-catalog size");
   FUZZ_CHECK(request_payload_bytes(FrameType::kGetStats) == payload_size([](Bytes& f) { encode_get_stats(f); }),
              "get-stats size");
+  FUZZ_CHECK(request_payload_bytes(FrameType::kCheckpointHello) ==
+                 payload_size([](Bytes& f) { encode_checkpoint_hello(f, Hello{0, 1, 2}); }),
+             "checkpoint-hello size");
+  FUZZ_CHECK(request_payload_bytes(FrameType::kCheckpointSave) ==
+                 payload_size([](Bytes& f) { encode(f, CheckpointSave{}); }),
+             "checkpoint-save size without a name");
+  for (auto type : {FrameType::kCheckpointWaitDurable, FrameType::kCheckpointLoad, FrameType::kCheckpointList}) {
+    FUZZ_CHECK(request_payload_bytes(type) ==
+                   payload_size([type](Bytes& f) { shardmix::proto::encode(f, type, CheckpointRequest{}); }),
+               frame_name(type) + " size without a name");
+  }
   for (auto type : {FrameType::kWelcome, FrameType::kError, FrameType::kBatch, FrameType::kEpochEnd,
-                    FrameType::kCatalog, FrameType::kStats, FrameType::kKeepalive}) {
+                    FrameType::kCatalog, FrameType::kStats, FrameType::kKeepalive, FrameType::kCheckpointWelcome,
+                    FrameType::kCheckpointReply, FrameType::kCheckpointListing}) {
     FUZZ_CHECK(request_payload_bytes(type) < 0, frame_name(type) + " is a reply, not a request");
   }
   // A keepalive is a bare header: the client rejects one with a payload.
@@ -214,6 +247,18 @@ Seeds seeds() {
   add("get-catalog", [](Bytes& f) { encode_get_catalog(f); });
   add("get-stats", [](Bytes& f) { encode_get_stats(f); });
   add("keepalive", [](Bytes& f) { encode_keepalive(f); });
+  add("checkpoint-requests", [](Bytes& f) {
+    encode_checkpoint_hello(f, Hello{0, 2, 1});
+    encode(f, CheckpointSave{1, 4096, "rank0"});
+    shardmix::proto::encode(f, FrameType::kCheckpointWaitDurable, CheckpointRequest{2, "rank0"});
+    shardmix::proto::encode(f, FrameType::kCheckpointList, CheckpointRequest{3, {}});
+  });
+  add("checkpoint-replies", [](Bytes& f) {
+    encode(f, CheckpointWelcome{0, 2, 1 << 30, 0});
+    encode(f, CheckpointReply{1, 0, 1, 4096, {}});
+    encode(f, CheckpointReply{2, 3, 0, 0, "writing checkpoint rank0@1 to /ckpt: No space left on device"});
+    encode(f, CheckpointListing{3, {2, 1}, {5, 5}, "rank0rank1"});
+  });
   add("stats", [](Bytes& f) { encode_stats(f, "# TYPE shardmix_samples_total counter\nshardmix_samples_total 42\n"); });
   add("catalog", [](Bytes& f) {
     const std::uint8_t bytes[] = {'S', 'M', 'X', 'C', 'A', 'T', 0, 1, 0, 0, 0, 0};

@@ -27,6 +27,7 @@
 #include <sys/wait.h>
 
 #include "client/client.h"
+#include "common/checkpoint_file.h"
 #include "common/job_token.h"
 #include "common/resume_plan.h"
 #include "common/rng.h"
@@ -128,6 +129,11 @@ class ServiceTest : public ::testing::Test {
     job.fetcher = fetcher_.get();
     job.telemetry = &telemetry_;
     job.job_token = kJobToken;
+    CheckpointNodeOptions checkpoint_options;
+    checkpoint_options.dir = dir_ / "ckpt";
+    checkpoint_options.capacity_bytes = 1 << 20;
+    checkpoints_ = std::move(CheckpointNode::start(checkpoint_options, nullptr).value());
+    job.checkpoints = checkpoints_.get();
     ASSERT_TRUE(write_job_token_file((dir_ / kJobTokenFile).string(), kJobToken).ok());
     service_ = std::make_unique<ClientService>(io_, std::move(job), (dir_ / "d0.sock").string());
     ASSERT_TRUE(service_->listen().ok());
@@ -224,6 +230,8 @@ class ServiceTest : public ::testing::Test {
       boost::asio::make_work_guard(io_)};
   std::unique_ptr<LocalArenaFetcher> fetcher_;
   NodeTelemetry telemetry_;
+  // Model checkpoints (docs/decisions/0056) in dir_/ckpt; outlives the service.
+  std::unique_ptr<CheckpointNode> checkpoints_;
   std::unique_ptr<ClientService> service_;
   std::thread io_thread_;
 };
@@ -340,6 +348,78 @@ TEST_F(ServiceTest, AClientWithAnotherProtocolVersionGetsANamedError) {
   // The daemon keeps serving well-behaved trainers.
   Client client = Client::connect(options(0));
   EXPECT_EQ(consume(client, 0).size(), shape_.trainer_quota[0]);
+}
+
+// Model checkpoints ride a connection of their own: saving, listing and loading between
+// batches leaves the batch stream exactly as planned, and what was saved comes back.
+TEST_F(ServiceTest, CheckpointsSavedBetweenBatchesLeaveTheEpochExact) {
+  Client client = Client::connect(options(0));
+  std::vector<std::uint8_t> first(100000), second(5000);
+  Rng rng(77);
+  rng.fill_bytes(first);
+  rng.fill_bytes(second);
+  std::vector<SampleId> ids;
+  std::uint64_t batches = 0;
+  for (const Batch& batch : client.epoch(0)) {
+    for (const Sample& s : batch) ids.push_back(s.id());
+    if (++batches == 2) {
+      EXPECT_EQ(client.save("rank0", first), 1u);
+      EXPECT_EQ(client.save("rank0", second.size(), [&](std::span<std::uint8_t> into) {
+                  std::memcpy(into.data(), second.data(), second.size());
+                }),
+                2u);
+      const LoadedCheckpoint loaded = client.load("rank0");
+      EXPECT_EQ(loaded.version(), 2u);
+      EXPECT_TRUE(std::equal(loaded.bytes().begin(), loaded.bytes().end(), second.begin(), second.end()));
+    }
+  }
+  EXPECT_GE(batches, 3u);
+  EXPECT_EQ(ids, planner_->plan_node(0, 0)[0].order);
+  client.wait_durable("rank0");
+  std::ifstream file(dir_ / "ckpt" / "rank0" / "v2.smxckpt", std::ios::binary);
+  const std::vector<char> on_disk((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(on_disk.size(), kCheckpointFileHeaderBytes + second.size());
+  EXPECT_EQ(0, std::memcmp(on_disk.data() + kCheckpointFileHeaderBytes, second.data(), second.size()));
+  const std::vector<CheckpointVersion> listed = client.list();
+  EXPECT_TRUE(std::any_of(listed.begin(), listed.end(),
+                          [](const CheckpointVersion& v) { return v.name == "rank0" && v.version == 2; }));
+  try {
+    (void)client.load("never-saved");
+    ADD_FAILURE() << "loading a checkpoint never saved did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), StatusCode::kNotFound);
+    EXPECT_NE(std::string(e.what()).find("never-saved"), std::string::npos) << e.what();
+  }
+  // The batch connection is untouched: the next epoch is whole.
+  EXPECT_EQ(consume(client, 1), planner_->plan_node(1, 0)[0].order);
+}
+
+TEST_F(ServiceTest, CheckpointAndBatchFramesNeverCrossConnectionKinds) {
+  std::vector<std::uint8_t> save;
+  proto::encode(save, proto::CheckpointSave{1, 10, "rank0"});
+  EXPECT_EQ(error_message(raw_exchange(dir_ / "d0.sock", save)),
+            "checkpoint requests need a connection opened with a CheckpointHello");
+  std::vector<std::uint8_t> frames;
+  proto::encode_checkpoint_hello(frames, proto::Hello{0, 4, 1});
+  proto::set_hello_job_token(frames, kJobToken);
+  proto::encode(frames, proto::StartEpoch{0, 1, {}});
+  const std::vector<std::uint8_t> answer = raw_exchange(dir_ / "d0.sock", frames);
+  // A CheckpointWelcome, then the refusal of the batch request.
+  proto::FrameHeader h{};
+  ASSERT_GE(answer.size(), sizeof(h));
+  ASSERT_EQ(proto::decode_header(std::span(answer).first(sizeof(h)), h), "");
+  EXPECT_EQ(h.type, static_cast<std::uint16_t>(proto::FrameType::kCheckpointWelcome));
+  const std::size_t welcome_end = sizeof(h) + h.payload_bytes;
+  ASSERT_LE(welcome_end, answer.size());
+  EXPECT_EQ(error_message(std::vector<std::uint8_t>(answer.begin() + welcome_end, answer.end())),
+            "frame type 4 on a checkpoint connection (it carries checkpoint requests only)");
+  // A checkpoint Hello without this job's token is refused like a trainer's.
+  std::vector<std::uint8_t> stranger;
+  proto::encode_checkpoint_hello(stranger, proto::Hello{0, 4, 1});
+  EXPECT_NE(error_message(raw_exchange(dir_ / "d0.sock", stranger)).find("job token mismatch"), std::string::npos);
+  // Trainers are served as before.
+  Client client = Client::connect(options(0));
+  EXPECT_EQ(consume(client, 0), planner_->plan_node(0, 0)[0].order);
 }
 
 TEST_F(ServiceTest, MalformedFramesCloseOnlyThatConnection) {

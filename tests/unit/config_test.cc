@@ -479,9 +479,32 @@ TEST_F(ConfigTest, NestedSectionsReadAsTablesOrDottedKeys) {
   EXPECT_EQ(env->dataset.s3.max_attempts, 2u);
 }
 
+// Model checkpoints (docs/decisions/0056): their RAM comes out of the cache's, and a
+// bad value names its key.
+TEST(CheckpointConfigTest, KeysAreCheckedNamingTheKey) {
+  auto ok = load_config("", {}, {"dataset.path=/d", "checkpoint.dir=/ckpt", "cache.capacity=8GiB",
+                                 "checkpoint.capacity=1GiB", "checkpoint.when_full=write_through"});
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_EQ(ok->checkpoint.capacity_bytes, 1ull << 30);
+  EXPECT_EQ(ok->checkpoint.when_full, "write_through");
+  auto too_big = load_config("", {}, {"dataset.path=/d", "checkpoint.dir=/ckpt", "cache.capacity=1GiB",
+                                      "checkpoint.capacity=1GiB"});
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_NE(too_big.status().message().find("'checkpoint.capacity'"), std::string::npos) << too_big.status().message();
+  EXPECT_NE(too_big.status().message().find("'cache.capacity'"), std::string::npos) << too_big.status().message();
+  // Without checkpoint.dir the capacity is not taken from the cache, so it is not compared.
+  EXPECT_TRUE(load_config("", {}, {"dataset.path=/d", "cache.capacity=1GiB", "checkpoint.capacity=1GiB"}).ok());
+  auto bad_mode = load_config("", {}, {"dataset.path=/d", "checkpoint.when_full=block"});
+  ASSERT_FALSE(bad_mode.ok());
+  EXPECT_NE(bad_mode.status().message().find("checkpoint.when_full"), std::string::npos) << bad_mode.status().message();
+  auto no_retain = load_config("", {}, {"dataset.path=/d", "checkpoint.retain=0"});
+  ASSERT_FALSE(no_retain.ok());
+  EXPECT_NE(no_retain.status().message().find("checkpoint.retain"), std::string::npos) << no_retain.status().message();
+}
+
 TEST(ConfigKeysTest, TableIsWellFormed) {
   const auto keys = config_keys();
-  EXPECT_EQ(keys.size(), 69u);  // update with config.h when adding a key
+  EXPECT_EQ(keys.size(), 73u);  // update with config.h when adding a key
   std::set<std::string> names;
   for (const ConfigKeyInfo& key : keys) {
     EXPECT_TRUE(names.insert(key.name).second) << "duplicate " << key.name;

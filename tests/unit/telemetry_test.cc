@@ -108,6 +108,28 @@ TEST(JobAggregatorTest, ErrorsAreTheNodesLatestTotalsSummed) {
   EXPECT_EQ(agg.take_complete().at(0).errors_total, 5u);
 }
 
+TEST(JobAggregatorTest, CheckpointFiguresAreTheNodesLatestSummed) {
+  JobAggregator agg(2, 2, 200);
+  auto a = record(0, 0, 0, 100, 0, 1, 0);
+  auto b = record(1, 1, 0, 100, 0, 1, 0);
+  a.node_checkpoints = {100, 40, 1000, 2000000, 3, 500000};
+  b.node_checkpoints = {7, 0, 50, 1000000, 1, 250000};
+  auto a_older = a;
+  a_older.node_checkpoints = {10, 10, 10, 10, 1, 10};  // an earlier pass of node 0, arriving late
+  agg.add(a);
+  agg.add(a_older);
+  agg.add(b);
+  const JobEpochStats j = agg.take_complete().at(0);
+  EXPECT_EQ(j.checkpoints.ram_bytes, 107u);
+  EXPECT_EQ(j.checkpoints.waiting_bytes, 40u);
+  EXPECT_EQ(j.checkpoints.drained_bytes, 1050u);
+  EXPECT_EQ(j.checkpoints.saves, 4u);
+  const std::string json = j.to_json();
+  EXPECT_NE(json.find("\"checkpoint_drained_bytes\": 1050,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"checkpoint_drain_seconds\": 3,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"checkpoint_save_seconds\": 0.75"), std::string::npos) << json;
+}
+
 TEST(JobEpochStatsTest, JsonIsOneLineWithNullForMissingFigures) {
   JobAggregator agg(1, 1, 100);
   auto r = record(0, 0, 0, 100, 0, 2, 0);

@@ -1,6 +1,6 @@
 // proto/wire.h and proto/checkpoint.h through their field lists (proto/field_codec.h,
 // docs/decisions/0045): every message encodes to the pinned bytes below (the layouts of
-// protocol version 7 and checkpoint format 1), to exactly its walked size, and every
+// protocol version 8 and checkpoint format 1), to exactly its walked size, and every
 // truncation of it fails naming the field and offset where the bytes ran out.
 #include <gtest/gtest.h>
 
@@ -49,25 +49,33 @@ Bytes frame_of(const Message& m) {
   encode(frame, m);
   return frame;
 }
+// The checkpoint requests share one layout; the frame type says which request it is.
+Bytes frame_of(const CheckpointRequest& m) {
+  Bytes frame;
+  encode(frame, FrameType::kCheckpointLoad, m);
+  return frame;
+}
+
+CheckpointListing sample_listing() { return CheckpointListing{9, {3, 1}, {5, 5}, "rank0model"}; }
 
 TEST(Wire, EveryMessageEncodesToItsPinnedBytes) {
-  EXPECT_EQ(hex(frame_of(Hello{3, 8, 4242})), "534d5831070001000c00000000000000030000000800000092100000");
+  EXPECT_EQ(hex(frame_of(Hello{3, 8, 4242})), "534d5831080001000c00000000000000030000000800000092100000");
   EXPECT_EQ(hex(frame_of(sample_welcome())),
-            "534d5831070002006c0000000000000001000000040000000200000003000000e803000000000000100000000000"
+            "534d5831080002006c0000000000000001000000040000000200000003000000e803000000000000100000000000"
             "00007d0000000000000000001000000000000000010000000000efbeadde000000004d0000000000000008000000"
             "0100000005000000020000000000000034120000000000000900000000000000");
   EXPECT_EQ(hex(frame_of(ErrorFrame{6, "trainer world size 3 does not match"})),
-            "534d5831070003002900000000000000060023000000747261696e657220776f726c642073697a65203320646f65"
+            "534d5831080003002900000000000000060023000000747261696e657220776f726c642073697a65203320646f65"
             "73206e6f74206d61746368");
-  EXPECT_EQ(hex(frame_of(StartEpoch{2, 5, {}})), "534d58310700040014000000000000000200000000000000050000000000000000000000");
+  EXPECT_EQ(hex(frame_of(StartEpoch{2, 5, {}})), "534d58310800040014000000000000000200000000000000050000000000000000000000");
   EXPECT_EQ(hex(frame_of(sample_batch())),
-            "534d5831070005006c000000000000000100000000000000020000000000000003000000000000000200000011000000"
+            "534d5831080005006c000000000000000100000000000000020000000000000003000000000000000200000011000000"
             "040000000000000000000000001000000000000000c00100000000000800000003000000010000000102010000000000"
             "00000000000000000000000018000000000000000000000000000000");
   EXPECT_EQ(hex(frame_of(Release{2, 5, 7, 123})),
-            "534d58310700060020000000000000000200000000000000050000000000000007000000000000007b00000000000000");
+            "534d58310800060020000000000000000200000000000000050000000000000007000000000000007b00000000000000");
   EXPECT_EQ(hex(frame_of(sample_epoch_stats())),
-            "534d5831070007008c000000000000000100000000000000020000000000000003000000000000000400000000000000"
+            "534d5831080007008c000000000000000100000000000000020000000000000003000000000000000400000000000000"
             "050000000000000006000000000000000700000000000000080000000000000009000000000000000a00000000000000"
             "0b000000000000000c00000000000000000000000000d03f0d0000000e00000000000000000000000000f83f00000000"
             "0000e83f000000000000c03f");
@@ -78,7 +86,7 @@ TEST(Wire, EveryMessageEncodesToItsPinnedBytes) {
   // The resume blob travels inside the StartEpoch as it is.
   const Bytes blob = encode_checkpoint(sample_checkpoint());
   EXPECT_EQ(hex(frame_of(StartEpoch{2, 5, blob})),
-            "534d58310700040098000000000000000200000000000000050000000000000084000000" + hex(blob));
+            "534d58310800040098000000000000000200000000000000050000000000000084000000" + hex(blob));
 }
 
 // The encoded size of every message is the size its field list walks to, and the header says so.
@@ -248,6 +256,49 @@ TEST(Wire, CheckpointBoolAndPaddingHaveOneEncoding) {
   cut.resize(cut.size() + 8);
   const Bytes short_list = with_byte(cut, 0, blob[0]);
   EXPECT_EQ(decode_checkpoint(short_list, c), "checkpoint: field 'late' needs 16 bytes at offset 108, blob has 8");
+}
+
+// The checkpoint connection's frames (docs/decisions/0056) follow the same field lists.
+TEST(Wire, CheckpointFramesEncodeToTheirPinnedBytesAndNameTruncations) {
+  EXPECT_EQ(hex(frame_of(CheckpointSave{4, 4096, "rank0"})),
+            "534d583108000f001900000000000000040000000000000000100000000000000500000072616e6b30");
+  Bytes hello;
+  encode_checkpoint_hello(hello, Hello{3, 8, 4242});
+  EXPECT_EQ(hex(hello), "534d583108000d000c00000000000000030000000800000092100000");
+  expect_walked_size(CheckpointWelcome{1, 2, 1 << 20, 1});
+  expect_walked_size(CheckpointSave{4, 4096, "rank0"});
+  expect_walked_size(CheckpointRequest{5, "rank0"});
+  expect_walked_size(CheckpointReply{6, 5, 2, 100, "checkpoint 'rank0': no version saved"});
+  expect_walked_size(sample_listing());
+  expect_truncations_name_the_field(CheckpointWelcome{1, 2, 1 << 20, 1}, "checkpoint-welcome frame");
+  expect_truncations_name_the_field(CheckpointSave{4, 4096, "rank0"}, "checkpoint-save frame");
+  expect_truncations_name_the_field(CheckpointRequest{5, "rank0"}, "checkpoint request frame");
+  expect_truncations_name_the_field(CheckpointReply{6, 5, 2, 100, "no version"}, "checkpoint-reply frame");
+  expect_truncations_name_the_field(sample_listing(), "checkpoint-listing frame");
+  EXPECT_EQ(request_payload_bytes(FrameType::kCheckpointSave),
+            static_cast<std::int64_t>(frame_of(CheckpointSave{}).size() - 16));
+  EXPECT_EQ(request_payload_max_bytes(FrameType::kCheckpointLoad),
+            static_cast<std::int64_t>(frame_of(CheckpointRequest{}).size() - 16 + kMaxCheckpointNameBytes));
+  EXPECT_EQ(request_payload_bytes(FrameType::kCheckpointHello), request_payload_bytes(FrameType::kHello));
+  // Replies are not requests.
+  EXPECT_EQ(request_payload_bytes(FrameType::kCheckpointReply), -1);
+  EXPECT_EQ(request_payload_bytes(FrameType::kCheckpointListing), -1);
+}
+
+TEST(Wire, CheckpointListingNamesMustAddUp) {
+  CheckpointListing listing = sample_listing();
+  listing.names += "x";
+  const Bytes frame = frame_of(listing);
+  CheckpointListing back;
+  EXPECT_EQ(decode(std::span(frame).subspan(16), back),
+            "checkpoint-listing frame: the name lengths add up to 10 bytes, the names hold 11");
+  CheckpointListing empty_name{1, {1}, {0}, ""};
+  const Bytes frame2 = frame_of(empty_name);
+  EXPECT_EQ(decode(std::span(frame2).subspan(16), back), "checkpoint-listing frame: a name of 0 bytes (1 to 200 allowed)");
+  const Bytes good = frame_of(sample_listing());
+  ASSERT_EQ(decode(std::span(good).subspan(16), back), "");
+  EXPECT_EQ(back.versions, (std::vector<std::uint64_t>{3, 1}));
+  EXPECT_EQ(back.names, "rank0model");
 }
 
 }  // namespace wire_test

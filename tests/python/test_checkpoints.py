@@ -1,0 +1,80 @@
+"""Model checkpoints from Python (docs/decisions/0056), as one trainer rank of a running job
+whose daemons have checkpoint.dir set (tests/e2e/checkpoint_e2e.sh case `python` starts
+them): shardmix.Client.save/wait_durable/load/list, and shardmix.torch.save/load.
+
+torch.save/torch.load are what shardmix.torch wraps. Where PyTorch is not installed, a fake
+`torch` module whose save/load pickle the object stands in for it, so that the wrapper
+(serialise to memory, hand the bytes to the daemon, load them back) is still tested; the
+script says which it used.
+    test_checkpoints.py CHECKPOINT_DIR
+"""
+import os
+import pickle
+import sys
+import types
+
+
+def install_fake_torch():
+    torch = types.ModuleType("torch")
+    torch.save = lambda obj, f: pickle.dump(obj, f)
+    torch.load = lambda f, **kwargs: pickle.load(f)
+    data = types.ModuleType("torch.utils.data")
+
+    class IterableDataset:  # what shardmix.torch subclasses; unused here
+        pass
+
+    data.IterableDataset = IterableDataset
+    data.DataLoader = object
+    data.get_worker_info = lambda: None
+    utils = types.ModuleType("torch.utils")
+    utils.data = data
+    torch.utils = utils
+    torch.distributed = types.SimpleNamespace(is_available=lambda: False, is_initialized=lambda: False)
+    sys.modules.update({"torch": torch, "torch.utils": utils, "torch.utils.data": data})
+
+
+def main():
+    checkpoint_dir = sys.argv[1]
+    try:
+        import torch  # noqa: F401
+        real_torch = True
+    except ImportError:
+        install_fake_torch()
+        real_torch = False
+    import shardmix
+    import shardmix.torch as smt
+
+    client = shardmix.Client()
+    rank = client.rank
+    name = f"py-rank{rank}"
+    first = bytes(range(256)) * 64
+    v1 = client.save(name, first)
+    v2 = client.save(name, memoryview(bytearray(b"second version")))
+    assert (v1, v2) == (1, 2), (v1, v2)
+    assert (name, 2) in client.list(), client.list()
+    client.wait_durable(name)
+    assert os.path.exists(os.path.join(checkpoint_dir, name, "v2.smxckpt")), os.listdir(checkpoint_dir)
+    assert client.load(name) == b"second version"
+    try:
+        client.load("never-saved")
+        raise AssertionError("loading a checkpoint never saved did not raise")
+    except shardmix.Error as e:
+        assert "never-saved" in str(e) and checkpoint_dir in str(e), str(e)
+    try:
+        client.save("bad/name", b"x")
+        raise AssertionError("a name with a slash was accepted")
+    except shardmix.Error as e:
+        assert "bad/name" in str(e), str(e)
+
+    # The torch wrapper, on the same client (one connection per rank).
+    state = {"step": 7, "weights": [0.5, 1.5, 2.5], "rank": rank}
+    version = smt.save(state, f"torch-rank{rank}", client=client, wait_durable=True)
+    assert version == 1, version
+    assert os.path.exists(os.path.join(checkpoint_dir, f"torch-rank{rank}", "v1.smxckpt"))
+    assert smt.load(f"torch-rank{rank}", client=client) == state
+    print(f"test_checkpoints: rank {rank}: PASS (save/wait_durable/load/list; shardmix.torch.save/load with "
+          f"{'torch' if real_torch else 'a pickle-based fake of torch.save/torch.load: torch is not installed'})")
+
+
+if __name__ == "__main__":
+    main()
