@@ -129,34 +129,32 @@ struct Row {
   std::uint64_t checksum = 0;  // keeps the plans observable
 };
 
+// Median over `measured` nodes of the CPU time of all the node's trainers' plans of one
+// epoch, each from a fresh planner (so the epoch's O(P) tables are paid in it).
+double median_plan_cpu(const PlanShape& shape, const shardmix::Ownership& ownership, const ShuffleConfig& shuffle,
+                       std::uint32_t measured, std::uint64_t& checksum) {
+  std::vector<double> times;
+  for (std::uint32_t node : sample_nodes(shape.job.nodes, measured)) {
+    const EpochPlanner planner(shape, ownership, shuffle);
+    const double start = thread_cpu_seconds();
+    for (std::uint32_t local = 0; local < shape.job.trainers_per_node; ++local) {
+      const TrainerPlan plan = planner.plan_trainer(1, shape.job.first_trainer_of_node(node) + local);
+      checksum += plan.order.empty() ? 0 : plan.order.front();
+    }
+    times.push_back(thread_cpu_seconds() - start);
+  }
+  return median(times);
+}
+
 Row measure(std::uint64_t n, std::uint32_t nodes, std::uint32_t tpn, std::uint32_t batch, const ShuffleConfig& shuffle,
             std::uint32_t new_nodes, std::uint32_t old_nodes) {
   const PlanShape shape = shardmix::make_plan_shape(n, JobShape{nodes, tpn, batch, false});
   const Placement placement = contiguous_placement(shape);
   Row row;
+  row.new_cpu = median_plan_cpu(shape, shardmix::ownership_of(placement), shuffle, new_nodes, row.checksum);
+  row.spread_cpu = median_plan_cpu(shape, shardmix::Ownership::spread(n, shape.node_owned, shuffle.seed), shuffle,
+                                   new_nodes, row.checksum);
   std::vector<double> times;
-  for (std::uint32_t node : sample_nodes(nodes, new_nodes)) {
-    const EpochPlanner planner(shape, placement, shuffle);  // fresh: the epoch's tables are paid here
-    const double start = thread_cpu_seconds();
-    for (std::uint32_t local = 0; local < tpn; ++local) {
-      const TrainerPlan plan = planner.plan_trainer(1, shape.job.first_trainer_of_node(node) + local);
-      row.checksum += plan.order.empty() ? 0 : plan.order.front();
-    }
-    times.push_back(thread_cpu_seconds() - start);
-  }
-  row.new_cpu = median(times);
-  times.clear();
-  for (std::uint32_t node : sample_nodes(nodes, new_nodes)) {
-    const EpochPlanner planner(shape, shardmix::Ownership::spread(n, shape.node_owned, shuffle.seed), shuffle);
-    const double start = thread_cpu_seconds();
-    for (std::uint32_t local = 0; local < tpn; ++local) {
-      const TrainerPlan plan = planner.plan_trainer(1, shape.job.first_trainer_of_node(node) + local);
-      row.checksum += plan.order.empty() ? 0 : plan.order.front();
-    }
-    times.push_back(thread_cpu_seconds() - start);
-  }
-  row.spread_cpu = median(times);
-  times.clear();
   for (std::uint32_t node : sample_nodes(nodes, old_nodes)) {
     const double start = thread_cpu_seconds();
     const auto plans = old_plan_node(shape, placement, shuffle, 1, node);
