@@ -121,8 +121,7 @@ if want release; then
 fi
 
 # Sanitizer builds: -O1 with line tables only (readable stacks, a fraction of -g's build
-# time); the tests' own code at -O0 (tests/CMakeLists.txt); no benchmarks, and no program
-# that no test runs (CMakeLists.txt; docs/decisions/0057).
+# time), no benchmarks, and no program that no test runs (CMakeLists.txt; decision 0057).
 sanitizer_flags=(-DCMAKE_BUILD_TYPE=Debug -DSHARDMIX_BUILD_BENCH=OFF)
 symbolizer=""
 [[ -x /usr/bin/llvm-symbolizer-14 ]] && symbolizer=":external_symbolizer_path=/usr/bin/llvm-symbolizer-14"
