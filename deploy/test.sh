@@ -8,15 +8,15 @@
 #            fuzz target's corpus. The sanitizer stages do not build the Python module
 #            (docs/decisions/0020). Same build dir and type
 #            as deploy/demo.sh, so running one after the other rebuilds nothing.
-#   asan     clang-14, AddressSanitizer + UndefinedBehaviorSanitizer (+ libFuzzer coverage,
-#            SHARDMIX_FUZZ=ON, so the fuzz stage reuses this build): every test of the
-#            release stage (unit, fuzz corpus replays, MPI, end-to-end: their daemons and
-#            trainers are built with the sanitizers too) but the two soak tests, whose RSS
-#            bounds ASan's quarantine breaks by design, and the tests that run no compiled
-#            code of ours (labels script and docs: checkers, lint, README fixtures). Two
-#            ctest calls (label unit, then the rest with slow unwinding for the Open MPI
-#            leak suppressions); the second runs even when the first fails. Any report
-#            fails its test.
+#   asan     clang-14, AddressSanitizer + UndefinedBehaviorSanitizer (SHARDMIX_FUZZ=ON, so the
+#            fuzz stage reuses this build; libFuzzer coverage only in the fuzzed libraries):
+#            every test of the release stage (unit, fuzz corpus replays, MPI, end-to-end:
+#            their daemons and trainers are built with the sanitizers too) but the two soak
+#            tests, whose RSS bounds ASan's quarantine breaks by design, and the tests that
+#            run no compiled code of ours (labels script and docs: checkers, lint, README
+#            fixtures). Two ctest calls (labels unit and sim, then the rest with slow
+#            unwinding for the Open MPI leak suppressions); the second runs even when the
+#            first fails. Any report fails its test.
 #   tsan     gcc, ThreadSanitizer: the C++ unit and property tests (label cxx, one binary:
 #            among them an in-process cluster with the Asio service thread, trainer threads
 #            and a fetcher), but the two that bound RSS growth. Only that binary is built. The
@@ -121,7 +121,7 @@ if want release; then
 fi
 
 # Sanitizer builds: -O1 with line tables only (readable stacks, a fraction of -g's build
-# time) and no benchmarks.
+# time), no benchmarks, and no program that no test runs (CMakeLists.txt; decision 0057).
 sanitizer_flags=(-DCMAKE_BUILD_TYPE=Debug -DSHARDMIX_BUILD_BENCH=OFF)
 symbolizer=""
 [[ -x /usr/bin/llvm-symbolizer-14 ]] && symbolizer=":external_symbolizer_path=/usr/bin/llvm-symbolizer-14"
@@ -147,18 +147,19 @@ if want asan; then
   # +5 MB per round of 10 epochs, open files flat). Leaks are LeakSanitizer's job in this
   # stage; the bounds hold in the release stage.
   soak='^(ServiceTest[.]SoakManyEpochsKeepsMemoryAndOpenFilesFlat|e2e_soak)$'
-  # The unit tests (no MPI) with ASan's fast unwinding: slow unwinding on every malloc made
-  # the rotation property test take 95 of its 120 s under load (measured).
+  # The unit and simulator tests (no MPI) with ASan's fast unwinding: slow unwinding on every
+  # malloc made the rotation property test take 95 of its 120 s under load, and each
+  # simulator test 40 to 80 times its release time (measured).
   # Both calls run even if the first fails, so one CI run shows every failure of the stage.
   asan_rc=0
   ASAN_OPTIONS=$asan_options run_ctest --test-dir "$build_dir-asan" --output-on-failure -j "$jobs" --timeout 900 \
-    -L unit -LE 'fuzzing|script' -E "$soak" || asan_rc=$?
+    -L '^(unit|sim)$' -LE 'fuzzing|script' -E "$soak" || asan_rc=$?
   # Everything else runs processes under Open MPI, which leaves what MPI_Init allocates for
   # process exit (tests/sanitizers/lsan.supp). Matching those suppressions needs whole
   # stacks through Open MPI, which has no frame pointers (slow unwinding), and its plugins
   # still loaded at exit (no dlclose).
   ASAN_OPTIONS="$asan_options:fast_unwind_on_malloc=0" OMPI_MCA_mca_base_component_disable_dlclose=1 \
-    run_ctest --test-dir "$build_dir-asan" --output-on-failure -j "$jobs" --timeout 900 -LE 'fuzzing|unit|docs' -E "$soak" ||
+    run_ctest --test-dir "$build_dir-asan" --output-on-failure -j "$jobs" --timeout 900 -LE 'fuzzing|unit|sim|docs' -E "$soak" ||
     asan_rc=$?
   ((asan_rc == 0)) || exit "$asan_rc"
   end_stage
