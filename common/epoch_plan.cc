@@ -91,16 +91,26 @@ EpochPlanner::EpochPlanner(const PlanShape& shape, Ownership ownership, const Sh
   if (shuffle_.min_entropy > 0) {
     candidates_ = exchange_candidates(shuffle_.exchange_fraction);
     if (labels.size() == shape_.num_samples) {
-      // Dense class indices 0..C-1 (label values are opaque), so scoring a batch counts
-      // classes in a small array instead of sorting labels.
-      std::vector<std::int32_t> distinct(labels.begin(), labels.end());
-      std::sort(distinct.begin(), distinct.end());
-      distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-      num_classes_ = distinct.size();
-      class_of_.resize(labels.size());
-      for (std::size_t i = 0; i < labels.size(); ++i) {
-        class_of_[i] = static_cast<std::uint32_t>(std::lower_bound(distinct.begin(), distinct.end(), labels[i]) -
-                                                  distinct.begin());
+      have_labels_ = true;
+      if (std::is_sorted(labels.begin(), labels.end())) {
+        // Every catalog assigns ids in label order, so a class is a run of ids: keep where
+        // each run starts (O(C)), not a class per sample (O(N)). Run r is dense class r.
+        for (std::size_t i = 0; i < labels.size(); ++i) {
+          if (i == 0 || labels[i] != labels[i - 1]) class_first_.push_back(static_cast<SampleId>(i));
+        }
+        num_classes_ = class_first_.size();
+      } else {
+        // Dense class indices 0..C-1 (label values are opaque), so scoring a batch counts
+        // classes in a small array instead of sorting labels.
+        std::vector<std::int32_t> distinct(labels.begin(), labels.end());
+        std::sort(distinct.begin(), distinct.end());
+        distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+        num_classes_ = distinct.size();
+        class_of_.resize(labels.size());
+        for (std::size_t i = 0; i < labels.size(); ++i) {
+          class_of_[i] = static_cast<std::uint32_t>(std::lower_bound(distinct.begin(), distinct.end(), labels[i]) -
+                                                    distinct.begin());
+        }
       }
     }
   } else {
@@ -218,8 +228,14 @@ std::vector<std::uint32_t> EpochPlanner::entropy_scored_nodes(std::uint64_t epoc
   return out;
 }
 
+std::uint32_t EpochPlanner::class_index(SampleId id) const {
+  if (class_first_.empty()) return class_of_[id];
+  return static_cast<std::uint32_t>(std::upper_bound(class_first_.begin(), class_first_.end(), id) -
+                                    class_first_.begin() - 1);
+}
+
 EpochChoice EpochPlanner::choose(std::uint64_t epoch) const {
-  const bool have_labels = class_of_.size() == shape_.num_samples;
+  const bool have_labels = have_labels_;
   EpochChoice out;
   out.entropy_aware = true;
   const std::vector<std::uint32_t> scored = entropy_scored_nodes(epoch);
@@ -246,7 +262,7 @@ EpochChoice EpochPlanner::choose(std::uint64_t epoch) const {
             if (length == 0) continue;  // an empty batch is not delivered, so not measured
             touched.clear();
             for (std::uint64_t i = cursor; i < cursor + length; ++i) {
-              const std::uint32_t cls = class_of_[samples[i]];
+              const std::uint32_t cls = class_index(samples[i]);
               if (class_count[cls]++ == 0) touched.push_back(cls);
             }
             counts.clear();

@@ -54,9 +54,10 @@
 // Cost of a choice: per candidate tried (stopping at the first that reaches the floor),
 // O(P) for the tables and the plan of at most kEntropyScoredNodes nodes, i.e.
 // O(min(P, 16) x N/P); no TrainerPlan is built and a batch is scored by counting dense
-// class indices. Memory: class_of_, 4 bytes per sample of the whole dataset (the catalog's
-// labels are still global; making them owner-side is a later step), plus one node's
-// stream while choosing.
+// class indices. Memory: the first id of each class (labels in id order, as every catalog
+// assigns them: a class is a run of ids, so a sample's class is a binary search over C
+// entries), or, for labels in any other order, a class per sample (4 bytes each); plus one
+// node's stream while choosing.
 // A choice and its epoch's tables are memoised for the most recent kMemoisedEpochs epochs;
 // the first plan of an epoch pays for them, so a daemon may call choice(e + 1) early from
 // any thread.
@@ -158,8 +159,8 @@ class EpochPlanner {
   static constexpr std::uint32_t kEntropyScoredNodes = 16;
 
   // `labels`: the label of each sample id (Catalog::labels()), size shape.num_samples. Only
-  // read when shuffle.min_entropy > 0 (then copied as dense class indices, 4 bytes per
-  // sample); may be empty otherwise. With min_entropy > 0 and labels of the wrong size, no
+  // read when shuffle.min_entropy > 0 (then kept as class runs, O(C), when in id order as
+  // a catalog's are; else as dense class indices, 4 bytes per sample); may be empty otherwise. With min_entropy > 0 and labels of the wrong size, no
   // batch can be scored: every epoch reports NaN figures, floor_reached = false and uses
   // the ceiling. `shape` and `placement` must outlive the planner (they are referenced).
   EpochPlanner(const PlanShape& shape, const Placement& placement, const ShuffleConfig& shuffle,
@@ -217,8 +218,13 @@ class EpochPlanner {
   const PlanShape& shape_;
   Ownership ownership_;
   ShuffleConfig shuffle_;
-  // sample -> dense class index; empty = no labels. Still one entry per sample of the whole
-  // dataset (O(N)), like the catalog it comes from.
+  // The dense class index of a sample (labels given; min_entropy > 0).
+  std::uint32_t class_index(SampleId id) const;
+
+  bool have_labels_ = false;
+  // Labels in id order (every catalog's): the first id of each class, O(C); class r is the
+  // r-th run. Otherwise (tests with arbitrary labels) class_of_: sample -> dense class, O(N).
+  std::vector<SampleId> class_first_;
   std::vector<std::uint32_t> class_of_;
   std::uint64_t num_classes_ = 0;
   std::vector<double> candidates_;

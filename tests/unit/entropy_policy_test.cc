@@ -121,6 +121,20 @@ void check_exactly_once(const Case& c, const Built& b, const std::vector<Trainer
   if (!c.job.drop_last) RC_ASSERT(delivered == c.sizes.size());
 }
 
+// Labels in id order (every catalog's) are kept as class runs (O(C)); labels in any other
+// order as a class per sample. Negating the labels reverses their order (the per-sample
+// path) and renames the classes, which no entropy figure depends on: every choice is equal.
+RC_GTEST_PROP(EntropyAware, ClassRunsChooseAsAClassPerSampleDoes, ()) {
+  const Case c = *gen_case();
+  const Built b = build_plan(c);
+  std::vector<std::int32_t> negated(c.labels.size());
+  for (std::size_t i = 0; i < negated.size(); ++i) negated[i] = -c.labels[i];
+  const EpochPlanner runs(b.shape, b.placement, c.shuffle, c.labels);
+  const EpochPlanner per_sample(b.shape, b.placement, c.shuffle, negated);
+  RC_ASSERT(runs.num_classes() == per_sample.num_classes());
+  for (std::uint64_t epoch = 0; epoch < 3; ++epoch) RC_ASSERT(same_choice(runs.choice(epoch), per_sample.choice(epoch)));
+}
+
 RC_GTEST_PROP(EntropyAware, PlansDeliverEverySampleExactlyOnceWithEqualBatchCounts, ()) {
   const Case c = *gen_case();
   const Built b = build_plan(c);
