@@ -636,19 +636,14 @@ class DaemonConnection {
         // Keep exactly the two descriptors of a well-formed SCM_RIGHTS message; close
         // anything else that arrived, so a confused peer cannot leak fds (and the RAM
         // they pin) into the trainer.
-        for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-          if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-          const std::size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-          std::vector<int> got(n);
-          std::memcpy(got.data(), CMSG_DATA(c), n * sizeof(int));
-          for (std::size_t i = 0; i < n; ++i) {
-            if (keep_all_descriptors_) {
-              received_fds_.push_back(got[i]);  // the caller takes the one it expects
-            } else if (n == 2 && fds[i] < 0) {
-              fds[i] = got[i];
-            } else {
-              ::close(got[i]);
-            }
+        const std::vector<int> got = received_descriptors(msg);
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          if (keep_all_descriptors_) {
+            received_fds_.push_back(got[i]);  // the caller takes the one it expects
+          } else if (got.size() == 2 && fds[i] < 0) {
+            fds[i] = got[i];
+          } else {
+            ::close(got[i]);
           }
         }
         if ((msg.msg_flags & MSG_CTRUNC) != 0) {

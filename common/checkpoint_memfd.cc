@@ -148,6 +148,20 @@ ssize_t send_with_descriptors(int socket, std::span<const std::uint8_t> bytes, s
   return ::sendmsg(socket, &msg, flags | MSG_NOSIGNAL);
 }
 
+std::vector<int> received_descriptors(const msghdr& msg) {
+  std::vector<int> fds;
+  // CMSG_NXTHDR takes non-const pointers but only reads through them.
+  auto* m = const_cast<msghdr*>(&msg);
+  for (cmsghdr* c = CMSG_FIRSTHDR(m); c != nullptr; c = CMSG_NXTHDR(m, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const std::size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    const std::size_t first = fds.size();
+    fds.resize(first + n);
+    std::memcpy(fds.data() + first, CMSG_DATA(c), n * sizeof(int));
+  }
+  return fds;
+}
+
 Result<CheckpointBytesPtr> checkpoint_bytes_in_memfd(CheckpointBytesPtr bytes, std::string_view checkpoint) {
   if (bytes->memfd() >= 0) return bytes;
   const std::span<const std::uint8_t> data = bytes->bytes();

@@ -7,11 +7,13 @@
 // Thread-safety: a CheckpointMemfd belongs to one thread; the mapped bytes are immutable.
 #pragma once
 
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "common/checkpoint_store.h"
 #include "common/status.h"
@@ -56,5 +58,10 @@ Result<CheckpointBytesPtr> checkpoint_bytes_in_memfd(CheckpointBytesPtr bytes, s
 // two), or none when `fds` is empty: how a memfd crosses the trainer's Unix socket. Returns
 // what sendmsg returns (errno set on -1).
 ssize_t send_with_descriptors(int socket, std::span<const std::uint8_t> bytes, std::span<const int> fds, int flags);
+
+// Every descriptor that arrived with a recvmsg'd message (its SCM_RIGHTS control
+// messages), in order. The caller owns them: it keeps the ones it expects and closes the
+// rest, so a confused peer cannot leak descriptors into the process.
+std::vector<int> received_descriptors(const msghdr& msg);
 
 }  // namespace shardmix

@@ -8,11 +8,6 @@ namespace shardmix {
 namespace {
 
 template <class T>
-std::uint64_t vector_bytes(const std::vector<T>& v) {
-  return static_cast<std::uint64_t>(v.capacity()) * sizeof(T);
-}
-
-template <class T>
 std::uint64_t nested_bytes(const std::vector<std::vector<T>>& v) {
   std::uint64_t bytes = vector_bytes(v);
   for (const auto& inner : v) bytes += vector_bytes(inner);

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "common/catalog.h"
 #include "common/epoch_plan.h"
@@ -22,6 +23,12 @@ class SampleDirectory;
 }
 
 namespace shardmix {
+
+// Bytes a vector's allocation holds (capacity, not size): how every figure here counts.
+template <class T>
+std::uint64_t vector_bytes(const std::vector<T>& v) {
+  return static_cast<std::uint64_t>(v.capacity()) * sizeof(T);
+}
 
 struct NodeMetadataBytes {
   std::uint64_t catalog = 0;

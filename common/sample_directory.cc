@@ -8,11 +8,6 @@
 namespace shardmix {
 namespace {
 
-template <class T>
-std::uint64_t vector_bytes(const std::vector<T>& v) {
-  return static_cast<std::uint64_t>(v.capacity()) * sizeof(T);
-}
-
 // The global form looks every sample up in the catalog and placement: nothing to hold.
 class GlobalPlanDirectory : public PlanDirectory {
  public:

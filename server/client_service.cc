@@ -268,17 +268,11 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
         return self->on_disconnect(got == 0 ? asio::error::eof
                                             : boost::system::error_code(errno, boost::system::system_category()));
       }
-      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-        const std::size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (std::size_t i = 0; i < n; ++i) {
-          int fd = -1;
-          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-          if (self->received_fd_ < 0) {
-            self->received_fd_ = fd;
-          } else {
-            ::close(fd);
-          }
+      for (int fd : received_descriptors(msg)) {
+        if (self->received_fd_ < 0) {
+          self->received_fd_ = fd;
+        } else {
+          ::close(fd);
         }
       }
       self->payload_read_ += static_cast<std::size_t>(got);
