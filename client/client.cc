@@ -449,11 +449,31 @@ class DaemonConnection {
     SHARDMIX_ASSIGN_OR_RETURN(CheckpointMemfd memfd, CheckpointMemfd::create(name, size));
     write(memfd.data());
     SHARDMIX_RETURN_IF_ERROR(memfd.seal());
+    return hand_over_checkpoint(*channel, name, size, memfd.fd());
+  }
+
+  // A memfd the caller filled (e.g. a serializer wrote to it as a file): sealed here and
+  // handed over as it is, so its pages are the node's only copy.
+  Result<std::uint64_t> save_checkpoint_memfd(std::string_view name, int fd) {
+    SHARDMIX_RETURN_IF_ERROR(validate_checkpoint_name(name));
+    SHARDMIX_ASSIGN_OR_RETURN(DaemonConnection * channel, checkpoint_channel());
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      return make_error(StatusCode::kInvalidArgument, "checkpoint {}: descriptor {}: {}", name, fd, std::strerror(errno));
+    }
+    SHARDMIX_RETURN_IF_ERROR(seal_checkpoint_memfd(fd, name));
+    return hand_over_checkpoint(*channel, name, static_cast<std::uint64_t>(st.st_size), fd);
+  }
+
+  // Sends a sealed memfd of `size` bytes as the next version of `name` and waits for the
+  // daemon's reply: the version number once the node holds it.
+  Result<std::uint64_t> hand_over_checkpoint(DaemonConnection& channel, std::string_view name, std::uint64_t size,
+                                             int fd) {
     const std::uint64_t request = next_request_++;
     std::vector<std::uint8_t> frame;
     proto::encode(frame, proto::CheckpointSave{request, size, std::string(name)});
-    SHARDMIX_RETURN_IF_ERROR(channel->send_with_memfd(frame, memfd.fd()));
-    SHARDMIX_ASSIGN_OR_RETURN(proto::CheckpointReply reply, channel->checkpoint_reply(request));
+    SHARDMIX_RETURN_IF_ERROR(channel.send_with_memfd(frame, fd));
+    SHARDMIX_ASSIGN_OR_RETURN(proto::CheckpointReply reply, channel.checkpoint_reply(request));
     return reply.version;
   }
 
@@ -1147,6 +1167,10 @@ std::uint64_t Client::save(std::string_view name, std::span<const std::uint8_t> 
 std::uint64_t Client::save(std::string_view name, std::uint64_t size,
                            const std::function<void(std::span<std::uint8_t>)>& write) {
   return value_or_throw(connection_->save_checkpoint(name, size, write));
+}
+
+std::uint64_t Client::save_memfd(std::string_view name, int fd) {
+  return value_or_throw(connection_->save_checkpoint_memfd(name, fd));
 }
 
 void Client::wait_durable(std::string_view name) {

@@ -297,6 +297,11 @@ class Client {
   // serializer writing straight into it).
   std::uint64_t save(std::string_view name, std::uint64_t size,
                      const std::function<void(std::span<std::uint8_t>)>& write);
+  // The same for a memfd the caller created (memfd_create with MFD_ALLOW_SEALING) and
+  // filled, e.g. a serializer writing to it as a file: no copy at all. Its whole size is the
+  // checkpoint. The client seals it against writes and resizing (so no writable mapping of
+  // it may be left) and the daemon keeps its pages; the caller still owns and closes `fd`.
+  std::uint64_t save_memfd(std::string_view name, int fd);
   // Returns once the newest version of `name` saved so far is in checkpoint.dir; throws
   // the drain's error (naming the checkpoint and the directory) if writing it failed: the
   // RAM copy is kept and the drain retries, so it may be called again.

@@ -82,10 +82,26 @@ Status CheckpointMemfd::seal() {
   if (data_ != nullptr) munmap(data_, size_);
   data_ = nullptr;
   sealed_ = true;
-  if (fcntl(fd_, F_ADD_SEALS, kRequiredSeals | F_SEAL_SEAL) != 0) {
-    return make_error(StatusCode::kIoError, "sealing a checkpoint's memfd: {}", std::strerror(errno));
+  return seal_checkpoint_memfd(fd_, "");
+}
+
+Status seal_checkpoint_memfd(int fd, std::string_view checkpoint) {
+  const std::string what = checkpoint.empty() ? std::string("a checkpoint's memfd")
+                                              : fmt::format("checkpoint {}'s memfd", checkpoint);
+  if (fcntl(fd, F_ADD_SEALS, kRequiredSeals | F_SEAL_SEAL) == 0) return Status::ok_status();
+  const int err = errno;
+  switch (err) {
+    case EBUSY:
+      return make_error(StatusCode::kInvalidArgument,
+                        "sealing {}: a writable shared mapping of it is still there (unmap it first)", what);
+    case EPERM:
+      return make_error(StatusCode::kInvalidArgument,
+                        "sealing {}: it was created without MFD_ALLOW_SEALING or is sealed already", what);
+    case EINVAL:
+      return make_error(StatusCode::kInvalidArgument, "sealing {}: the descriptor is not a memfd", what);
+    default:
+      return make_error(StatusCode::kIoError, "sealing {}: {}", what, std::strerror(err));
   }
-  return Status::ok_status();
 }
 
 Result<CheckpointBytesPtr> map_sealed_checkpoint(int fd, std::string_view checkpoint) {

@@ -44,6 +44,12 @@ class CheckpointMemfd {
   bool sealed_ = false;
 };
 
+// Seals memfd `fd` for handing over as checkpoint `checkpoint` (named in errors): no write,
+// no resize, no new seal. A descriptor that is not a memfd created with MFD_ALLOW_SEALING,
+// one already sealed, or one with a writable shared mapping left is an error saying which.
+// CheckpointMemfd::seal and Client::save_memfd (a memfd the caller serialised into) use it.
+Status seal_checkpoint_memfd(int fd, std::string_view checkpoint);
+
 // The daemon's side: maps the sealed memfd `fd` (duplicated: the caller keeps its own)
 // read-only as the bytes of `checkpoint` (named in errors). kInvalidArgument if it is not
 // a memfd sealed against writes, growth and shrinking.

@@ -573,6 +573,16 @@ unless given. Raises shardmix.Error.)doc")
       "Saves the bytes of `data` (bytes, bytearray, memoryview, a numpy array...) as the next version of "
       "checkpoint `name` and returns its version number once the node's daemon holds them (checkpoint.dir set). "
       "They are copied once, into memory that outlives this process.")
+      .def("save_memfd", [](PyClient& c, const std::string& name, int fd) {
+        State& s = *c.state;
+        Busy busy(s);
+        py::gil_scoped_release nogil;
+        return s.get().save_memfd(name, fd);
+      }, py::arg("name"), py::arg("fd"),
+      "Saves the whole content of memfd `fd` (os.memfd_create with os.MFD_ALLOW_SEALING, filled by the caller, "
+      "e.g. torch.save to open(fd, 'wb', closefd=False)) as the next version of checkpoint `name`, without a copy: "
+      "it is sealed against writes and resizing and the daemon keeps its pages. Returns the version number; the "
+      "caller still closes fd.")
       .def("wait_durable", [](PyClient& c, const std::string& name) {
         State& s = *c.state;
         Busy busy(s);

@@ -42,6 +42,7 @@ Both use the process's ShardMix client (the first one a ShardMixDataset created,
 or ``client=``.
 """
 import io
+import os
 import warnings
 
 import torch
@@ -205,12 +206,16 @@ def save(obj, name, *, client=None, wait_durable=False):
     """torch.save(obj) into the node's ShardMix daemon as the next version of checkpoint
     `name` (one rank's state: use a name per rank). Returns the version number once the
     daemon holds the bytes; with wait_durable=True, once they are in checkpoint.dir.
-    Serialised in memory first (torch.save to a BytesIO), then copied once into the
-    daemon's memory."""
+    torch.save writes straight into a memfd that the daemon then keeps (Client.save_memfd):
+    the serialised bytes are written once and never copied."""
     c = _client(client)
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    version = c.save(name, buffer.getbuffer())
+    fd = os.memfd_create(f"shardmix-checkpoint-{name}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        with open(fd, "wb", closefd=False) as f:
+            torch.save(obj, f)
+        version = c.save_memfd(name, fd)
+    finally:
+        os.close(fd)
     if wait_durable:
         c.wait_durable(name)
     return version

@@ -66,6 +66,31 @@ def main():
     except shardmix.Error as e:
         assert "bad/name" in str(e), str(e)
 
+    # A memfd the caller filled, handed over without a copy; then what the seal refuses.
+    fd = os.memfd_create("test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.write(fd, b"written into a memfd")
+    assert client.save_memfd(name, fd) == 3
+    try:
+        os.write(fd, b"x")
+        raise AssertionError("a handed-over memfd stayed writable")
+    except PermissionError:
+        pass
+    os.close(fd)
+    assert client.load(name) == b"written into a memfd"
+    for flags, why in ((os.MFD_CLOEXEC, "MFD_ALLOW_SEALING"), (os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING, "sealed already")):
+        fd = os.memfd_create("test", flags)
+        os.write(fd, b"y")
+        if why == "sealed already":
+            client.save_memfd(f"{name}-sealed", fd)
+        try:
+            client.save_memfd(name, fd)
+            raise AssertionError(f"a memfd that cannot be sealed ({why}) was accepted")
+        except shardmix.Error as e:
+            assert why in str(e) and name in str(e), str(e)
+        finally:
+            os.close(fd)
+    assert client.list().count((name, 3)) == 1, client.list()
+
     # The torch wrapper, on the same client (one connection per rank).
     state = {"step": 7, "weights": [0.5, 1.5, 2.5], "rank": rank}
     version = smt.save(state, f"torch-rank{rank}", client=client, wait_durable=True)
