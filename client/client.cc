@@ -469,11 +469,13 @@ class DaemonConnection {
   // daemon's reply: the version number once the node holds it.
   Result<std::uint64_t> hand_over_checkpoint(DaemonConnection& channel, std::string_view name, std::uint64_t size,
                                              int fd) {
+    const std::int64_t begin = trace::start();
     const std::uint64_t request = next_request_++;
     std::vector<std::uint8_t> frame;
     proto::encode(frame, proto::CheckpointSave{request, size, std::string(name)});
     SHARDMIX_RETURN_IF_ERROR(channel.send_with_memfd(frame, fd));
     SHARDMIX_ASSIGN_OR_RETURN(proto::CheckpointReply reply, channel.checkpoint_reply(request));
+    trace::span(trace::What::kCheckpointSave, 0, begin, trace::kAlways, {reply.version, size});
     return reply.version;
   }
 

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "common/checkpoint_file.h"
+#include "common/trace.h"
 
 namespace shardmix {
 namespace {
@@ -14,6 +15,16 @@ using Clock = std::chrono::steady_clock;
 std::uint64_t micros_since(Clock::time_point start) {
   return static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count());
+}
+
+// One version to checkpoint.dir, as a span on the daemon's trace (telemetry.trace_dir).
+Status traced_write(const std::filesystem::path& dir, const CheckpointId& id, std::span<const std::uint8_t> bytes,
+                    bool write_through) {
+  const std::int64_t begin = trace::start();
+  Status written = write_checkpoint_file(dir, id, bytes);
+  trace::span(trace::What::kCheckpointDrain, 0, begin, trace::kAlways,
+              {id.version, bytes.size(), written.ok() ? 1u : 0u, write_through ? 1u : 0u});
+  return written;
 }
 
 }  // namespace
@@ -314,7 +325,7 @@ void CheckpointNode::drain_loop() {
       const CheckpointId id = store_.reserve_version(save.name);
       lock.unlock();
       const Clock::time_point t0 = Clock::now();
-      const Status written = write_checkpoint_file(options_.dir, id, save.bytes->bytes());
+      const Status written = traced_write(options_.dir, id, save.bytes->bytes(), /*write_through=*/true);
       if (written.ok()) (void)remove_superseded_checkpoint_files(options_.dir, id.name, options_.retain);
       lock.lock();
       stats_.drain_busy_us += micros_since(t0);
@@ -332,7 +343,7 @@ void CheckpointNode::drain_loop() {
       const CheckpointBytesPtr bytes = store_.held(*id)->bytes;
       lock.unlock();
       const Clock::time_point t0 = Clock::now();
-      Status written = write_checkpoint_file(options_.dir, *id, bytes->bytes());
+      Status written = traced_write(options_.dir, *id, bytes->bytes(), /*write_through=*/false);
       if (written.ok()) {
         // The version is durable either way; a superseded file left behind is only space.
         (void)remove_superseded_checkpoint_files(options_.dir, id->name, options_.retain);

@@ -50,6 +50,7 @@ void append_us(fmt::memory_buffer& out, std::int64_t ns) {
 // Chrome thread ids of the logical tracks (tid 0 stays unused: some viewers hide it).
 constexpr std::uint32_t kTidTrainerBatches = 1;
 constexpr std::uint32_t kTidPeerReads = 2;  // the async peer-read tracks hang off it
+constexpr std::uint32_t kTidCheckpoints = 3;  // a trainer's saves; a daemon's drain
 std::uint32_t tid_plan(std::uint32_t slot) { return 100 + 2 * slot; }
 std::uint32_t tid_staging(std::uint32_t slot) { return 101 + 2 * slot; }
 std::uint32_t tid_storage(std::size_t reader) { return 10000 + static_cast<std::uint32_t>(reader); }
@@ -223,6 +224,17 @@ std::string Recorder::to_json() const {
           fmt::format_to(std::back_inserter(out),
                          ",\"args\":{{\"sample\":{},\"bytes\":{},\"epoch\":{},\"trainer\":{},\"batch\":{}}}}}", a[0],
                          a[1], a[2], a[3], a[4]);
+          break;
+        case What::kCheckpointSave:
+          name_track(kTidCheckpoints, [] { return std::string("checkpoints"); });
+          complete("save checkpoint", "trainer", kTidCheckpoints, e);
+          fmt::format_to(std::back_inserter(out), ",\"args\":{{\"version\":{},\"bytes\":{}}}}}", a[0], a[1]);
+          break;
+        case What::kCheckpointDrain:
+          name_track(kTidCheckpoints, [] { return std::string("checkpoint drain"); });
+          complete(a[3] != 0 ? "write checkpoint through" : "drain checkpoint", "daemon", kTidCheckpoints, e);
+          fmt::format_to(std::back_inserter(out), ",\"args\":{{\"version\":{},\"bytes\":{},\"ok\":{}}}}}", a[0],
+                         a[1], a[2] != 0);
           break;
         case What::kStagedBytes:
           head("C", fmt::format("staged bytes, trainer slot {}", e.track), "daemon", 0, e.begin_ns);

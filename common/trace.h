@@ -1,7 +1,7 @@
 // The sample-journey trace (telemetry.trace_dir, docs/telemetry.md, decision 0052): every
 // daemon and every trainer process records what each batch went through (a trainer's wait
 // and hold, a daemon's planning, peer reads, storage reads, staging waits, epoch
-// boundaries, two counters) and writes one Chrome trace-event JSON file at exit, which
+// boundaries, two counters; model checkpoints' saves and drains) and writes one Chrome trace-event JSON file at exit, which
 // Perfetto and chrome://tracing open; `shardmix-trace merge` joins the files of a job.
 //
 // Recording is cheap by construction: each thread appends fixed-size POD events to its
@@ -49,6 +49,8 @@ enum class What : std::uint16_t {
   kStorageRead,    // daemon: one cold sample read from storage by a storage reader
   kStagedBytes,    // daemon counter, per trainer slot: staging bytes in use
   kReadsInFlight,  // daemon counter, per peer: reads posted and not yet completed
+  kCheckpointSave,   // trainer: one model checkpoint save, from the call to the daemon's reply
+  kCheckpointDrain,  // daemon: one checkpoint version written to checkpoint.dir (drain or write-through)
 };
 
 // Which batch an event belongs to: the sampling key, the same on both sides.

@@ -91,8 +91,8 @@ def check(trace, csv_dir, epochs, trainers, nodes, per_node, fraction, expect_st
     holds = {}   # (epoch, rank, batch) -> ids
     spans = collections.defaultdict(list)  # rank -> [(ts, end, kind, epoch, batch)]
     for e in events:
-        if e.get('ph') != 'X' or e['pid'] not in trainer_pid:
-            continue
+        if e.get('ph') != 'X' or e['pid'] not in trainer_pid or e['name'] not in ('wait for batch', 'hold batch'):
+            continue  # (a trainer's checkpoint saves have a track of their own)
         rank = trainer_pid[e['pid']]
         a = e['args']
         key = (a['epoch'], rank, a['batch'])

@@ -101,6 +101,27 @@ TEST(TraceRecorder, AHoldAndItsIdsAreKeptOrDroppedTogether) {
       << json;
 }
 
+// Model checkpoints: a trainer's save and a daemon's drain each on a named track of their
+// own, with their version and bytes; a failed write says so.
+TEST(TraceRecorder, CheckpointSavesAndDrainsHaveTheirOwnTracks) {
+  Recorder trainer(settings_with_cap(8));
+  trainer.record(Event{1000, 251000, What::kCheckpointSave, 0, 0, {3, 1u << 30, 0, 0, 0}});
+  const std::string saves = trainer.to_json();
+  EXPECT_NE(saves.find("\"name\":\"save checkpoint\",\"cat\":\"trainer\""), std::string::npos) << saves;
+  EXPECT_NE(saves.find("\"dur\":250.000,\"args\":{\"version\":3,\"bytes\":1073741824}"), std::string::npos) << saves;
+  EXPECT_NE(saves.find("\"args\":{\"name\":\"checkpoints\"}"), std::string::npos) << saves;
+
+  Recorder daemon(settings_with_cap(8));
+  daemon.record(Event{2000, 902000, What::kCheckpointDrain, 0, 0, {3, 1u << 30, 1, 0, 0}});
+  daemon.record(Event{3000, 4000, What::kCheckpointDrain, 0, 0, {4, 10, 0, 1, 0}});
+  const std::string drains = daemon.to_json();
+  EXPECT_NE(drains.find("\"name\":\"drain checkpoint\",\"cat\":\"daemon\""), std::string::npos) << drains;
+  EXPECT_NE(drains.find("\"args\":{\"version\":3,\"bytes\":1073741824,\"ok\":true}"), std::string::npos) << drains;
+  EXPECT_NE(drains.find("\"name\":\"write checkpoint through\""), std::string::npos) << drains;
+  EXPECT_NE(drains.find("\"args\":{\"version\":4,\"bytes\":10,\"ok\":false}"), std::string::npos) << drains;
+  EXPECT_NE(drains.find("\"args\":{\"name\":\"checkpoint drain\"}"), std::string::npos) << drains;
+}
+
 TEST(TraceRecorder, EachThreadRecordsIntoItsOwnBuffer) {
   // More events than one chunk per thread: chunks are added while others record.
   constexpr int kThreads = 4;
