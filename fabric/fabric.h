@@ -97,12 +97,10 @@ struct LocalRegion {
 // message rather than from the endpoint blob. `address` is fi_read's `addr` for offset 0
 // (the virtual address under FI_MR_VIRT_ADDR, else 0), as for the exposed arena.
 struct RemoteRegion {
-  std::uint64_t address = 0;
-  std::uint64_t key = 0;
-  std::uint64_t length = 0;
+  std::uint64_t address = 0, key = 0, length = 0;
 };
 
-// A region this rank offered with offer_region(), until withdraw_region().
+// A region this rank offered with offer_region(): `handle` names it to withdraw_region().
 struct OfferedRegion {
   int handle = -1;
   RemoteRegion remote;
