@@ -81,15 +81,18 @@ CheckpointReplicatorStats FabricCheckpointReplicator::stats() const {
   return stats_;
 }
 
-void FabricCheckpointReplicator::post(std::int32_t to, const Notice& notice) {
-  if (is_dead(to)) return;  // MPI's behaviour towards a dead rank is not to be relied on
+Status FabricCheckpointReplicator::post(std::int32_t to, const Notice& notice) {
+  // MPI's behaviour towards a dead rank is not to be relied on.
+  if (is_dead(to)) return make_error(StatusCode::kUnavailable, "daemon rank {} is dead", to);
   std::vector<std::uint8_t> bytes;
   proto::FieldWriter writer(bytes);
   Notice::fields(notice, writer);
-  if (Status sent = mpi_.post_send(to, kTagCheckpointReplica, std::move(bytes)); !sent.ok()) {
+  Status sent = mpi_.post_send(to, kTagCheckpointReplica, std::move(bytes));
+  if (!sent.ok()) {
     log::get("checkpoint")->error("checkpoint {}: a replication notice to daemon rank {} could not be sent: {}",
                                   to_string(notice.id()), to, sent.to_string());
   }
+  return sent;
 }
 
 void FabricCheckpointReplicator::offer(Outgoing outgoing, std::vector<std::function<void()>>& after) {
@@ -127,10 +130,16 @@ void FabricCheckpointReplicator::offer(Outgoing outgoing, std::vector<std::funct
     notice.address = region->remote.address;
     notice.key = region->remote.key;
   }
+  if (Status sent = post(outgoing.holder, notice); !sent.ok()) {
+    // No answer can come: the node moves on to the next peer.
+    if (offered.region >= 0) fabric_.withdraw_region(offered.region);
+    fail(sent.with_context(fmt::format("checkpoint {}: offering it to rank {}", to_string(outgoing.id),
+                                       outgoing.holder)));
+    return;
+  }
   offered.bytes = std::move(outgoing.bytes);
   offered.done = std::move(outgoing.done);
   offered_.emplace(key, std::move(offered));
-  post(outgoing.holder, notice);
   std::lock_guard lock(mutex_);
   ++stats_.offers_sent;
 }
@@ -149,7 +158,7 @@ void FabricCheckpointReplicator::start_pull(std::int32_t owner, const Notice& of
     refused.error = why.message().substr(0, kMaxNoticeText);
     log::get("checkpoint")->warn("refusing the replica of checkpoint {} from daemon rank {}: {}", to_string(pull->id),
                                  owner, why.message());
-    post(owner, refused);
+    (void)post(owner, refused);  // unsent only to a dead owner, or on an MPI error (logged)
     std::lock_guard lock(mutex_);
     ++stats_.refusals;
   };
@@ -219,7 +228,8 @@ void FabricCheckpointReplicator::finish_pull(const std::shared_ptr<Pull>& pull) 
     std::lock_guard lock(mutex_);
     ++stats_.refusals;
   }
-  post(pull->owner, answer);
+  // Unsent (the owner died): a copy accepted from it is drained here; nothing else to do.
+  (void)post(pull->owner, answer);
 }
 
 void FabricCheckpointReplicator::handle(std::int32_t source, const Notice& notice,
@@ -270,7 +280,7 @@ void FabricCheckpointReplicator::pump() {
     notice.kind = NoticeKind::kRelease;
     notice.name = id.name;
     notice.version = id.version;
-    post(holder, notice);
+    (void)post(holder, notice);  // best effort (CheckpointReplicator::release)
   }
   for (const std::shared_ptr<Pull>& pull : landed) finish_pull(pull);
   for (;;) {

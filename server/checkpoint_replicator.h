@@ -82,7 +82,8 @@ class FabricCheckpointReplicator final : public CheckpointReplicator {
   struct Notice;
   using Key = std::pair<std::int32_t, CheckpointId>;  // (peer rank, version)
 
-  void post(std::int32_t to, const Notice& notice);
+  // kUnavailable without sending to a rank declared dead; MPI's error otherwise (logged).
+  Status post(std::int32_t to, const Notice& notice);
   void offer(Outgoing outgoing, std::vector<std::function<void()>>& after);
   void handle(std::int32_t source, const Notice& notice, std::vector<std::function<void()>>& after);
   void start_pull(std::int32_t owner, const Notice& offer);
