@@ -26,8 +26,8 @@
 // old rank's blob and iterate client.resumed_epoch() without a blob.
 //
 // Model checkpoints (the trainer's own state, not the data position above; checkpoint.dir
-// set on the daemons, docs/decisions/0053 and 0056):
-//   client.save("rank3", bytes);                     // returns once the bytes are in the node's RAM
+// set on the daemons, docs/decisions/0053, 0056 and 0059):
+//   client.save("rank3", bytes);                     // returns once in the node's and a peer daemon's RAM
 //   client.wait_durable("rank3");                    // once the newest version is in checkpoint.dir
 //   shardmix::LoadedCheckpoint c = client.load("rank3");   // c.bytes(): RAM, else the file
 //   for (const shardmix::CheckpointVersion& v : client.list()) ...
@@ -290,8 +290,9 @@ class Client {
   // Model checkpoints; each throws shardmix::Error with the daemon's message (naming the
   // checkpoint, and checkpoint.dir for file system errors).
   // Saves `bytes` as the next version of `name` (letters, digits, '.', '_', '-'; at most
-  // 200 bytes) and returns its version number once the node holds it: the bytes are copied
-  // once, into a sealed memfd the daemon keeps, so they survive this process.
+  // 200 bytes) and returns its version number once the node holds it and, with two or more
+  // daemons, a peer daemon holds a copy: the bytes are copied once here, into a sealed memfd
+  // the daemon keeps, so they survive this process (and the copy survives this node's daemon).
   std::uint64_t save(std::string_view name, std::span<const std::uint8_t> bytes);
   // The same without the copy: `write` fills the `size` bytes of the memfd itself (e.g. a
   // serializer writing straight into it).

@@ -282,12 +282,16 @@ void CheckpointNode::release_replica(const CheckpointId& id) {
   run(out);
 }
 
-void CheckpointNode::peer_died(std::int32_t rank) {
+std::size_t CheckpointNode::peer_died(std::int32_t rank) {
   Callbacks out;
+  std::size_t taken_over = 0;
   {
     std::lock_guard lock(mutex_);
-    if (static_cast<std::size_t>(rank) >= alive_.size() || !alive_[static_cast<std::size_t>(rank)]) return;
+    if (rank < 0 || static_cast<std::size_t>(rank) >= alive_.size() || !alive_[static_cast<std::size_t>(rank)]) return 0;
     alive_[static_cast<std::size_t>(rank)] = false;
+    for (const CheckpointEntry* e : store_.entries()) {
+      if (e->is_replica && e->owner == rank && e->drain != DrainState::kDurable) ++taken_over;
+    }
     for (const CheckpointId& id : store_.peer_died(rank)) {
       replicating_[id] = Replication{{}, kNoRank, {}, Clock::now()};
       replicate(id, out);
@@ -304,6 +308,16 @@ void CheckpointNode::peer_died(std::int32_t rank) {
     wake_drain_.notify_all();
   }
   run(out);
+  return taken_over;
+}
+
+std::vector<std::string> CheckpointNode::owned_names() const {
+  std::lock_guard lock(mutex_);
+  std::vector<std::string> names;
+  for (const CheckpointEntry* e : store_.entries()) {
+    if (!e->is_replica && (names.empty() || names.back() != e->id.name)) names.push_back(e->id.name);
+  }
+  return names;
 }
 
 CheckpointNodeStats CheckpointNode::stats() const {

@@ -95,8 +95,12 @@ class CheckpointNode {
   Status accept_replica(std::int32_t owner, const CheckpointId& id, CheckpointBytesPtr bytes);
   void release_replica(const CheckpointId& id);
   // A peer daemon died: take over its versions held here (drained first), copy ours that
-  // it held to another peer.
-  void peer_died(std::int32_t rank);
+  // it held to another peer. Returns how many versions not yet durable were taken over.
+  std::size_t peer_died(std::int32_t rank);
+  // Names with a version in RAM that this daemon drains (saved here or taken over from a
+  // dead owner), as opposed to replicas it holds for a live peer: what a stopping daemon
+  // must make durable before it exits.
+  std::vector<std::string> owned_names() const;
 
   CheckpointNodeStats stats() const;
   const CheckpointNodeOptions& options() const { return options_; }

@@ -295,10 +295,10 @@ const KeySpec kKeys[] = {
 
   {"checkpoint.dir", KeyType::kString, "",
    "Model checkpoint absorption: the directory trainers' checkpoints (Client::save, shardmix.torch.save) drain to in the background, as <dir>/<name>/v<N>.smxckpt (temporary file, fsync, rename; a CRC32C in the header). Every daemon of the job uses it; put it on the shared file system. \"\" = off: a trainer's save is refused naming this key.",
-   "A save returns once the bytes are in the node's RAM (a memory copy) instead of after the file system's write; the price is checkpoint.capacity of RAM taken from the cache and a window in which the newest version is only in RAM (wait_durable closes it).",
+   "A save returns once the bytes are in the node's RAM and in one peer daemon's RAM (a memory copy and a fabric read) instead of after the file system's write; the price is checkpoint.capacity of RAM taken from the cache, and a window in which the newest version is only in the RAM of two daemons (wait_durable closes it).",
    "", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(checkpoint.dir)},
   {"checkpoint.capacity", KeyType::kSize, "2GiB",
-   "checkpoint.dir set: RAM per node for checkpoint versions not yet drained and the newest checkpoint.retain of each name. Taken from cache.capacity: the cache arena gets cache.capacity minus this (an error naming both keys if nothing is left). Integer bytes or a size such as \"8GiB\".",
+   "checkpoint.dir set: RAM per node for checkpoint versions not yet drained, the newest checkpoint.retain of each name, and the replicas this daemon holds for its peers. Taken from cache.capacity: the cache arena gets cache.capacity minus this (an error naming both keys if nothing is left). Integer bytes or a size such as \"8GiB\".",
    "More absorbs larger or more frequent checkpoints without back-pressure on save; every byte of it is a byte less of dataset cache (more storage reads when the dataset does not fit).",
    "", 1, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_U64_KEY(checkpoint.capacity_bytes)},
   {"checkpoint.retain", KeyType::kUint, "2",

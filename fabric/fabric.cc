@@ -18,6 +18,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -129,6 +130,8 @@ struct ReadRequest {
   // A failure detector heartbeat (Fabric::heartbeat_read): goes to the front of its peer's
   // queue and is not held by max_outstanding_reads, so it never waits behind data reads.
   bool priority = false;
+  // Set by read_region(): the peer's offered region to read instead of its exposed arena.
+  std::optional<RemoteRegion> offered;
   // Set when read() already knows the read cannot run; delivered on the progress thread
   // so callbacks never run on the caller's stack (a caller may hold its own locks).
   Status rejection;
@@ -257,10 +260,17 @@ struct Fabric::Impl {
   Status open(const FabricOptions& options);
   // fi_mr_reg, plus bind+enable when the provider wants FI_MR_ENDPOINT.
   Result<FidPtr<fid_mr>> register_memory(void* base, std::size_t length, std::uint64_t access, const char* what);
+  // Registers [base, base+length) for remote reads and says how a peer reads it: the key
+  // (refused when the provider has none to give, FI_MR_RAW) and the address per
+  // FI_MR_VIRT_ADDR. The exposed arena and every offered region go through here.
+  Result<std::pair<FidPtr<fid_mr>, RemoteRegion>> register_remote_readable(const void* base, std::size_t length,
+                                                                            const char* what);
   void enqueue(std::vector<ReadRequest> requests);
-  Status validate(int peer, std::span<const ReadSegment> segments, const LocalRegion& local) const;
+  // `offered`: the peer's offered region the read targets (read_region), else its arena.
+  Status validate(int peer, std::span<const ReadSegment> segments, const LocalRegion& local,
+                  const RemoteRegion* offered) const;
   ReadRequest make_request(int peer, std::span<const ReadSegment> segments, const LocalRegion& local,
-                           ReadCallback done) const;
+                           ReadCallback done, const RemoteRegion* offered = nullptr) const;
   // Posts one request to the provider (fi_read or fi_readmsg); the provider's return code.
   ssize_t post(ReadRequest& request, fi_context2* context);
 
@@ -305,7 +315,13 @@ struct Fabric::Impl {
   FidPtr<fid_av> av;
   FidPtr<fid_ep> ep;
   FidPtr<fid_mr> exposed_mr;
-  std::vector<FidPtr<fid_mr>> local_mrs;  // indexed by LocalRegion::index
+  // Under registry_mutex (register_local, unregister_local, offer_region and
+  // withdraw_region may run on any thread), with next_requested_key.
+  std::mutex registry_mutex;
+  std::vector<FidPtr<fid_mr>> local_mrs;  // indexed by LocalRegion::index; null once unregistered
+  std::vector<int> free_local_indices;     // unregistered, for reuse
+  std::map<int, FidPtr<fid_mr>> offered_mrs;  // by OfferedRegion::handle
+  int next_offer_handle = 0;
 
   // --- Main thread only (set before start_progress; read() only reads them after
   // `connected` is published). ---
@@ -502,8 +518,13 @@ Result<FidPtr<fid_mr>> Fabric::Impl::register_memory(void* base, std::size_t len
     return fi_error(call, rc).with_context(fmt::format("registering {} bytes ({})", length, what));
   };
   fid_mr* raw_mr = nullptr;
+  std::uint64_t requested_key = 0;
+  {
+    std::lock_guard lock(registry_mutex);
+    requested_key = next_requested_key++;
+  }
   // Providers without FI_MR_PROV_KEY use the requested key, which must be unique per domain.
-  if (int rc = fi_mr_reg(domain.get(), base, length, access, 0, next_requested_key++, 0, &raw_mr, nullptr); rc != 0) {
+  if (int rc = fi_mr_reg(domain.get(), base, length, access, 0, requested_key, 0, &raw_mr, nullptr); rc != 0) {
     return failed("fi_mr_reg", rc);
   }
   FidPtr<fid_mr> mr(raw_mr);
@@ -514,7 +535,26 @@ Result<FidPtr<fid_mr>> Fabric::Impl::register_memory(void* base, std::size_t len
   return mr;
 }
 
-Status Fabric::Impl::validate(int peer, std::span<const ReadSegment> segments, const LocalRegion& local) const {
+Result<std::pair<FidPtr<fid_mr>, RemoteRegion>> Fabric::Impl::register_remote_readable(const void* base,
+                                                                                       std::size_t length,
+                                                                                       const char* what) {
+  // Registered for FI_REMOTE_READ only: nothing ever writes through it.
+  SHARDMIX_ASSIGN_OR_RETURN(FidPtr<fid_mr> mr,
+                            register_memory(const_cast<void*>(base), length, FI_REMOTE_READ, what));
+  const std::uint64_t key = fi_mr_key(mr.get());
+  if (key == FI_KEY_NOTAVAIL) {
+    return make_error(StatusCode::kUnavailable, "fabric provider {} needs raw MR keys (FI_MR_RAW), not supported",
+                      provider_name);
+  }
+  RemoteRegion remote;
+  remote.address = (mr_mode & FI_MR_VIRT_ADDR) ? reinterpret_cast<std::uintptr_t>(base) : 0;
+  remote.key = key;
+  remote.length = length;
+  return std::make_pair(std::move(mr), remote);
+}
+
+Status Fabric::Impl::validate(int peer, std::span<const ReadSegment> segments, const LocalRegion& local,
+                              const RemoteRegion* offered) const {
   if (peer < 0 || peer >= nranks) {
     return make_error(StatusCode::kInvalidArgument, "read from peer {}: no such rank (ranks are 0..{})", peer,
                       nranks - 1);
@@ -527,9 +567,12 @@ Status Fabric::Impl::validate(int peer, std::span<const ReadSegment> segments, c
                       "read from peer {}: {} segments in one read; provider {} takes 1 to {} (max_segments_per_read)",
                       peer, segments.size(), provider_name, max_segments);
   }
-  const PeerRegion& region = peers[static_cast<std::size_t>(peer)];
-  if (region.region_length == 0) {
-    return make_error(StatusCode::kInvalidArgument, "read from peer {}: the peer exposes no memory", peer);
+  const std::uint64_t region_length =
+      offered != nullptr ? offered->length : peers[static_cast<std::size_t>(peer)].region_length;
+  const char* region_name = offered != nullptr ? "offered" : "exposed";
+  if (region_length == 0) {
+    return make_error(StatusCode::kInvalidArgument, "read from peer {}: the peer's {} region is empty", peer,
+                      region_name);
   }
   if (local.index < 0 || local.index >= local_region_count.load(std::memory_order_acquire) || local.base == nullptr) {
     return make_error(StatusCode::kInvalidArgument,
@@ -538,10 +581,10 @@ Status Fabric::Impl::validate(int peer, std::span<const ReadSegment> segments, c
   for (const ReadSegment& segment : segments) {
     const std::uint64_t remote_offset = segment.remote_offset;
     const std::size_t length = segment.length;
-    if (remote_offset > region.region_length || length > region.region_length - remote_offset) {
+    if (remote_offset > region_length || length > region_length - remote_offset) {
       return make_error(StatusCode::kInvalidArgument,
-                        "read from peer {}: bytes [{}, {}+{}) lie outside its exposed region of {} bytes", peer,
-                        remote_offset, remote_offset, length, region.region_length);
+                        "read from peer {}: bytes [{}, {}+{}) lie outside its {} region of {} bytes", peer,
+                        remote_offset, remote_offset, length, region_name, region_length);
     }
     if (segment.local_offset > local.length || length > local.length - segment.local_offset) {
       return make_error(StatusCode::kInvalidArgument,
@@ -557,12 +600,13 @@ Status Fabric::Impl::validate(int peer, std::span<const ReadSegment> segments, c
 }
 
 ReadRequest Fabric::Impl::make_request(int peer, std::span<const ReadSegment> segments, const LocalRegion& local,
-                                       ReadCallback done) const {
+                                       ReadCallback done, const RemoteRegion* offered) const {
   ReadRequest request;
   request.peer = peer;
   request.local_desc = local.desc;
   request.done = std::move(done);
-  request.rejection = validate(peer, segments, local);
+  if (offered != nullptr) request.offered = *offered;
+  request.rejection = validate(peer, segments, local, offered);
   if (request.rejection.ok()) {
     std::copy(segments.begin(), segments.end(), request.segments.begin());
     request.segment_count = segments.size();
@@ -796,11 +840,13 @@ std::size_t Fabric::Impl::post_one(int peer) {
 }
 
 ssize_t Fabric::Impl::post(ReadRequest& request, fi_context2* context) {
-  const PeerRegion& region = peers[static_cast<std::size_t>(request.peer)];
+  const PeerRegion& peer = peers[static_cast<std::size_t>(request.peer)];
+  const std::uint64_t region_address = request.offered ? request.offered->address : peer.region_address;
+  const std::uint64_t region_key = request.offered ? request.offered->key : peer.region_key;
   if (request.segment_count == 1) {
     const ReadSegment& segment = request.segments[0];
     return fi_read(ep.get(), request.local_base + segment.local_offset, segment.length, request.local_desc,
-                   region.address, region.region_address + segment.remote_offset, region.region_key, context);
+                   peer.address, region_address + segment.remote_offset, region_key, context);
   }
   // Several segments of one peer: one operation, one completion (fewer provider round
   // trips, and with shm one process_vm_readv and one lock of the target's region).
@@ -811,13 +857,13 @@ ssize_t Fabric::Impl::post(ReadRequest& request, fi_context2* context) {
     const ReadSegment& segment = request.segments[i];
     local_iov[i] = iovec{request.local_base + segment.local_offset, segment.length};
     descs[i] = request.local_desc;
-    remote_iov[i] = fi_rma_iov{region.region_address + segment.remote_offset, segment.length, region.region_key};
+    remote_iov[i] = fi_rma_iov{region_address + segment.remote_offset, segment.length, region_key};
   }
   fi_msg_rma message{};
   message.msg_iov = local_iov.data();
   message.desc = descs.data();
   message.iov_count = request.segment_count;
-  message.addr = region.address;
+  message.addr = peer.address;
   message.rma_iov = remote_iov.data();
   message.rma_iov_count = request.segment_count;
   message.context = context;
@@ -994,16 +1040,11 @@ Status Fabric::expose(void* base, std::size_t length) {
     log::get("fabric")->info("exposing nothing (length 0)");
     return Status::ok_status();
   }
-  SHARDMIX_ASSIGN_OR_RETURN(FidPtr<fid_mr> mr, impl.register_memory(base, length, FI_REMOTE_READ, "exposed region"));
-  const std::uint64_t key = fi_mr_key(mr.get());
-  if (key == FI_KEY_NOTAVAIL) {
-    return make_error(StatusCode::kUnavailable, "fabric provider {} needs raw MR keys (FI_MR_RAW), not supported",
-                      impl.provider_name);
-  }
-  impl.exposed_mr = std::move(mr);
+  SHARDMIX_ASSIGN_OR_RETURN(auto registered, impl.register_remote_readable(base, length, "exposed region"));
+  impl.exposed_mr = std::move(registered.first);
   impl.exposed = true;
-  impl.own_blob.region_address = (impl.mr_mode & FI_MR_VIRT_ADDR) ? reinterpret_cast<std::uintptr_t>(base) : 0;
-  impl.own_blob.region_key = key;
+  impl.own_blob.region_address = registered.second.address;
+  impl.own_blob.region_key = registered.second.key;
   impl.own_blob.region_length = length;
   // The key goes to peers over MPI only; logs (often world-readable files) never show it.
   log::get("fabric")->info("exposed {} bytes ({} key, remote address {:#x})", length,
@@ -1024,10 +1065,56 @@ Result<LocalRegion> Fabric::register_local(void* base, std::size_t length) {
   region.base = base;
   region.length = length;
   region.desc = fi_mr_desc(mr.get());
-  region.index = static_cast<int>(impl.local_mrs.size());
-  impl.local_mrs.push_back(std::move(mr));
-  impl.local_region_count.store(static_cast<int>(impl.local_mrs.size()), std::memory_order_release);
+  std::lock_guard lock(impl.registry_mutex);
+  if (!impl.free_local_indices.empty()) {
+    region.index = impl.free_local_indices.back();
+    impl.free_local_indices.pop_back();
+    impl.local_mrs[static_cast<std::size_t>(region.index)] = std::move(mr);
+  } else {
+    region.index = static_cast<int>(impl.local_mrs.size());
+    impl.local_mrs.push_back(std::move(mr));
+    impl.local_region_count.store(static_cast<int>(impl.local_mrs.size()), std::memory_order_release);
+  }
   return region;
+}
+
+void Fabric::unregister_local(const LocalRegion& region) {
+  Impl& impl = *impl_;
+  FidPtr<fid_mr> closing;
+  {
+    std::lock_guard lock(impl.registry_mutex);
+    const auto index = static_cast<std::size_t>(region.index);
+    if (region.index < 0 || index >= impl.local_mrs.size() || !impl.local_mrs[index]) return;
+    closing = std::move(impl.local_mrs[index]);
+    impl.free_local_indices.push_back(region.index);
+  }
+  // Closed outside the lock: fi_close may take the provider's own locks.
+}
+
+Result<OfferedRegion> Fabric::offer_region(const void* base, std::size_t length) {
+  Impl& impl = *impl_;
+  if (base == nullptr || length == 0) {
+    return make_error(StatusCode::kInvalidArgument, "fabric: offer_region() needs a non-empty region");
+  }
+  SHARDMIX_ASSIGN_OR_RETURN(auto registered, impl.register_remote_readable(base, length, "offered region"));
+  OfferedRegion offered;
+  offered.remote = registered.second;
+  std::lock_guard lock(impl.registry_mutex);
+  offered.handle = impl.next_offer_handle++;
+  impl.offered_mrs.emplace(offered.handle, std::move(registered.first));
+  return offered;
+}
+
+void Fabric::withdraw_region(int handle) {
+  Impl& impl = *impl_;
+  FidPtr<fid_mr> closing;
+  {
+    std::lock_guard lock(impl.registry_mutex);
+    const auto it = impl.offered_mrs.find(handle);
+    if (it == impl.offered_mrs.end()) return;
+    closing = std::move(it->second);
+    impl.offered_mrs.erase(it);
+  }
 }
 
 std::vector<std::uint8_t> Fabric::endpoint_blob() const { return encode_endpoint_blob(impl_->own_blob); }
@@ -1098,6 +1185,14 @@ void Fabric::read(int peer, std::uint64_t remote_offset, std::size_t length, con
   const ReadSegment segment{remote_offset, length, local_offset};
   std::vector<ReadRequest> one;
   one.push_back(impl_->make_request(peer, std::span(&segment, 1), local, std::move(done)));
+  impl_->enqueue(std::move(one));
+}
+
+void Fabric::read_region(int peer, const RemoteRegion& remote, std::uint64_t remote_offset, std::size_t length,
+                         const LocalRegion& local, std::size_t local_offset, ReadCallback done) {
+  const ReadSegment segment{remote_offset, length, local_offset};
+  std::vector<ReadRequest> one;
+  one.push_back(impl_->make_request(peer, std::span(&segment, 1), local, std::move(done), &remote));
   impl_->enqueue(std::move(one));
 }
 

@@ -92,6 +92,20 @@ struct LocalRegion {
   int index = -1;             // internal handle
 };
 
+// A region registered for remote reads after connect_peers (a checkpoint version offered
+// to its replica holder, docs/decisions/0059): what a peer needs to read it, learnt from a
+// message rather than from the endpoint blob. `address` is fi_read's `addr` for offset 0
+// (the virtual address under FI_MR_VIRT_ADDR, else 0), as for the exposed arena.
+struct RemoteRegion {
+  std::uint64_t address = 0, key = 0, length = 0;
+};
+
+// A region this rank offered with offer_region(): `handle` names it to withdraw_region().
+struct OfferedRegion {
+  int handle = -1;
+  RemoteRegion remote;
+};
+
 struct FabricStats {
   std::uint64_t reads_posted = 0;
   std::uint64_t reads_completed = 0;
@@ -136,6 +150,19 @@ class Fabric {
   // Registers a local region as read target (needed when the provider wants FI_MR_LOCAL).
   Result<LocalRegion> register_local(void* base, std::size_t length);
 
+  // Gives back a region from register_local (one registered for one transfer, e.g. a
+  // replica's landing buffer). The caller guarantees no read into it is still queued or
+  // in flight. Safe from any thread.
+  void unregister_local(const LocalRegion& region);
+
+  // Registers [base, base+length) for remote reads by peers, like expose(), but at any time
+  // and as many as needed, each with its own key: a peer reads it with read_region() once
+  // it learnt the RemoteRegion (by a control-plane message). length must be > 0. Safe from
+  // any thread.
+  Result<OfferedRegion> offer_region(const void* base, std::size_t length);
+  // Deregisters an offered region: a peer's later read of it fails. Safe from any thread.
+  void withdraw_region(int handle);
+
   // This rank's endpoint name + exposed region (address per mr_mode, key, length).
   std::vector<std::uint8_t> endpoint_blob() const;
   // Inserts every rank's blob (indexed by rank, including our own) into the AV.
@@ -155,6 +182,11 @@ class Fabric {
   // (bad peer, out of range, provider failure) are reported through `done`, naming the peer rank.
   void read(int peer, std::uint64_t remote_offset, std::size_t length, const LocalRegion& local,
             std::size_t local_offset, ReadCallback done);
+
+  // Like read(), but of a region `peer` offered with offer_region() rather than of its
+  // exposed arena: `length` bytes at `remote_offset` of `remote`.
+  void read_region(int peer, const RemoteRegion& remote, std::uint64_t remote_offset, std::size_t length,
+                   const LocalRegion& local, std::size_t local_offset, ReadCallback done);
 
   // A failure detector heartbeat (common/peer_monitor.h): like read(), but it goes to the
   // front of `peer`'s queue and is posted whatever max_outstanding_reads allows, so a live

@@ -117,6 +117,29 @@ Result<LoopbackReport> run_loopback(const FabricOptions& options, std::span<cons
   }
   ++report.reads_checked;
 
+  // A region offered after connect_peers (how a checkpoint reaches its replica holder),
+  // read by its RemoteRegion into a target registered for that one read, both given back
+  // afterwards: the same mr_mode rules as the arena, with a key of its own.
+  {
+    constexpr std::size_t kOfferedBytes = 3 * 4096 + 11;
+    constexpr std::size_t kOfferedStart = 777;  // offered[i] holds pattern_byte(kOfferedStart + i)
+    std::vector<std::uint8_t> offered(exposed.begin() + kOfferedStart, exposed.begin() + kOfferedStart + kOfferedBytes);
+    std::vector<std::uint8_t> landing(kOfferedBytes, 0);
+    SHARDMIX_ASSIGN_OR_RETURN(OfferedRegion region, fabric->offer_region(offered.data(), offered.size()));
+    SHARDMIX_ASSIGN_OR_RETURN(LocalRegion landing_region, fabric->register_local(landing.data(), landing.size()));
+    Completions offered_done;
+    fabric->read_region(0, region.remote, 5, kOfferedBytes - 5, landing_region, 5, offered_done.callback());
+    Status read = offered_done.wait(1).with_context(fmt::format("loopback read of an offered region on {}", provider));
+    fabric->unregister_local(landing_region);
+    fabric->withdraw_region(region.handle);
+    SHARDMIX_RETURN_IF_ERROR(read);
+    std::fill(target.begin(), target.end(), 0);
+    std::copy(landing.begin(), landing.end(), target.begin());
+    SHARDMIX_RETURN_IF_ERROR(compare(target, 5, kOfferedStart + 5, kOfferedBytes - 5, provider));
+    ++report.reads_checked;
+    report.bytes_checked += kOfferedBytes - 5;
+  }
+
   for (const std::size_t size : probe_sizes) {
     if (size == 0 || size > kRegionBytes) {
       return make_error(StatusCode::kInvalidArgument, "loopback probe: read size {} is not in 1..{}", size,

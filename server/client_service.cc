@@ -514,7 +514,8 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     w.node = service_.job_.context.node;
     w.retain = node->options().retain;
     w.capacity_bytes = node->options().capacity_bytes;
-    w.replication = 0;  // no CheckpointReplicator across daemons yet (docs/decisions/0056)
+    // A peer daemon holds a copy of every save before it returns (docs/decisions/0059).
+    w.replication = service_.job_.nodes > 1 ? 1 : 0;
     std::vector<std::uint8_t> out;
     proto::encode(out, w);
     write(std::move(out));

@@ -43,6 +43,7 @@
 #include "common/trace.h"
 #include "fabric/fabric.h"
 #include "server/cache_loader.h"
+#include "server/checkpoint_replicator.h"
 #include "server/client_service.h"
 #include "server/netns.h"
 #include "server/shard_file_cache.h"
@@ -135,6 +136,7 @@ constexpr int kTagLoadProgress = 43;  // a LoadProgressMessage, while loading
 // MPI tags of the cache-rotation fence (docs/decisions/0033), both a RotationMessage.
 constexpr int kTagRotationDone = 44;      // to node k: the sender reads nothing of k's generation any more
 constexpr int kTagRotationReadable = 45;  // from node k: its arena now holds the generation
+// kTagCheckpointReplica = 46 (server/checkpoint_replicator.h): checkpoint replication notices.
 
 struct RotationMessage {
   std::uint32_t node = 0;
@@ -546,6 +548,9 @@ class Daemon {
   void create_rotation();
   void pump_rotation();
   void on_dead_peer(const PeerMonitor::Failure& dead);
+  // Tells checkpoint replication and the checkpoint node that `rank` died (no-op without
+  // checkpoint.dir): the replicas held for it are drained here.
+  void checkpoints_peer_died(std::uint32_t rank);
   [[noreturn]] void stop_for_dead_peer(const PeerMonitor::Failure& dead);
   std::string host_of(std::uint32_t rank) const { return rank < hosts_.size() ? hosts_[rank] : std::string("?"); }
   void log_shutdown_figures();
@@ -601,6 +606,9 @@ class Daemon {
   // Heartbeat reads (common/peer_monitor.h) land here, one byte per peer; declared before
   // the fabric so it outlives every read.
   std::vector<std::uint8_t> heartbeat_bytes_;
+  // Checkpoint replication (docs/decisions/0059), created with the checkpoint node. Declared
+  // before the fabric for the same reason: its landing buffers outlive every read.
+  std::unique_ptr<FabricCheckpointReplicator> replicator_;
   std::unique_ptr<fabric::Fabric> fabric_;
   fabric::LocalRegion staging_region_;
   fabric::LocalRegion heartbeat_region_;
@@ -1058,25 +1066,34 @@ Status Daemon::start_service() {
   served.job_token = job_token_;
   if (!config_.checkpoint.dir.empty()) {
     CheckpointNodeOptions options;
-    // No CheckpointReplicator across daemons yet (docs/decisions/0056): each node works
-    // alone, as the only daemon its store knows, so a save returns once in this node's RAM.
-    options.rank = 0;
+    // Every save is copied into one peer daemon's RAM before it returns (docs/decisions/
+    // 0059), preferring a peer in another failure domain: another host, or with emulated
+    // nodes (fabric.netns) another network namespace.
+    options.rank = rank_;
+    for (int r = 0; r < nodes_; ++r) {
+      const std::string netns = expand_netns_name(config_.fabric.netns, r);
+      options.domains.push_back(netns.empty() ? host_of(static_cast<std::uint32_t>(r))
+                                              : host_of(static_cast<std::uint32_t>(r)) + "/" + netns);
+    }
     options.dir = config_.checkpoint.dir;
     options.capacity_bytes = config_.checkpoint.capacity_bytes;
     options.retain = config_.checkpoint.retain;
     options.when_full = config_.checkpoint.when_full == "write_through" ? WhenFull::kWriteThrough : WhenFull::kWait;
-    auto node = CheckpointNode::start(std::move(options), nullptr);
+    replicator_ = std::make_unique<FabricCheckpointReplicator>(*fabric_, mpi_);
+    auto node = CheckpointNode::start(std::move(options), replicator_.get());
     SHARDMIX_RETURN_IF_ERROR(agree(mpi_, node.ok() ? Status::ok_status() : node.status(),
                                    "starting checkpoint absorption (checkpoint.dir " + config_.checkpoint.dir + ")"));
     checkpoints_ = std::move(*node);
+    replicator_->attach(checkpoints_.get());
     telemetry_.set_checkpoint_stats([node = checkpoints_.get()] { return node->stats(); });
     forget_checkpoint_stats_.run = [this] { telemetry_.set_checkpoint_stats({}); };
     log_->info("checkpoints: absorbed in RAM (checkpoint.capacity {} bytes, retain {}, when_full {}) and drained to "
-               "{}; the cache arena is limited to {}; replication to a peer daemon is not built yet",
+               "{}; the cache arena is limited to {}; {}",
                config_.checkpoint.capacity_bytes, config_.checkpoint.retain, config_.checkpoint.when_full,
                config_.checkpoint.dir,
                capacity_ == kNoCapacityLimit ? std::string("RAM (cache.capacity = 0)")
-                                             : fmt::format("cache.capacity - checkpoint.capacity = {} bytes", capacity_));
+                                             : fmt::format("cache.capacity - checkpoint.capacity = {} bytes", capacity_),
+               nodes_ > 1 ? "a save returns once a peer daemon holds a copy" : "no peer daemon to hold copies");
   }
   served.checkpoints = checkpoints_.get();
   const std::string socket_path = run_dir_ + "/d" + std::to_string(rank_) + ".sock";
@@ -1189,6 +1206,10 @@ void Daemon::stop_for_dead_peer(const PeerMonitor::Failure& dead) {
   if (!service_->wait_all_closed(std::chrono::seconds(5))) {
     log_->warn("not every trainer took the error within 5 s; closing their connections");
   }
+  // Its checkpoint replicas held here have no other copy: drain them before leaving (the
+  // launcher may end this process first; docs/operations.md).
+  checkpoints_peer_died(dead.rank);
+  drain_checkpoints_before_exit();
   if (rank_ == 0) ::unlink(ready_path_.c_str());
   ::unlink(token_path_.c_str());
   log_->error("exiting with status 1: daemon rank {} failed", dead.rank);
@@ -1210,10 +1231,24 @@ void Daemon::on_dead_peer(const PeerMonitor::Failure& dead) {
   fabric_->fail_peer(static_cast<int>(dead.rank),
                      make_error(StatusCode::kUnavailable, "daemon rank {} was declared dead: {}", dead.rank,
                                 dead.reason));
+  checkpoints_peer_died(dead.rank);
   monitor_->forget(dead.rank);
   telemetry_.peer_degraded(dead.rank);
   pump_->peer_dead(static_cast<int>(dead.rank));
   service_->peer_dead(dead.rank);
+}
+
+void Daemon::checkpoints_peer_died(std::uint32_t rank) {
+  if (!checkpoints_) return;
+  // The replicator first: its offers to the dead rank fail, so the node's re-replication
+  // of the versions that rank held does not wait for an answer that never comes.
+  replicator_->peer_died(static_cast<std::int32_t>(rank));
+  const std::size_t taken_over = checkpoints_->peer_died(static_cast<std::int32_t>(rank));
+  if (taken_over > 0) {
+    log_->warn("checkpoints: daemon rank {} died; the {} version(s) not yet durable whose replica this daemon holds "
+               "are drained from here to {}",
+               rank, taken_over, config_.checkpoint.dir);
+  }
 }
 
 void Daemon::create_rotation() {
@@ -1347,11 +1382,14 @@ int Daemon::serve() {
   // With rotation the fence's round trips (retire, Done, reload, Readable) each wait for
   // this loop: a finer tick shortens the reload windows in which changing samples come
   // from storage. MPI_Iprobe every 10 ms costs nothing measurable.
-  const auto tick = rotation_ ? std::chrono::milliseconds(10) : std::chrono::milliseconds(100);
+  // Checkpoint replication's notices wait for it too: each tick is on a save's path.
+  const bool replicating = replicator_ != nullptr && nodes_ > 1;
+  const auto tick = rotation_ || replicating ? std::chrono::milliseconds(10) : std::chrono::milliseconds(100);
   while (!stop_.wait_for(tick)) {
     while (auto dead = monitor_->poll()) on_dead_peer(*dead);  // degrade: forget() clears it
     pump_->pump();
     pump_rotation();
+    if (replicator_) replicator_->pump();
   }
   // A stop signal may follow a peer's death (mpirun stops the job when a rank dies): then
   // the trainers are told which rank died, not only that we were stopped.
@@ -1423,8 +1461,9 @@ constexpr std::chrono::seconds kCheckpointDrainAtExit{120};
 
 void Daemon::drain_checkpoints_before_exit() {
   if (!checkpoints_) return;
+  // Only what this daemon drains: a replica held for a live peer is that peer's to drain.
   std::set<std::string> pending;
-  for (const CheckpointId& id : checkpoints_->list()) pending.insert(id.name);
+  for (std::string& name : checkpoints_->owned_names()) pending.insert(std::move(name));
   if (pending.empty()) return;
   log_->info("checkpoints: making the newest version of {} name(s) durable before exiting (at most {} s)",
              pending.size(), kCheckpointDrainAtExit.count());
@@ -1436,7 +1475,13 @@ void Daemon::drain_checkpoints_before_exit() {
       auto outcome = std::make_shared<std::promise<Status>>();
       std::future<Status> done = outcome->get_future();
       checkpoints_->wait_durable(*it, [outcome](const Status& s) { outcome->set_value(s); });
-      if (done.wait_until(deadline) != std::future_status::ready) break;
+      // The replicator keeps working meanwhile (on this thread, with MPI): the releases of
+      // versions made durable here go out to their holders.
+      while (done.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready &&
+             std::chrono::steady_clock::now() < deadline) {
+        if (replicator_) replicator_->pump();
+      }
+      if (done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) break;
       Status s = done.get();
       if (s.ok()) {
         last_error.erase(*it);

@@ -35,7 +35,7 @@ the dataset inside a DataLoader worker raises RuntimeError.
 Model checkpoints (checkpoint.dir set on the daemons; docs/decisions/0056), in place of
 one rank's torch.save/torch.load:
 
-    shardmix.torch.save(model.state_dict(), f"rank{rank}")   # returns once in the node's RAM
+    shardmix.torch.save(model.state_dict(), f"rank{rank}")   # returns once in this and a peer node's RAM
     model.load_state_dict(shardmix.torch.load(f"rank{rank}"))  # RAM, else checkpoint.dir
 
 Both use the process's ShardMix client (the first one a ShardMixDataset created, else a new one),

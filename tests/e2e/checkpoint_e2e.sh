@@ -11,6 +11,12 @@
 #             file): save still returns (the bytes are in RAM), wait_durable fails naming
 #             the checkpoint and the directory, load still returns the bytes from RAM; once
 #             the directory is back, the drain's retry makes the kept copy durable;
+#   owner     a daemon SIGKILLed right after its trainer's save returned, its checkpoint.dir
+#             broken so that it never drained the version (docs/decisions/0059): the peer
+#             daemon held the replica in its RAM (its shardmix-stat figure), takes it over
+#             once its failure detector finds the owner dead (fault.peer_death = degrade,
+#             mpirun --enable-recovery), drains it once the directory works, and the file
+#             holds the saved bytes; a new job loads them from the file (checksum checked);
 #   restart   the job is stopped and started again with another world size (1 daemon
 #             instead of 2) and then with the same one: every rank's last durable version
 #             loads, with the bytes saved; a torn leftover (a crashed drain's temporary file
@@ -40,14 +46,17 @@ start_daemons() {
   start_daemons_in_background "$@"
   e2e_wait_ready "$2" "$tmp/daemons.log" || fail "the daemons did not become ready"
 }
+# Config keys (KEY=VALUE) in $extra_config and mpirun arguments in $extra_mpirun are added.
+extra_config=()
+extra_mpirun=()
 start_daemons_in_background() {
   local nodes=$1 run_dir=$2 dir=$3
   world=$nodes
   sm_write_config "$tmp/c.toml" dataset.path="$tmp/data" batch.size=8 fabric.provider=tcp \
     service.trainers_per_node=1 service.run_dir="$run_dir" checkpoint.dir="$dir" checkpoint.capacity=64MiB \
-    cache.capacity=256MiB
+    cache.capacity=256MiB "${extra_config[@]}"
   : >"$tmp/daemons.log"
-  e2e_start_daemons "$nodes" "$tmp/c.toml" "$tmp/daemons.log"
+  e2e_start_daemons "$nodes" "$tmp/c.toml" "$tmp/daemons.log" "${extra_mpirun[@]}"
   current_run_dir=$run_dir
 }
 stop_daemons() {
@@ -143,6 +152,60 @@ case_broken() {
   echo "checkpoint_e2e: broken: PASS (error names checkpoint and directory; RAM copy kept, loaded, drained later)"
 }
 
+# wait_for SECONDS WHAT COMMAND...: runs COMMAND every second until it succeeds.
+wait_for() {
+  local limit=$1 what=$2 i
+  shift 2
+  for ((i = 0; i < limit; i++)); do
+    "$@" && return 0
+    sleep 1
+  done
+  fail "timed out after $limit s waiting for $what"
+}
+holder_holds() {
+  out=$("$stat" --run-dir "$current_run_dir" --daemon 1 --prometheus) || return 1
+  [[ $out == *"shardmix_checkpoint_ram_bytes{node=\"1\"} $1"* ]]
+}
+durable_at_survivor() {
+  as_rank 1 wait rank0
+  ((rc == 0))
+}
+
+case_owner() {
+  local dir=$tmp/owner-ckpt owner_pid
+  extra_config=(fault.peer_death=degrade fault.peer_timeout=3s)
+  extra_mpirun=(--enable-recovery)  # else mpirun ends the whole job when daemon 0 dies
+  start_daemons 2 "$tmp/run-owner" "$dir"
+  extra_config=()
+  extra_mpirun=()
+  grep -q "a save returns once a peer daemon holds a copy" "$tmp/daemons.log" ||
+    fail "the daemons do not say that saves are replicated"
+  owner_pid=$(e2e_daemon_pid "$current_run_dir" 0)
+  [[ -n $owner_pid ]] || fail "no pid of daemon 0 in $current_run_dir/ready"
+  # Neither daemon can drain: only RAM copies exist when the owner dies.
+  rm -r "$dir"
+  echo "not a directory" >"$dir"
+  payload "$tmp/o1" owner 2500
+  as_rank 0 save rank0 --file "$tmp/o1"
+  ((rc == 0)) || fail "save rank0: $out"
+  kill -KILL "$owner_pid"
+  # The copy was in daemon 1's RAM when the save returned (the only other place it can be).
+  holder_holds $((2500 * 1024)) || fail "daemon 1 does not hold the $((2500 * 1024))-byte replica: $out"
+  wait_for 60 "daemon 1 to take over daemon 0's checkpoint" \
+    grep -q "\[rank 1\]\[daemon\] checkpoints: daemon rank 0 died; the 1 version(s) not yet durable" "$tmp/daemons.log"
+  rm "$dir"
+  mkdir "$dir"
+  wait_for 60 "daemon 1 to drain rank0@1" durable_at_survivor
+  cmp -s <(tail -c +25 "$dir/rank0/v1.smxckpt") "$tmp/o1" || fail "the holder's drain wrote other bytes"
+  loads_as 1 rank0 "$tmp/o1"
+  stop_daemons
+  # A new job reads the holder's file, checking its length and CRC32C.
+  start_daemons 1 "$tmp/run-owner-b" "$dir"
+  loads_as 0 rank0 "$tmp/o1"
+  stop_daemons
+  echo "checkpoint_e2e: owner: PASS (daemon SIGKILLed right after save returned; its replica holder drained the version)"
+}
+
 case_restart() {
   local dir=$tmp/restart-ckpt
   start_daemons 2 "$tmp/run-restart-a" "$dir"
@@ -199,9 +262,9 @@ case_python() {
 }
 
 cases=("$@")
-((${#cases[@]})) || cases=(killed broken restart)
+((${#cases[@]})) || cases=(killed broken owner restart)
 for CASE in "${cases[@]}"; do
-  declare -F "case_$CASE" >/dev/null || sm_die "unknown case $CASE (killed, broken, restart, python)" 2
+  declare -F "case_$CASE" >/dev/null || sm_die "unknown case $CASE (killed, broken, owner, restart, python)" 2
   "case_$CASE"
 done
 echo "checkpoint_e2e: PASS (${cases[*]})"

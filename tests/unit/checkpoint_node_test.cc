@@ -214,6 +214,30 @@ TEST_F(CheckpointNodeTest, OwnerKilledRightAfterSaveReturnsItsReplicaHolderDrain
   EXPECT_EQ(loaded(holder, "rank0"), data);
 }
 
+TEST_F(CheckpointNodeTest, ADeathTakesOverOnlyTheDeadRanksReplicasAndTheirNamesBecomeOwned) {
+  Cluster cluster({"hostA", "hostB"});
+  const fs::path owner_dir = dir_ / "owner_view";
+  const fs::path holder_dir = dir_ / "holder_view";
+  CheckpointNode& owner = cluster.start(0, owner_dir, 1 << 20);
+  CheckpointNode& holder = cluster.start(1, holder_dir, 1 << 20);
+  block(owner_dir);  // nothing becomes durable: every copy is still needed
+  block(holder_dir);
+  ASSERT_TRUE(save(owner, "rank0", pattern(100, 1)).get().ok());
+  ASSERT_TRUE(save(owner, "rank0", pattern(200, 2)).get().ok());
+  ASSERT_TRUE(save(holder, "rank1", pattern(300, 3)).get().ok());
+  // What each must drain before it exits: its own names, not the replicas it holds.
+  EXPECT_EQ(owner.owned_names(), std::vector<std::string>{"rank0"});
+  EXPECT_EQ(holder.owned_names(), std::vector<std::string>{"rank1"});
+
+  EXPECT_EQ(holder.peer_died(0), 2u);  // both versions of rank0, neither durable
+  EXPECT_EQ(holder.owned_names(), (std::vector<std::string>{"rank0", "rank1"}));
+  EXPECT_EQ(holder.peer_died(0), 0u);  // a second report of the same death changes nothing
+  EXPECT_EQ(loaded(holder, "rank0"), pattern(200, 2));
+  unblock(holder_dir);
+  wait_until_durable(holder, "rank0");
+  EXPECT_EQ(*read_checkpoint_file(holder_dir, CheckpointId{"rank0", 2}), pattern(200, 2));
+}
+
 TEST_F(CheckpointNodeTest, ACopyThatLandsAfterItsOwnerDiedIsDrainedByItsHolder) {
   Cluster cluster({"hostA", "hostB"});
   cluster.start(0, dir_ / "shared", 1 << 20);

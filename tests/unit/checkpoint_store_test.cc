@@ -223,6 +223,10 @@ struct Message {
   std::int32_t to = kNoRank;
   CheckpointId id;
   bool drain_ok = true;
+  // kReplicaCopy: the bytes the owner offered. The daemon's transport (server/
+  // checkpoint_replicator.h) keeps them registered until the holder answers, so the copy
+  // lands whole even if the owner drained and evicted the version while it travelled.
+  CheckpointBytesPtr bytes;
 };
 
 class World {
@@ -272,14 +276,11 @@ class World {
       case Message::Kind::kReplicaCopy: {
         if (!alive(m.from)) {
           if (!late_copy_lands || !alive(m.to)) return;
-          const CheckpointEntry* source = store(m.from).held(m.id);
-          if (source != nullptr) (void)store(m.to).accept_replica(m.from, m.id, source->bytes);
+          (void)store(m.to).accept_replica(m.from, m.id, m.bytes);
           return;
         }
         if (!alive(m.to)) return retry_replica(m.from, m.id, m.to);
-        const CheckpointEntry* source = store(m.from).held(m.id);
-        if (source == nullptr) return;
-        if (!store(m.to).accept_replica(m.from, m.id, source->bytes).ok()) return retry_replica(m.from, m.id, m.to);
+        if (!store(m.to).accept_replica(m.from, m.id, m.bytes).ok()) return retry_replica(m.from, m.id, m.to);
         in_flight_.push_back(Message{Message::Kind::kReplicaAck, m.to, m.from, m.id});
         return;
       }
@@ -423,12 +424,13 @@ class World {
 
   void send_copy(std::int32_t owner, const CheckpointId& id) {
     const std::int32_t holder = choose_replica_holder(owner, id.name, domains_, alive_, excluded_[id]);
+    const CheckpointEntry* e = store(owner).held(id);
     if (holder != kNoRank) {
-      in_flight_.push_back(Message{Message::Kind::kReplicaCopy, owner, holder, id});
+      // Evicted as durable meanwhile: the node copies nothing (CheckpointNode::replicate).
+      if (e != nullptr) in_flight_.push_back(Message{Message::Kind::kReplicaCopy, owner, holder, id, true, e->bytes});
       return;
     }
     const bool any_peer_alive = std::count(alive_.begin(), alive_.end(), true) > 1;
-    const CheckpointEntry* e = store(owner).held(id);
     if (!any_peer_alive && e != nullptr) {
       // The last daemon standing: the save completes with its one copy.
       store(owner).replicated(id, kNoRank);
