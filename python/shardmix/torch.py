@@ -207,7 +207,7 @@ def save(obj, name, *, client=None, wait_durable=False):
     `name` (one rank's state: use a name per rank). Returns the version number once the
     daemon holds the bytes; with wait_durable=True, once they are in checkpoint.dir.
     torch.save writes straight into a memfd that the daemon then keeps (Client.save_memfd):
-    the serialised bytes are written once and never copied."""
+    on this node the serialised bytes are written once and never copied."""
     c = _client(client)
     fd = os.memfd_create(f"shardmix-checkpoint-{name}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
