@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Checkpoint absorption (docs/decisions/0056): 4 trainers train on ShardMix-delivered data
-# (4 daemons, tcp, exchange_fraction 1, trainers in step as DDP holds them) and save
+# Checkpoint absorption (docs/decisions/0056, 0059): 4 trainers train on ShardMix-delivered
+# data (4 daemons, --provider, exchange_fraction 1, trainers in step as DDP holds them) and save
 # --state-mib MiB each every --every batches, with checkpoint.dir on a slow shared file
 # system (bench/slowfs --writable: every written byte shares one token bucket of
 # --bandwidth-mbps with the reads, as on a PFS link). In one run (bench/checkpoint_torch.py):
@@ -19,7 +19,9 @@
 #
 #   bash bench/checkpoint.sh [--quick] [--state-mib 1024] [--every 300] [--compute-ms 100]
 #                            [--epochs 5] [--repeat 1] [--bandwidth-mbps 200] [--out FILE]
-#                            [--modes "none shardmix torch"]
+#                            [--provider tcp] [--modes "none shardmix torch"]
+# --provider: the daemons' fabric (tcp or shm), which carries the batches' peer reads and
+# each save's copy to its replica holder.
 # --modes: a subset for a look at one mode (its raw rows only, no report).
 # --quick: 256 MiB states every 80 batches, 8,192 samples, 4 epochs (about four minutes).
 # Needs root (FUSE mount), shardmix-slowfs (libfuse3-dev), torch for /usr/bin/python3, the
@@ -35,8 +37,9 @@ command_line="bash bench/checkpoint.sh${*:+ $*}"
 samples=32768 median_kib=32 state_mib=1024 every=300 compute_ms=100 epochs=5 repeat=1 bandwidth_mbps=200
 out=$repo/bench/results/checkpoint-latest.json
 quick_sizes() { samples=8192 state_mib=256 every=80 epochs=4 out=$repo/bench/results/checkpoint-quick.json; }
-modes="none shardmix torch"
-bench_parse_args quick:quick_sizes state-mib every compute-ms epochs repeat bandwidth-mbps modes out -- "$@"
+modes="none shardmix torch" provider=tcp
+bench_parse_args quick:quick_sizes state-mib every compute-ms epochs repeat bandwidth-mbps provider modes out -- "$@"
+[[ $provider == tcp || $provider == shm ]] || sm_die "--provider: tcp or shm, not '$provider'" 2
 bench_check_positive_ints state_mib every epochs repeat
 bench_check_numbers compute_ms bandwidth_mbps
 bench_require_root "mounting the slow file system (FUSE)"
@@ -56,7 +59,7 @@ bench_mount_slowfs "$work/backing" "$work/slow" "$work/slowfs.log" --writable --
 
 # Own version + a peer's replica + slack, per daemon; retain 1 (only the latest matters here).
 capacity_mib=$((state_mib * 5 / 2))
-sm_write_config "$work/c.toml" dataset.path="$data" batch.size=32 shuffle.exchange_fraction=1 fabric.provider=tcp \
+sm_write_config "$work/c.toml" dataset.path="$data" batch.size=32 shuffle.exchange_fraction=1 fabric.provider="$provider" \
   service.prefetch=8 log.level=warn checkpoint.dir="$work/slow/ckpt" checkpoint.capacity="${capacity_mib}MiB" \
   checkpoint.retain=1
 export PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH} PYTHONDONTWRITEBYTECODE=1
@@ -78,8 +81,8 @@ for ((r = 0; r < repeat; r++)); do
   for mode in $modes; do run_mode "$mode" "$r"; done
 done
 bench_unmount_slowfs
-printf '{"kind": "conditions", "command": "%s", "state_mib": %d, "every": %d, "compute_ms": %s, "epochs": %d, "samples": %d, "median_kib": %d, "bandwidth_mbps": %s, "slowfs": %s, "loadavg_start": "%s", "loadavg_end": "%s"}\n' \
-  "$command_line" "$state_mib" "$every" "$compute_ms" "$epochs" "$samples" "$median_kib" "$bandwidth_mbps" \
+printf '{"kind": "conditions", "command": "%s", "provider": "%s", "state_mib": %d, "every": %d, "compute_ms": %s, "epochs": %d, "samples": %d, "median_kib": %d, "bandwidth_mbps": %s, "slowfs": %s, "loadavg_start": "%s", "loadavg_end": "%s"}\n' \
+  "$command_line" "$provider" "$state_mib" "$every" "$compute_ms" "$epochs" "$samples" "$median_kib" "$bandwidth_mbps" \
   "$(tr -d '\n' <"$work/slowfs-stats.json" 2>/dev/null || echo null)" "$loadavg_start" "$(bench_loadavg)" >>"$raw"
 if [[ $modes != "none shardmix torch" ]]; then
   cp "$raw" "$data_root/checkpoint-partial.jsonl"
