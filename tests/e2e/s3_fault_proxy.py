@@ -7,12 +7,17 @@ GETs (a key in the path, no listing query) get faults; listings and uploads pass
 
   s3_fault_proxy.py --upstream http://127.0.0.1:PORT --port-file FILE [--delay-ms D]
                     [--slowdown-every N] [--error-every N] [--reset-every N] [--budget K]
-                    [--missing SUBSTRING] [--stats FILE] [--verify-sigv4 KEY_ID:SECRET]
+                    [--missing SUBSTRING] [--failing SUBSTRING] [--keyed-faults-after FILE]
+                    [--stats FILE] [--verify-sigv4 KEY_ID:SECRET]
 
 --slowdown-every N: every Nth object GET is answered 503 SlowDown; --error-every N: 500
 InternalError; --reset-every N: the headers and half the body, then a TCP reset. --budget K
 stops each kind after K injections, so every request succeeds in the end. --missing: GETs of
-keys containing SUBSTRING answer 404 NoSuchKey, as for an object deleted after the listing.
+keys containing SUBSTRING answer 404 NoSuchKey, as for an object deleted after the listing;
+--failing: GETs of keys containing SUBSTRING answer 500 InternalError every time (a store
+that keeps failing for some objects: every retry fails too). --keyed-faults-after FILE:
+--missing and --failing act only once FILE exists, so that a test can start them after
+the daemons have loaded (a deletion while serving).
 --stats: a JSON file of the object GETs and the injected faults, rewritten after each, so
 that a test can check the faults really happened.
 
@@ -213,9 +218,14 @@ def make_handler(args, counters, lock):
                 count("object_gets")
                 with lock:
                     n = counters["object_gets"]
-                if args.missing and args.missing in urllib.parse.unquote(path.path):
+                key = urllib.parse.unquote(path.path)
+                keyed = not args.keyed_faults_after or os.path.exists(args.keyed_faults_after)
+                if keyed and args.missing and args.missing in key:
                     count("missing")
                     return self.send_error_xml(404, "NoSuchKey", "The specified key does not exist.")
+                if keyed and args.failing and args.failing in key:
+                    count("failing")
+                    return self.send_error_xml(500, "InternalError", "We encountered an internal error.")
                 if inject("slowdown", args.slowdown_every, n):
                     count("slowdown")
                     return self.send_error_xml(503, "SlowDown", "Please reduce your request rate.")
@@ -264,6 +274,8 @@ def parse_args(argv=None):
     p.add_argument("--reset-every", type=int, default=0)
     p.add_argument("--budget", type=int, default=1 << 62)
     p.add_argument("--missing", default="")
+    p.add_argument("--failing", default="")
+    p.add_argument("--keyed-faults-after", default="", metavar="FILE")
     p.add_argument("--stats", default="")
     p.add_argument("--verify-sigv4", action="append", default=[], metavar="KEY_ID:SECRET",
                    type=credential_pair, help="check every request's SigV4 signature against this key pair")
@@ -286,7 +298,7 @@ class ProxyServer(http.server.ThreadingHTTPServer):
 
 def make_server(args):
     """The proxy listening on a free port of 127.0.0.1; its counters are server.counters."""
-    counters = dict.fromkeys(("object_gets", "slowdown", "server_error", "reset", "missing") + SIGV4_COUNTERS, 0)
+    counters = dict.fromkeys(("object_gets", "slowdown", "server_error", "reset", "missing", "failing") + SIGV4_COUNTERS, 0)
     lock = threading.Lock()
     server = ProxyServer(("127.0.0.1", 0), make_handler(args, counters, lock))
     server.counters = counters
