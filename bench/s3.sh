@@ -19,6 +19,9 @@
 #   bash bench/s3.sh [--quick] [--samples 1000] [--median-kib 16] [--delay-ms 20]
 #                    [--formats "folder webdataset"] [--samples-per-shard 32]
 #                    [--concurrency "16 64"] [--workers "4 8 16 32"] [--repeat 3]
+#                    [--daemon-set "KEY=VALUE ..."]
+# --daemon-set: config keys for the daemons of every load and cold run, for before/after
+# comparisons (storage.s3.merge_max=0: a GET per sample, as before merged GETs).
 # --quick: 300 samples, concurrency 16, workers 4, one repeat (written to s3-quick.json).
 # Writes bench/results/s3-latest.json and prints a Markdown table (min-max over repeats).
 # Needs shardmixd, shardmix-consume, shardmix-gen and shardmix-bench-s3-get built, node and
@@ -31,11 +34,11 @@ SM_PROG=s3.sh
 source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
 samples=1000 median_kib=16 delay_ms=20 formats="folder webdataset" samples_per_shard=32
-concurrency="16 64" workers="4 8 16 32" repeat=3 out=s3-latest
+concurrency="16 64" workers="4 8 16 32" repeat=3 daemon_set="" out=s3-latest
 # shellcheck disable=SC2317  # called by bench_parse_args
 quick_sizes() { samples=300 concurrency=16 workers=4 repeat=1 out=s3-quick; }
 bench_parse_args quick:quick_sizes samples median-kib delay-ms formats samples-per-shard concurrency workers \
-  repeat -- "$@"
+  repeat daemon-set -- "$@"
 bench_check_positive_ints samples samples_per_shard repeat
 bench_check_numbers median_kib delay_ms
 for f in $formats; do [[ $f == folder || $f == webdataset ]] || sm_die "--formats: '$f' is not folder or webdataset" 2; done
@@ -59,7 +62,8 @@ for f in $formats; do
   dataset_bytes[$f]=$(find "$work/$f" -type f -printf '%s\n' | awk '{ s += $1 } END { printf "%.0f", s }')
   sm_log "$f: $samples samples in $(find "$work/$f" -type f | wc -l) objects, ${dataset_bytes[$f]} bytes"
 done
-sm_log "$delay_ms ms added per request, signatures verified ($proxy)"
+sm_log "$delay_ms ms added per request, signatures verified ($proxy)${daemon_set:+; daemons with $daemon_set}"
+read -r -a daemon_keys <<<"$daemon_set"
 
 raw_lines=$work/raw.jsonl
 : >"$raw_lines"
@@ -73,7 +77,7 @@ shardmix_run() {
   sm_write_config "$work/$name.toml" dataset.path="s3://$SHARDMIX_S3_BUCKET/$format" batch.size=16 \
     cache.capacity="$capacity" fabric.provider=tcp fabric.interface=lo service.trainers_per_node=1 \
     service.cold_readahead_batches="$readahead" service.staging_bytes_per_trainer=256MiB log.level=info \
-    storage.s3.endpoint="$proxy" storage.s3.concurrency="$c" "${extra[@]}"
+    storage.s3.endpoint="$proxy" storage.s3.concurrency="$c" "${extra[@]}" "${daemon_keys[@]}"
   bench_launch "$work/$name.out" "$work/$name.log" --timeout 600 --nodes 1 \
     --config "$work/$name.toml" --trainers-per-node 1 -- "$build/tools/shardmix-consume" --epochs 1
 }
