@@ -445,6 +445,14 @@ const KeySpec kKeys[] = {
    "Limit on one S3 request from start to the last byte; a timeout is retried.",
    "Must exceed the largest object's transfer time at the slowest expected rate; shorter abandons stuck requests sooner.",
    "", 1, std::numeric_limits<std::uint64_t>::max(), 0, 0, false, SHARDMIX_USEC_KEY(dataset.s3.request_timeout)},
+  {"storage.s3.merge_gap", KeyType::kSize, "64KiB",
+   "Shard formats (webdataset, tfrecord) on S3: samples of one shard object read together (the initial load, a batch's cold reads) whose ranges are at most this many bytes apart are fetched by one ranged GET; the bytes between are received and dropped. Integer bytes or a size such as \"64KiB\".",
+   "Each GET saved is a round trip (tens of ms on S3) and a request the store counts against its rate; each byte of gap is transferred for nothing. Loading reads whole shards, whose gaps are the framing and the other members of a sample (about 1 KiB in a tar); cold reads of a batch are rarely near each other.",
+   "", 0, 1ull << 30, 0, 0, false, SHARDMIX_U64_KEY(dataset.s3.merge_gap)},  // 1 GiB of unwanted bytes is never worth a request
+  {"storage.s3.merge_max", KeyType::kSize, "16MiB",
+   "Shard formats on S3: the largest ranged GET that merged samples make (storage.s3.merge_gap); a longer run of samples is split into GETs of at most this size. 0 = one GET per sample.",
+   "Larger means fewer requests; smaller keeps more of storage.s3.concurrency busy on a few large shards and retries less after a failed transfer.",
+   "", 0, 1ull << 36, 0, 0, false, SHARDMIX_U64_KEY(dataset.s3.merge_max)},  // 64 GiB: beyond any shard one GET should fetch
 };
 // clang-format on
 

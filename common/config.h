@@ -39,6 +39,8 @@ struct S3Config {
   std::chrono::microseconds connect_timeout{5'000'000};   // storage.s3.connect_timeout
   std::chrono::microseconds request_timeout{60'000'000};  // storage.s3.request_timeout
   std::uint32_t max_attempts = 6;                         // storage.s3.max_attempts
+  std::uint64_t merge_gap = 64ull << 10;   // storage.s3.merge_gap: bytes between samples one GET still covers
+  std::uint64_t merge_max = 16ull << 20;   // storage.s3.merge_max: largest merged GET (0 = one GET per sample)
 
   bool operator==(const S3Config&) const = default;
 };

@@ -179,4 +179,16 @@ Placement make_placement(const std::vector<std::uint64_t>& sizes, const PlanShap
   return p;
 }
 
+void make_cold(Placement& placement, SampleId id, std::uint64_t bytes) {
+  if (!placement.is_resident(id)) return;
+  const std::uint32_t node = placement.owner[id];
+  auto& cached = placement.cached[node];
+  cached.erase(std::lower_bound(cached.begin(), cached.end(), id));  // ascending ids
+  placement.resident[id] = 0;
+  placement.arena_offset[id] = kNotResident;
+  placement.cached_bytes[node] -= bytes;
+  ++placement.cold_samples[node];
+  placement.cold_bytes[node] += bytes;
+}
+
 }  // namespace shardmix

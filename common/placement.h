@@ -68,6 +68,13 @@ struct Placement {
   std::uint64_t total_cold_samples() const;
 };
 
+// Sample `id` (of `bytes` bytes) stays owned by its node but leaves the node's arena: it is
+// cold from now on, read from storage whenever a trainer needs it. For a resident sample
+// whose bytes could not be loaded (S3: its object was deleted since the listing); every
+// daemon applies the same calls, so their placements stay identical. Its arena slot stays
+// allocated and unused. A sample that is already cold is left as it is.
+void make_cold(Placement& placement, SampleId id, std::uint64_t bytes);
+
 // The ownership the epoch planner reads: the placement's lists (balanced, sorted; they
 // must outlive the result) or, for spread, the function itself, whose order of each
 // node's share (rho order) is what plans are made of, so that a planner built from a

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <random>
 #include <set>
+#include <tuple>
 #include <sstream>
 #include <unordered_map>
 
@@ -310,6 +311,30 @@ Result<std::string> parse_list_page(std::string_view xml, std::vector<S3Object>&
     return xml_unescape(*token);
   }
   return std::string();
+}
+
+std::vector<std::vector<std::size_t>> merge_nearby_ranges(std::span<const ObjectRange> ranges, std::uint64_t max_gap,
+                                                          std::uint64_t max_bytes) {
+  std::vector<std::size_t> order(ranges.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return std::tie(ranges[a].object, ranges[a].begin, a) < std::tie(ranges[b].object, ranges[b].begin, b);
+  });
+  std::vector<std::vector<std::size_t>> groups;
+  std::uint64_t group_begin = 0, group_end = 0;
+  for (const std::size_t i : order) {
+    const ObjectRange& r = ranges[i];
+    const bool joins = !groups.empty() && max_bytes > 0 && ranges[groups.back().front()].object == r.object &&
+                       r.begin >= group_end && r.begin - group_end <= max_gap && r.end - group_begin <= max_bytes;
+    if (joins) {
+      groups.back().push_back(i);
+    } else {
+      groups.push_back({i});
+      group_begin = r.begin;
+    }
+    group_end = r.end;  // joining ranges start at or after the group's end
+  }
+  return groups;
 }
 
 // ---------------------------------------------------------------- transport

@@ -184,6 +184,20 @@ struct S3Read {
   std::vector<std::span<std::uint8_t>> into;
 };
 
+// Bytes [begin, end) of object `object` (an index the caller gives its objects).
+struct ObjectRange {
+  std::uint32_t object = 0;
+  std::uint64_t begin = 0, end = 0;
+};
+// Which ranges to fetch together, so that reads near each other in one object cost one
+// request (storage.s3.merge_gap / merge_max): groups of indices into `ranges`, each sorted
+// by offset, with every range in exactly one group. A range joins the group before it when
+// it is in the same object, starts at or after that group's end and at most `max_gap` bytes
+// after it, and the group's span stays within `max_bytes` (0: no merging, one range a
+// group). Overlapping ranges are never merged, so each byte of a GET goes to one place.
+std::vector<std::vector<std::size_t>> merge_nearby_ranges(std::span<const ObjectRange> ranges, std::uint64_t max_gap,
+                                                          std::uint64_t max_bytes);
+
 struct S3ClientStats {
   std::uint64_t requests = 0;    // attempts sent
   std::uint64_t retries = 0;     // attempts after a retryable failure

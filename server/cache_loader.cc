@@ -30,11 +30,18 @@ bool before_in_storage(const Catalog& catalog, SampleId a, SampleId b) {
 // S3 datasets: every (sample, arena offset) of `targets` through read_samples_s3, with a
 // window of requests queued beyond the ones in flight (so the client never waits for the
 // next batch, and the queue stays small for a large load). `progress` about every 50 ms.
+// Shard formats: `targets` are in storage order and a GET carries a run of one shard's
+// samples (storage.s3.merge_gap), so the window holds 4 x concurrency shards' worth of
+// samples; counted in samples it would keep a fraction of the connections busy.
 Result<LoadStats> load_from_s3(const Catalog& catalog, const DatasetConfig& dataset,
                                const std::vector<std::pair<SampleId, std::uint64_t>>& targets, std::uint8_t* arena,
                                const std::function<void(const LoadStats&)>& progress,
-                               const std::function<bool()>& cancelled) {
-  const std::size_t window = 4 * static_cast<std::size_t>(std::max<std::uint32_t>(1, dataset.s3.concurrency));
+                               const std::function<bool()>& cancelled, bool skip_gone_objects) {
+  const std::size_t samples_per_get = catalog.sharded() && dataset.s3.merge_max > 0 && catalog.file_count() > 0
+                                          ? std::max<std::size_t>(1, catalog.size() / catalog.file_count())
+                                          : 1;
+  const std::size_t window =
+      4 * samples_per_get * static_cast<std::size_t>(std::max<std::uint32_t>(1, dataset.s3.concurrency));
   const auto start = std::chrono::steady_clock::now();
   std::mutex mutex;  // guards everything below
   std::condition_variable changed;
@@ -62,8 +69,10 @@ Result<LoadStats> load_from_s3(const Catalog& catalog, const DatasetConfig& data
         if (s.ok()) {
           ++stats.samples;
           stats.bytes += catalog.sample_bytes(targets[first + i].first);
+        } else if (skip_gone_objects && (s.code() == StatusCode::kNotFound || s.code() == StatusCode::kCorrupt)) {
+          stats.unreadable.emplace_back(targets[first + i].first, s);
         } else if (first_error.ok()) {
-          first_error = s;
+          first_error = dataset.strict ? s.with_context("dataset.strict = true") : s;
         }
         changed.notify_all();
       });
@@ -98,7 +107,7 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
     for (const SampleId id : owned) targets.emplace_back(id, placement.arena_offset[id]);
     auto loaded = load_from_s3(catalog, dataset, targets, arena, [&](const LoadStats& so_far) {
       if (progress) progress(so_far, owned.size(), total_bytes, false);
-    }, cancelled);
+    }, cancelled, !dataset.strict);
     if (loaded.ok() && progress) progress(*loaded, owned.size(), total_bytes, true);
     return loaded;
   }
@@ -178,7 +187,7 @@ Result<LoadStats> load_entering_samples(const Catalog& catalog, const DatasetCon
     std::sort(entering.begin(), entering.end(),
               [&catalog](const auto& a, const auto& b) { return before_in_storage(catalog, a.first, b.first); });
   }
-  if (is_s3_path(dataset.path)) return load_from_s3(catalog, dataset, entering, arena, {}, cancelled);
+  if (is_s3_path(dataset.path)) return load_from_s3(catalog, dataset, entering, arena, {}, cancelled, false);
   const auto start = std::chrono::steady_clock::now();
   std::atomic<std::size_t> next{0};
   std::atomic<std::uint64_t> bytes{0};

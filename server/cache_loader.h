@@ -23,6 +23,11 @@ struct LoadStats {
   std::uint64_t samples = 0;
   std::uint64_t bytes = 0;
   double seconds = 0;
+  // S3 datasets with dataset.strict = false: resident samples whose object was deleted or
+  // changed since the listing (kNotFound, kCorrupt), each with its error naming the key;
+  // the load goes on without them (the daemon makes them cold, docs/s3.md). Other errors,
+  // and any error under strict, stop the load.
+  std::vector<std::pair<SampleId, Status>> unreadable;
 };
 
 // Called on the calling thread about every 50 ms while loading, and once at the end.

@@ -537,6 +537,7 @@ class Daemon {
   Status start_service_thread();
   Status make_run_dir_and_token();
   Status build_catalog();
+  Status make_unloaded_samples_cold(const LoadStats& loaded);
   Status place();
   Status create_regions();
   Status open_fabric();
@@ -963,6 +964,9 @@ Status Daemon::load() {
   }
   log_->info("loaded {} samples, {:.1f} MB in {:.2f} s ({:.0f} MB/s)", loaded->samples, loaded->bytes / 1e6,
              loaded->seconds, loaded->seconds > 0 ? loaded->bytes / 1e6 / loaded->seconds : 0.0);
+  if (is_s3_path(config_.dataset.path)) {
+    if (Status s = make_unloaded_samples_cold(*loaded); !s.ok()) return fail_after_fabric(s);
+  }
   {
     // The skew of the load across nodes: who held everyone up.
     const double mine = loaded->seconds;
@@ -978,6 +982,55 @@ Status Daemon::load() {
     }
   }
   phases_.mark("load");
+  return Status::ok_status();
+}
+
+// S3, dataset.strict = false: a resident sample whose object was deleted or changed between
+// the listing and the load (LoadStats::unreadable) becomes cold on every daemon, so that
+// whoever needs it reads it from storage and, while it stays unreadable, skips and counts it
+// (decision 0039) instead of peers reading an arena slot that was never filled. Collective:
+// every daemon learns every other's samples.
+Status Daemon::make_unloaded_samples_cold(const LoadStats& loaded) {
+  constexpr std::size_t kMaxLogged = 20;
+  std::vector<std::uint64_t> mine;
+  for (const auto& [id, why] : loaded.unreadable) {
+    if (mine.size() < kMaxLogged) {
+      log_->warn("dataset: {} (resident sample {} not loaded: read from storage when needed, skipped while "
+                 "unreadable; dataset.strict = false)", why.message(), id);
+    }
+    mine.push_back(id);
+  }
+  if (mine.size() > kMaxLogged) log_->warn("dataset: {} more samples not loaded, not shown", mine.size() - kMaxLogged);
+  auto gathered = mpi_.allgather(
+      std::span(reinterpret_cast<const std::uint8_t*>(mine.data()), mine.size() * sizeof(std::uint64_t)));
+  if (!gathered.ok()) return gathered.status();
+  std::uint64_t total = 0;
+  for (const auto& bytes : *gathered) {
+    for (std::size_t at = 0; at + sizeof(std::uint64_t) <= bytes.size(); at += sizeof(std::uint64_t)) {
+      std::uint64_t id = 0;
+      std::memcpy(&id, bytes.data() + at, sizeof id);
+      if (id >= catalog_.size()) {
+        return make_error(StatusCode::kInternal, "a daemon reported unloaded sample {} of {}", id, catalog_.size());
+      }
+      make_cold(placement_, id, catalog_.sample_bytes(id));
+      ++total;
+    }
+  }
+  if (total == 0) return Status::ok_status();
+  if (rotating_) {
+    // Every later generation would choose the sample again and its reload would fail.
+    return make_error(StatusCode::kNotFound,
+                      "{} resident samples could not be loaded (their objects are gone or changed since the listing; "
+                      "the daemons' warnings name each key) and cache rotation cannot leave them out; restore the "
+                      "objects, or run without cache.rotation_epochs and cache.reuse_rounds",
+                      total);
+  }
+  if (rank_ == 0) {
+    log_->warn("dataset: {} resident samples could not be loaded (objects deleted or changed since the listing; the "
+               "loading daemons' warnings name each key): they are cold now, read from storage when needed and "
+               "skipped and counted while unreadable (dataset.strict = false)",
+               total);
+  }
   return Status::ok_status();
 }
 

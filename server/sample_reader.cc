@@ -115,57 +115,93 @@ void read_samples_s3(const Catalog& catalog, const DatasetConfig& dataset,
     for (std::size_t i = 0; i < reads.size(); ++i) done(i, why);
     return;
   }
-  // The framing around each shard sample, read in the same GET and checked on completion.
-  const bool tar = catalog.sharded() && dataset.format == DatasetFormat::kWebDataset;
-  const std::size_t head_bytes = !catalog.sharded() ? 0 : tar ? kTarHeaderBytes : kTfRecordHeaderBytes;
-  const std::size_t tail_bytes = catalog.sharded() && !tar ? kTfRecordFooterBytes : 0;
-  struct Framing {
-    std::vector<std::uint8_t> bytes;  // per read: head_bytes, then tail_bytes
+  const std::string bucket = root->bucket;
+  if (!catalog.sharded()) {  // one object per sample: a whole GET each, length and ETag checked
+    std::vector<S3Read> requests;
+    requests.reserve(reads.size());
+    for (const auto& [id, out] : reads) {
+      auto location = parse_s3_url(sample_file_path(dataset, catalog.path(id)), "sample");
+      const std::uint64_t size = catalog.sample_bytes(id);
+      requests.push_back(S3Read{location.ok() ? location->key : "", 0, std::nullopt, size, {std::span(out, size)}});
+    }
+    (*client)->read_async(bucket, std::move(requests), std::move(done));
+    return;
+  }
+  // Shard formats: each sample's range covers its framing (read in the same GET and checked
+  // on completion); samples near each other in one shard share a GET (merge_nearby_ranges).
+  const bool tar = dataset.format == DatasetFormat::kWebDataset;
+  const std::size_t head_bytes = tar ? kTarHeaderBytes : kTfRecordHeaderBytes;
+  const std::size_t tail_bytes = tar ? 0 : kTfRecordFooterBytes;
+  struct Shared {
+    std::vector<std::uint8_t> framing;  // per read: head_bytes, then tail_bytes
+    std::vector<std::uint8_t> skipped;  // the gaps between merged samples land here, unread
     std::vector<std::pair<SampleId, std::uint8_t*>> reads;
+    std::vector<std::vector<std::size_t>> groups;  // GET g carries reads groups[g]
   };
-  auto framing = std::make_shared<Framing>();
-  framing->bytes.resize(reads.size() * (head_bytes + tail_bytes));
-  std::vector<S3Read> requests;
-  requests.reserve(reads.size());
+  auto shared = std::make_shared<Shared>();
+  shared->framing.resize(reads.size() * (head_bytes + tail_bytes));
+  std::vector<ObjectRange> ranges(reads.size());
   for (std::size_t i = 0; i < reads.size(); ++i) {
-    const auto [id, out] = reads[i];
-    const std::uint64_t size = catalog.sample_bytes(id);
-    auto location = parse_s3_url(sample_file_path(dataset, catalog.path(id)), "sample");
+    const SampleId id = reads[i].first;
+    const std::uint64_t offset = catalog.offset(id);
+    ranges[i] = ObjectRange{catalog.shard(id), offset - std::min<std::uint64_t>(offset, head_bytes),
+                            offset + catalog.sample_bytes(id) + tail_bytes};
+  }
+  shared->groups = merge_nearby_ranges(ranges, dataset.s3.merge_gap, dataset.s3.merge_max);
+  std::uint64_t widest_gap = 0;
+  for (const auto& group : shared->groups) {
+    for (std::size_t k = 1; k < group.size(); ++k) {
+      widest_gap = std::max(widest_gap, ranges[group[k]].begin - ranges[group[k - 1]].end);
+    }
+  }
+  shared->skipped.resize(widest_gap);
+  std::vector<S3Read> requests;
+  requests.reserve(shared->groups.size());
+  for (const auto& group : shared->groups) {
+    const SampleId first = reads[group.front()].first;
+    auto location = parse_s3_url(sample_file_path(dataset, catalog.path(first)), "sample");
     S3Read r;
     r.key = location.ok() ? location->key : "";
-    if (!catalog.sharded()) {
-      r.expected_size = size;
-      r.into = {std::span(out, size)};
-    } else {
-      const std::uint64_t offset = catalog.offset(id);
-      std::uint8_t* frame = framing->bytes.data() + i * (head_bytes + tail_bytes);
-      r.offset = offset - std::min<std::uint64_t>(offset, head_bytes);
-      r.length = head_bytes + size + tail_bytes;
-      r.into = {std::span(frame, head_bytes), std::span(out, size), std::span(frame + head_bytes, tail_bytes)};
+    r.offset = ranges[group.front()].begin;
+    r.length = ranges[group.back()].end - r.offset;
+    for (std::size_t k = 0; k < group.size(); ++k) {
+      const std::size_t i = group[k];
+      if (k > 0 && ranges[i].begin > ranges[group[k - 1]].end) {
+        r.into.emplace_back(shared->skipped.data(), ranges[i].begin - ranges[group[k - 1]].end);
+      }
+      const auto [id, out] = reads[i];
+      std::uint8_t* frame = shared->framing.data() + i * (head_bytes + tail_bytes);
+      // A sample at an offset too small for its header: the range starts at 0 and the
+      // completion reports it (below) instead of reading the header's bytes.
+      const std::uint64_t head = std::min<std::uint64_t>(catalog.offset(id), head_bytes);
+      r.into.emplace_back(frame + head_bytes - head, head);
+      r.into.emplace_back(out, catalog.sample_bytes(id));
+      r.into.emplace_back(frame + head_bytes, tail_bytes);
     }
     requests.push_back(std::move(r));
   }
-  framing->reads = reads;
-  const std::string bucket = root->bucket;
-  auto finish = [framing, head_bytes, tail_bytes, tar, &catalog, &dataset, done = std::move(done)](
-                    std::size_t i, const Status& status) {
-    const auto [id, out] = framing->reads[i];
-    if (!status.ok() || !catalog.sharded()) {
-      done(i, status);
-      return;
+  shared->reads = std::move(reads);
+  auto finish = [shared, head_bytes, tail_bytes, tar, &catalog, &dataset, done = std::move(done)](
+                    std::size_t g, const Status& status) {
+    for (const std::size_t i : shared->groups[g]) {
+      const auto [id, out] = shared->reads[i];
+      if (!status.ok()) {
+        done(i, status);
+        continue;
+      }
+      const std::string url = sample_file_path(dataset, catalog.path(id));
+      const std::uint64_t offset = catalog.offset(id);
+      const std::uint64_t size = catalog.sample_bytes(id);
+      if (offset < head_bytes) {
+        done(i, make_error(StatusCode::kCorrupt, "{}: sample offset {} leaves no room for its header", url, offset));
+        continue;
+      }
+      const std::span<const std::uint8_t> frame(shared->framing.data() + i * (head_bytes + tail_bytes),
+                                                head_bytes + tail_bytes);
+      done(i, tar ? check_tar_header_before(frame.first(head_bytes), size, url, offset)
+                  : check_tfrecord_record(frame.first(head_bytes), std::span<const std::uint8_t>(out, size),
+                                          frame.subspan(head_bytes, tail_bytes), url, offset));
     }
-    const std::string url = sample_file_path(dataset, catalog.path(id));
-    const std::uint64_t offset = catalog.offset(id);
-    const std::uint64_t size = catalog.sample_bytes(id);
-    if (offset < head_bytes) {
-      done(i, make_error(StatusCode::kCorrupt, "{}: sample offset {} leaves no room for its header", url, offset));
-      return;
-    }
-    const std::span<const std::uint8_t> frame(framing->bytes.data() + i * (head_bytes + tail_bytes),
-                                              head_bytes + tail_bytes);
-    done(i, tar ? check_tar_header_before(frame.first(head_bytes), size, url, offset)
-                : check_tfrecord_record(frame.first(head_bytes), std::span<const std::uint8_t>(out, size),
-                                        frame.subspan(head_bytes, tail_bytes), url, offset));
   };
   (*client)->read_async(bucket, std::move(requests), std::move(finish));
 }

@@ -32,9 +32,10 @@ Status read_sample(const Catalog& catalog, const DatasetConfig& dataset, SampleI
                    ShardFileCache* open_shards = nullptr);
 
 // S3 datasets (dataset.path = "s3://..."): reads each (sample, destination) of `reads` with
-// the process's S3 client, storage.s3.concurrency requests in flight, one GET per sample
-// (a ranged GET of the sample and its framing for shard formats, checked as above; a whole
-// GET, length and ETag checked, for folder). `done(i, status)` once per read, on the
+// the process's S3 client, storage.s3.concurrency requests in flight: for folder a whole GET
+// per sample, length and ETag checked; for shard formats a ranged GET of the sample and its
+// framing, checked as above, shared by the samples of `reads` near it in the same shard
+// (storage.s3.merge_gap, merge_max: the initial load costs about a GET per shard). `done(i, status)` once per read, on the
 // client's thread, in any order; it must not block. read_sample() on an S3 dataset is this
 // for one sample, waited for.
 void read_samples_s3(const Catalog& catalog, const DatasetConfig& dataset,

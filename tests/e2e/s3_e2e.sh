@@ -10,16 +10,25 @@
 #     proxy must have verified signatures and seen no bad one;
 #  2. a shard object deleted after the listing (the proxy answers 404 for it): skipped and
 #     counted, and with dataset.strict = true an error naming its key;
+#     a folder object deleted after the listing (404 at the initial load): the sample is
+#     made cold, skipped and counted every epoch, every other sample exactly once; with
+#     strict, start-up fails naming the key;
 #  3. wrong credentials (an unknown access key id; the right key id with a wrong secret): an
-#     error naming the endpoint and the access key id, never the secret.
-# Usage: s3_e2e.sh [all|load|faults]
+#     error naming the endpoint and the access key id, never the secret;
+#  4. (serving) cold-tier reads failing after the load, the dataset at 2x capacity: a class
+#     whose objects answer 500 every time (folder) is skipped and counted where cold,
+#     delivered from RAM where resident, and nothing else is missed or repeated; with
+#     strict, a deleted shard (404) fails the trainer with an error naming its key.
+# Usage: s3_e2e.sh [all|load|faults|serving]
 set -euo pipefail
+# (A grep that reads a pipe ends with >/dev/null, not -q: -q exits at the first match, the
+# writer gets SIGPIPE, and pipefail fails the check that matched.)
 SM_PROG=s3_e2e
 # shellcheck source=tests/e2e/lib.sh
 source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
 what=${1:-all}
-case $what in all | load | faults) ;; *) sm_die "usage: $0 [all|load|faults]" 2 ;; esac
+case $what in all | load | faults | serving) ;; *) sm_die "usage: $0 [all|load|faults|serving]" 2 ;; esac
 nodes=3
 epochs=2
 batch=8
@@ -62,7 +71,7 @@ expect_credentials_error() {
   AWS_ACCESS_KEY_ID=$key_id AWS_SECRET_ACCESS_KEY=$secret \
     run_job "$tmp/$name.toml" "$tmp/$name.log" "$tmp/$name-trace" || rc=$?
   ((rc != 0)) || sm_die "$name: the job succeeded"
-  grep -F "$proxy_url" "$tmp/$name.log" | grep -F "access key id $key_id" | grep -qF "$code" ||
+  grep -F "$proxy_url" "$tmp/$name.log" | grep -F "access key id $key_id" | grep -F "$code" >/dev/null ||
     { tail -n 20 "$tmp/$name.log" >&2; sm_die "$name: the error does not name the endpoint, key id and $code"; }
   if grep -rqF -- "$secret" "$tmp/$name.log" "$tmp/$name-trace" 2>/dev/null; then
     sm_die "$name: the secret access key appears in the daemons' output"
@@ -98,9 +107,43 @@ write_config() {
     storage.s3.endpoint="$proxy_url" storage.s3.concurrency=8 "$@"
 }
 
-run_job() { # CONFIG LOG TRACE
+run_job() { # CONFIG LOG TRACE [WRAPPER...]: WRAPPER... runs the trainer command (after_load)
   e2e_launch "$timeout_s" "$2" --nodes "$nodes" --config "$1" --trainers-per-node 1 \
-    -- "$consume" --epochs "$epochs" --trace "$3"
+    -- "${@:4}" "$consume" --epochs "$epochs" --trace "$3"
+}
+# A trainer wrapper: creates $tmp/keyed-faults (the proxy's --keyed-faults-after) and runs
+# the trainer. The daemons have loaded when trainers start, and a cold read only follows
+# a trainer's request, so the proxy's keyed faults hit the serving only.
+# shellcheck disable=SC2016  # $0 and $@ are the inner bash's
+after_load=(bash -c 'touch "$0" && exec "$@"' "$tmp/keyed-faults")
+
+# expect_skipped CASE TRACE OUT KEY_PART: every epoch some samples were skipped, each one's
+# key contains KEY_PART, delivered + skipped is the dataset each once (check_traces.py
+# --skipped, run by the caller), and the trainers' epoch statistics (OUT) count them.
+expect_skipped() {
+  e2e_python - "$@" <<'PY'
+import csv, glob, re, sys
+name, trace, out, part = sys.argv[1:5]
+skipped = {}
+for path in glob.glob(trace + "/skipped-rank-*.csv"):
+    for row in csv.DictReader(open(path)):
+        skipped.setdefault(int(row["epoch"]), set()).add(row["path"])
+counted = {}
+for e, n in re.findall(r"rank \d+ epoch (\d+): .*; (\d+) unreadable samples skipped", open(out).read()):
+    counted[int(e)] = counted.get(int(e), 0) + int(n)
+problems = []
+for e in range(max(counted) + 1 if counted else 1):
+    s = skipped.get(e, set())
+    if not s:
+        problems.append("epoch %d: nothing skipped" % e)
+    if any(part not in p for p in s):
+        problems.append("epoch %d: skipped samples outside %s: %s" % (e, part, sorted(p for p in s if part not in p)[:5]))
+    if counted.get(e, 0) != len(s):
+        problems.append("epoch %d: the trainers count %d unreadable samples, the traces skipped %d" % (e, counted.get(e, 0), len(s)))
+if problems:
+    sys.exit("%s: %s" % (name, "; ".join(problems)))
+print("%s: skipped per epoch %s, all under %s, counted by the trainers" % (name, [len(skipped[e]) for e in sorted(skipped)], part))
+PY
 }
 
 load_case() {
@@ -157,10 +200,40 @@ faults_case() {
   rc=0
   run_job "$tmp/strict.toml" "$tmp/strict.log" "$tmp/strict-trace" || rc=$?
   ((rc != 0)) || sm_die "dataset.strict = true: the job succeeded without the object"
-  grep -F "s3://$SHARDMIX_S3_BUCKET/webdataset/$gone" "$tmp/strict.log" | grep -qF "dataset.strict" ||
+  grep -F "s3://$SHARDMIX_S3_BUCKET/webdataset/$gone" "$tmp/strict.log" | grep -F "dataset.strict" >/dev/null ||
     { tail -n 20 "$tmp/strict.log" >&2; sm_die "the strict error does not name the key"; }
   echo "strict: failed naming s3://$SHARDMIX_S3_BUCKET/webdataset/$gone"
   expect_signed strict
+
+  local sample
+  sm_section "folder: an object deleted after the listing: cold from then on, skipped and counted"
+  start_proxy
+  [[ -d $tmp/folder ]] || upload folder
+  sample=$(cd "$tmp/folder" && find . -name '*.bin' | sort | sed -n '2s|^\./||p')
+  start_proxy --missing "folder/$sample"
+  write_config "$tmp/folder-missing.toml" folder 0
+  rc=0
+  run_job "$tmp/folder-missing.toml" "$tmp/folder-missing.log" "$tmp/folder-missing-trace" \
+    >"$tmp/folder-missing.out" 2>&1 || rc=$?
+  ((rc == 0)) || { tail -n 30 "$tmp/folder-missing.log" "$tmp/folder-missing.out" >&2; sm_die "folder, strict = false: the job failed ($rc)"; }
+  grep -F "s3://$SHARDMIX_S3_BUCKET/folder/$sample" "$tmp/folder-missing.log" | grep -F "not loaded" >/dev/null ||
+    sm_die "folder: no daemon warning names the deleted object"
+  grep -qF "dataset: 1 resident samples could not be loaded" "$tmp/folder-missing.log" ||
+    sm_die "folder: the deleted object was not counted at the load"
+  "$python" "$SM_E2E/check_traces.py" "$tmp/folder-missing-trace" --dataset "$tmp/folder" --epochs "$epochs" \
+    --trainers "$nodes" --trainers-per-node 1 --batch-size "$batch" --allow-storage --skipped
+  expect_skipped folder-missing "$tmp/folder-missing-trace" "$tmp/folder-missing.out" "$sample"
+  expect_signed folder-missing
+
+  sm_section "folder, the same with dataset.strict = true: start-up fails naming the key"
+  write_config "$tmp/folder-strict.toml" folder 0 dataset.strict=true
+  rc=0
+  run_job "$tmp/folder-strict.toml" "$tmp/folder-strict.log" "$tmp/folder-strict-trace" \
+    >"$tmp/folder-strict.out" 2>&1 || rc=$?
+  ((rc != 0)) || sm_die "folder, strict = true: the job succeeded without the object"
+  grep -F "s3://$SHARDMIX_S3_BUCKET/folder/$sample" "$tmp/folder-strict.log" | grep -F "dataset.strict = true" >/dev/null ||
+    { tail -n 20 "$tmp/folder-strict.log" >&2; sm_die "folder, strict: the error does not name the key"; }
+  echo "folder, strict: failed naming s3://$SHARDMIX_S3_BUCKET/folder/$sample"
 
   sm_section "wrong credentials: endpoint and key id named, secret never"
   expect_credentials_error creds WRONGKEYID "not-the-secret-$RANDOM$RANDOM" InvalidAccessKeyId sigv4_unknown_key
@@ -175,5 +248,51 @@ if [[ $what == all || $what == load ]]; then
   load_case tfrecord
   load_case filelist
 fi
+serving_case() {
+  local bytes capacity rc failing=folder/class_00001/ gone=shard_000002.tar
+  sm_section "serving: a class answering 500 every time after the load, 2x capacity: cold ones skipped"
+  start_proxy
+  [[ -d $tmp/folder ]] || upload folder
+  [[ -d $tmp/webdataset ]] || upload webdataset
+  bytes=$(find "$tmp/folder" -type f -printf '%s\n' | awk '{ s += $1 } END { print s }')
+  capacity=$((bytes / (2 * nodes)))
+  rm -f "$tmp/keyed-faults"
+  start_proxy --failing "$failing" --keyed-faults-after "$tmp/keyed-faults"
+  write_config "$tmp/failing.toml" folder "$capacity" storage.s3.max_attempts=3
+  rc=0
+  run_job "$tmp/failing.toml" "$tmp/failing.log" "$tmp/failing-trace" "${after_load[@]}" >"$tmp/failing.out" 2>&1 || rc=$?
+  ((rc == 0)) || { tail -n 30 "$tmp/failing.log" "$tmp/failing.out" >&2; sm_die "serving, strict = false: the job failed ($rc)"; }
+  "$python" "$SM_E2E/check_traces.py" "$tmp/failing-trace" --dataset "$tmp/folder" --epochs "$epochs" \
+    --trainers "$nodes" --trainers-per-node 1 --batch-size "$batch" --allow-storage --skipped
+  expect_skipped serving-failing "$tmp/failing-trace" "$tmp/failing.out" "${failing#folder/}"
+  e2e_python - "$tmp/failing-trace" "${failing#folder/}" <<'PY'
+import csv, glob, sys
+trace, part = sys.argv[1:3]
+# Of the failing class, what was delivered came from RAM: a storage read of it must fail.
+bad = [r["path"] for p in glob.glob(trace + "/rank-*.csv") for r in csv.DictReader(open(p))
+       if part in r["path"] and r["tier"] == "storage"]
+if bad:
+    sys.exit("serving: samples of the failing class delivered from storage: %s" % bad[:5])
+PY
+  grep -E "skipping sample [0-9]+ in epoch [0-9]+ \(dataset.strict = false\)" "$tmp/failing.log" |
+    grep -F "s3://$SHARDMIX_S3_BUCKET/$failing" >/dev/null || sm_die "serving: no daemon warning names a failing key"
+  expect_signed serving-failing
+
+  sm_section "serving, dataset.strict = true: a shard deleted after the load fails the trainer naming its key"
+  bytes=$(find "$tmp/webdataset" -type f -printf '%s\n' | awk '{ s += $1 } END { print s }')
+  rm -f "$tmp/keyed-faults"
+  start_proxy --missing "webdataset/$gone" --keyed-faults-after "$tmp/keyed-faults"
+  write_config "$tmp/gone-strict.toml" webdataset $((bytes / (2 * nodes))) dataset.strict=true
+  rc=0
+  run_job "$tmp/gone-strict.toml" "$tmp/gone-strict.log" "$tmp/gone-strict-trace" "${after_load[@]}" \
+    >"$tmp/gone-strict.out" 2>&1 || rc=$?
+  ((rc != 0)) || sm_die "serving, strict = true: the job succeeded without the shard"
+  grep -hF "s3://$SHARDMIX_S3_BUCKET/webdataset/$gone" "$tmp/gone-strict.out" | grep -F "404" >/dev/null ||
+    { tail -n 20 "$tmp/gone-strict.out" >&2; sm_die "serving, strict: the trainer's error does not name the key"; }
+  echo "serving, strict: $(grep -m1 -ohE "s3://$SHARDMIX_S3_BUCKET/webdataset/${gone}[^(]*" "$tmp/gone-strict.out")"
+  expect_signed gone-strict
+}
+
 if [[ $what == all || $what == faults ]]; then faults_case; fi
+if [[ $what == all || $what == serving ]]; then serving_case; fi
 echo "s3_e2e: PASS"

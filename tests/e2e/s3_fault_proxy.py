@@ -7,12 +7,17 @@ GETs (a key in the path, no listing query) get faults; listings and uploads pass
 
   s3_fault_proxy.py --upstream http://127.0.0.1:PORT --port-file FILE [--delay-ms D]
                     [--slowdown-every N] [--error-every N] [--reset-every N] [--budget K]
-                    [--missing SUBSTRING] [--stats FILE] [--verify-sigv4 KEY_ID:SECRET]
+                    [--missing SUBSTRING] [--failing SUBSTRING] [--keyed-faults-after FILE]
+                    [--stats FILE] [--verify-sigv4 KEY_ID:SECRET]
 
 --slowdown-every N: every Nth object GET is answered 503 SlowDown; --error-every N: 500
 InternalError; --reset-every N: the headers and half the body, then a TCP reset. --budget K
 stops each kind after K injections, so every request succeeds in the end. --missing: GETs of
-keys containing SUBSTRING answer 404 NoSuchKey, as for an object deleted after the listing.
+keys containing SUBSTRING answer 404 NoSuchKey, as for an object deleted after the listing;
+--failing: GETs of keys containing SUBSTRING answer 500 InternalError every time (a store
+that keeps failing for some objects: every retry fails too). --keyed-faults-after FILE:
+--missing and --failing act only once FILE exists, so that a test can start them after
+the daemons have loaded (a deletion while serving).
 --stats: a JSON file of the object GETs and the injected faults, rewritten after each, so
 that a test can check the faults really happened.
 
@@ -155,6 +160,10 @@ def make_handler(args, counters, lock):
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # The headers and the body go out in two writes; with Nagle's algorithm the body
+        # waits for the client's delayed ACK of the headers (40 ms on Linux), which made
+        # every request cost about 45 ms more than --delay-ms.
+        disable_nagle_algorithm = True
 
         def log_message(self, *a):  # quiet: the test prints its own summary
             pass
@@ -162,6 +171,8 @@ def make_handler(args, counters, lock):
         def upstream_conn(self):
             if getattr(local, "conn", None) is None:
                 local.conn = http.client.HTTPConnection(upstream.hostname, upstream.port, timeout=60)
+                local.conn.connect()
+                local.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as above, for uploads
             return local.conn
 
         def send_error_xml(self, status, code, message):
@@ -207,9 +218,14 @@ def make_handler(args, counters, lock):
                 count("object_gets")
                 with lock:
                     n = counters["object_gets"]
-                if args.missing and args.missing in urllib.parse.unquote(path.path):
+                key = urllib.parse.unquote(path.path)
+                keyed = not args.keyed_faults_after or os.path.exists(args.keyed_faults_after)
+                if keyed and args.missing and args.missing in key:
                     count("missing")
                     return self.send_error_xml(404, "NoSuchKey", "The specified key does not exist.")
+                if keyed and args.failing and args.failing in key:
+                    count("failing")
+                    return self.send_error_xml(500, "InternalError", "We encountered an internal error.")
                 if inject("slowdown", args.slowdown_every, n):
                     count("slowdown")
                     return self.send_error_xml(503, "SlowDown", "Please reduce your request rate.")
@@ -258,6 +274,8 @@ def parse_args(argv=None):
     p.add_argument("--reset-every", type=int, default=0)
     p.add_argument("--budget", type=int, default=1 << 62)
     p.add_argument("--missing", default="")
+    p.add_argument("--failing", default="")
+    p.add_argument("--keyed-faults-after", default="", metavar="FILE")
     p.add_argument("--stats", default="")
     p.add_argument("--verify-sigv4", action="append", default=[], metavar="KEY_ID:SECRET",
                    type=credential_pair, help="check every request's SigV4 signature against this key pair")
@@ -270,14 +288,20 @@ def credential_pair(text):
     return text
 
 
+class ProxyServer(http.server.ThreadingHTTPServer):
+    # A class attribute, because the constructor calls listen() with it: set on the instance
+    # afterwards (as this proxy once did) the backlog stays 5, and a client opening 64
+    # connections at once has SYNs dropped and retried after 1, 3, 7... s.
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 def make_server(args):
     """The proxy listening on a free port of 127.0.0.1; its counters are server.counters."""
-    counters = dict.fromkeys(("object_gets", "slowdown", "server_error", "reset", "missing") + SIGV4_COUNTERS, 0)
+    counters = dict.fromkeys(("object_gets", "slowdown", "server_error", "reset", "missing", "failing") + SIGV4_COUNTERS, 0)
     lock = threading.Lock()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), make_handler(args, counters, lock))
+    server = ProxyServer(("127.0.0.1", 0), make_handler(args, counters, lock))
     server.counters = counters
-    server.daemon_threads = True
-    server.request_queue_size = 1024
     return server
 
 

@@ -504,7 +504,7 @@ TEST(CheckpointConfigTest, KeysAreCheckedNamingTheKey) {
 
 TEST(ConfigKeysTest, TableIsWellFormed) {
   const auto keys = config_keys();
-  EXPECT_EQ(keys.size(), 73u);  // update with config.h when adding a key
+  EXPECT_EQ(keys.size(), 75u);  // update with config.h when adding a key
   std::set<std::string> names;
   for (const ConfigKeyInfo& key : keys) {
     EXPECT_TRUE(names.insert(key.name).second) << "duplicate " << key.name;

@@ -122,6 +122,19 @@ TEST_F(CredentialChain, ErrorsNameWhatIsMissingNeverASecret) {
   EXPECT_NE(s.describe().find("DEFAULTID"), std::string::npos);
 }
 
+TEST(MergeRanges, NearbyRangesOfOneObjectShareAGetWithinTheLimits) {
+  // Object 0: a run with a 100-byte gap, then a 1,000-byte gap; object 1 right after.
+  const std::vector<ObjectRange> ranges{{0, 600, 700}, {0, 0, 500}, {1, 0, 10}, {0, 1700, 1800}, {1, 10, 20}};
+  using Groups = std::vector<std::vector<std::size_t>>;
+  EXPECT_EQ(merge_nearby_ranges(ranges, 100, 1 << 20), (Groups{{1, 0}, {3}, {2, 4}}));
+  EXPECT_EQ(merge_nearby_ranges(ranges, 1000, 1 << 20), (Groups{{1, 0, 3}, {2, 4}}));
+  EXPECT_EQ(merge_nearby_ranges(ranges, 1000, 700), (Groups{{1, 0}, {3}, {2, 4}}));  // 0..1800 is too long
+  EXPECT_EQ(merge_nearby_ranges(ranges, 1000, 0), (Groups{{1}, {0}, {3}, {2}, {4}}));  // merging off
+  // Overlapping ranges (the same sample twice) never share a GET: each byte goes one place.
+  const std::vector<ObjectRange> twice{{0, 0, 100}, {0, 0, 100}, {0, 50, 150}};
+  EXPECT_EQ(merge_nearby_ranges(twice, 1000, 1 << 20), (Groups{{0}, {1}, {2}}));
+}
+
 TEST(ListPage, ObjectsPrefixesAndTheNextToken) {
   std::vector<S3Object> objects;
   std::vector<std::string> prefixes;

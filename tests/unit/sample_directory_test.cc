@@ -141,6 +141,38 @@ RC_GTEST_PROP(ShardedDirectory, TellsTheSchedulerWhatTheGlobalDirectoryTells, ()
 
 // The figure the issue is about: at a fixed dataset, a node's owner-side metadata shrinks as
 // nodes are added, while the global directory's does not.
+// A resident sample whose bytes could not be loaded (decision 0058): cold from then on, in
+// the placement's lists and counts and in what the directory tells the scheduler.
+TEST(MakeCold, AResidentSampleLeavesItsOwnersArenaAndNothingElseMoves) {
+  DirectoryCase c;
+  c.sizes = {100, 200, 300, 400, 500, 600};
+  c.job.nodes = 2;
+  const Catalog catalog = catalog_of(c);
+  Placement p = make_placement(catalog.sizes(), make_plan_shape(c.sizes.size(), c.job), PlacementPolicy::kBalanced,
+                               c.shuffle.seed, kNoCapacityLimit);
+  ASSERT_EQ(p.total_cold_samples(), 0u);
+  const Placement before = p;
+  const SampleId gone = 3;
+  const std::uint32_t node = p.owner[gone];
+  make_cold(p, gone, catalog.sample_bytes(gone));
+  make_cold(p, gone, catalog.sample_bytes(gone));  // already cold: no change
+  const GlobalDirectory directory(catalog, p);
+  EXPECT_TRUE(directory.has_cold_samples());
+  EXPECT_FALSE(p.is_resident(gone));
+  EXPECT_FALSE(directory.info(gone).resident());
+  EXPECT_EQ(directory.info(gone).owner, node);
+  EXPECT_EQ(std::count(p.cached[node].begin(), p.cached[node].end(), gone), 0);
+  EXPECT_EQ(p.cached[node].size(), before.cached[node].size() - 1);
+  EXPECT_EQ(p.cached_bytes[node], before.cached_bytes[node] - 400);
+  EXPECT_EQ(p.cold_samples[node], 1u);
+  EXPECT_EQ(p.cold_bytes[node], 400u);
+  EXPECT_EQ(p.arena_bytes, before.arena_bytes);  // the slot stays allocated
+  EXPECT_EQ(p.owned, before.owned);
+  for (SampleId id = 0; id < c.sizes.size(); ++id) {
+    if (id != gone) EXPECT_EQ(p.arena_offset[id], before.arena_offset[id]) << id;
+  }
+}
+
 TEST(ShardedDirectory, PerNodeBytesFallWithTheNodeCount) {
   constexpr std::size_t kSamples = 200000;
   DirectoryCase c;
