@@ -92,6 +92,15 @@ struct Busy {  // marks a call that releases the GIL; a second thread gets an er
   State& s_;
 };
 
+// A call into the C++ client that may wait on the daemon: the GIL is released meanwhile, so
+// other Python threads run, and the state is marked busy, so a second thread gets an error.
+template <typename Call>
+decltype(auto) without_gil(State& s, Call&& call) {
+  Busy busy(s);
+  py::gil_scoped_release nogil;
+  return call(s.get());
+}
+
 PyObject* g_released_error = nullptr;  // shardmix.ReleasedError (BufferError + shardmix.Error)
 
 // Ctrl-C while a wait is in C++ (GIL released): ClientOptions::interrupted runs on the
@@ -513,13 +522,10 @@ unless given. Raises shardmix.Error.)doc")
       .def_property_readonly("stale_exports", [](PyClient& c) { return c.state->stale_exports; },
                              "Exports still alive of batches already released (their bytes are unspecified).")
       .def("sample_path", [](PyClient& c, std::uint64_t id) {
-        State& s = *c.state;
-        const sm::Catalog* cat = nullptr;
-        {
-          Busy busy(s);
-          py::gil_scoped_release nogil;
-          cat = &s.get().catalog();  // the C++ client refuses while an epoch is being iterated
-        }
+        // The C++ client refuses while an epoch is being iterated.
+        const sm::Catalog* cat = &without_gil(*c.state, [](sm::Client& client) -> const sm::Catalog& {
+          return client.catalog();
+        });
         if (id >= cat->size()) throw py::index_error("sample id " + std::to_string(id) + " >= " + std::to_string(cat->size()));
         return std::string(cat->path(static_cast<sm::SampleId>(id)));
       }, py::arg("id"), "Path of a sample relative to dataset.path (fetches the catalog on first use, between epochs).")
@@ -566,49 +572,30 @@ unless given. Raises shardmix.Error.)doc")
         if (!PyBuffer_IsContiguous(info.view(), 'C')) throw py::value_error("save(): the data must be a contiguous buffer");
         const std::span<const std::uint8_t> bytes(static_cast<const std::uint8_t*>(info.ptr),
                                                   static_cast<std::size_t>(info.size * info.itemsize));
-        Busy busy(s);
-        py::gil_scoped_release nogil;
-        return s.get().save(name, bytes);
+        return without_gil(s, [&](sm::Client& client) { return client.save(name, bytes); });
       }, py::arg("name"), py::arg("data"),
       "Saves the bytes of `data` (bytes, bytearray, memoryview, a numpy array...) as the next version of "
       "checkpoint `name` and returns its version number once the node's daemon holds them (checkpoint.dir set). "
       "They are copied once, into memory that outlives this process.")
       .def("save_memfd", [](PyClient& c, const std::string& name, int fd) {
-        State& s = *c.state;
-        Busy busy(s);
-        py::gil_scoped_release nogil;
-        return s.get().save_memfd(name, fd);
+        return without_gil(*c.state, [&](sm::Client& client) { return client.save_memfd(name, fd); });
       }, py::arg("name"), py::arg("fd"),
       "Saves the whole content of memfd `fd` (os.memfd_create with os.MFD_ALLOW_SEALING, filled by the caller, "
       "e.g. torch.save to open(fd, 'wb', closefd=False)) as the next version of checkpoint `name`, without a copy: "
       "it is sealed against writes and resizing and the daemon keeps its pages. Returns the version number; the "
       "caller still closes fd.")
       .def("wait_durable", [](PyClient& c, const std::string& name) {
-        State& s = *c.state;
-        Busy busy(s);
-        py::gil_scoped_release nogil;
-        s.get().wait_durable(name);
+        without_gil(*c.state, [&](sm::Client& client) { client.wait_durable(name); });
       }, py::arg("name"),
       "Returns once the newest version of `name` is in checkpoint.dir; raises shardmix.Error with the drain's "
       "error (naming the checkpoint and the directory) if writing it failed (the daemon keeps it in RAM and retries).")
       .def("load", [](PyClient& c, const std::string& name) {
-        State& s = *c.state;
-        std::optional<sm::LoadedCheckpoint> loaded;
-        {
-          Busy busy(s);
-          py::gil_scoped_release nogil;
-          loaded.emplace(s.get().load(name));
-        }
-        return py::bytes(reinterpret_cast<const char*>(loaded->bytes().data()), loaded->bytes().size());
+        const sm::LoadedCheckpoint loaded = without_gil(*c.state, [&](sm::Client& client) { return client.load(name); });
+        return py::bytes(reinterpret_cast<const char*>(loaded.bytes().data()), loaded.bytes().size());
       }, py::arg("name"), "The newest version of `name` as bytes: from the daemon's RAM, else from its file.")
       .def("list", [](PyClient& c) {
-        State& s = *c.state;
-        std::vector<sm::CheckpointVersion> versions;
-        {
-          Busy busy(s);
-          py::gil_scoped_release nogil;
-          versions = s.get().list();
-        }
+        const std::vector<sm::CheckpointVersion> versions =
+            without_gil(*c.state, [](sm::Client& client) { return client.list(); });
         py::list out;
         for (const sm::CheckpointVersion& v : versions) out.append(py::make_tuple(v.name, v.version));
         return out;
