@@ -169,7 +169,9 @@ TEST(MakeCold, AResidentSampleLeavesItsOwnersArenaAndNothingElseMoves) {
   EXPECT_EQ(p.arena_bytes, before.arena_bytes);  // the slot stays allocated
   EXPECT_EQ(p.owned, before.owned);
   for (SampleId id = 0; id < c.sizes.size(); ++id) {
-    if (id != gone) EXPECT_EQ(p.arena_offset[id], before.arena_offset[id]) << id;
+    if (id != gone) {
+      EXPECT_EQ(p.arena_offset[id], before.arena_offset[id]) << id;
+    }
   }
 }
 
