@@ -1,11 +1,13 @@
 #include "server/checkpoint_replicator.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "common/checkpoint_file.h"
+#include "common/checkpoint_memfd.h"
 #include "common/log.h"
 #include "proto/field_codec.h"
 
@@ -47,7 +49,10 @@ struct FabricCheckpointReplicator::Notice {
 struct FabricCheckpointReplicator::Pull {
   std::int32_t owner = kNoRank;
   CheckpointId id;
-  std::vector<std::uint8_t> buffer;  // the landing buffer, registered for the reads
+  // The landing memfd, registered for the reads while they run. A memfd rather than heap
+  // memory: its pages are not zero-filled first (the reads are their first writes), and once
+  // sealed it is what a load from this daemon hands a trainer, without a copy.
+  std::optional<CheckpointMemfd> landing;
   fabric::LocalRegion region;
   std::size_t reads_left = 0;  // under the replicator's mutex
   Status first_error;          // under the replicator's mutex
@@ -174,8 +179,14 @@ void FabricCheckpointReplicator::start_pull(std::int32_t owner, const Notice& of
     finish_pull(pull);
     return;
   }
-  pull->buffer.resize(offer.length);
-  Result<fabric::LocalRegion> region = fabric_.register_local(pull->buffer.data(), pull->buffer.size());
+  Result<CheckpointMemfd> landing = CheckpointMemfd::create(offer.name, offer.length);
+  if (!landing.ok()) {
+    refuse(landing.status());
+    return;
+  }
+  pull->landing.emplace(std::move(*landing));
+  const std::span<std::uint8_t> into = pull->landing->data();
+  Result<fabric::LocalRegion> region = fabric_.register_local(into.data(), into.size());
   if (!region.ok()) {
     refuse(region.status());
     return;
@@ -197,21 +208,31 @@ void FabricCheckpointReplicator::start_pull(std::int32_t owner, const Notice& of
 
 void FabricCheckpointReplicator::finish_pull(const std::shared_ptr<Pull>& pull) {
   pulling_.erase(Key{pull->owner, pull->id});
-  if (!pull->buffer.empty()) fabric_.unregister_local(pull->region);
+  if (pull->landing) fabric_.unregister_local(pull->region);
   Status read;
   {
     std::lock_guard lock(mutex_);
     read = pull->first_error;
   }
+  // The copy as the node keeps it: the sealed landing memfd (an empty version has none).
+  CheckpointBytesPtr copy = std::make_shared<OwnedCheckpointBytes>(std::vector<std::uint8_t>{});
+  if (read.ok() && pull->landing) {
+    read = pull->landing->seal();
+    if (read.ok()) {
+      Result<CheckpointBytesPtr> mapped = map_sealed_checkpoint(pull->landing->fd(), to_string(pull->id));
+      if (mapped.ok()) copy = std::move(*mapped);
+      read = mapped.status();
+    }
+  }
+  pull->landing.reset();  // map_sealed_checkpoint keeps a descriptor of its own
   Notice answer;
   answer.name = pull->id.name;
   answer.version = pull->id.version;
   Status accepted = read;
   if (read.ok()) {
-    const std::uint64_t size = pull->buffer.size();
+    const std::uint64_t size = copy->bytes().size();
     // From an owner already declared dead the node takes the copy over and drains it.
-    accepted = node_->accept_replica(pull->owner, pull->id,
-                                     std::make_shared<OwnedCheckpointBytes>(std::move(pull->buffer)));
+    accepted = node_->accept_replica(pull->owner, pull->id, std::move(copy));
     if (accepted.ok()) {
       std::lock_guard lock(mutex_);
       ++stats_.replicas_pulled;

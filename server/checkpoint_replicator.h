@@ -1,7 +1,7 @@
 // The daemon's CheckpointReplicator (docs/decisions/0059): how a saved checkpoint version
 // reaches its replica holder, another daemon of the job. The bytes travel over the fabric
 // and never over MPI: the owner registers the version's sealed mapping for remote reads
-// (Fabric::offer_region) and the holder pulls it with one-sided reads into a buffer of its
+// (Fabric::offer_region) and the holder pulls it with one-sided reads into a memfd of its
 // own (Fabric::read_region). The small notices around that go over the MPI control plane,
 // on the daemon's main thread (the only thread that calls MPI), one tag:
 //   Offer    owner -> holder   name, version, length, and the region's address and key
