@@ -90,6 +90,19 @@ loads_as() {
   cmp -s "$tmp/loaded" "$3" || fail "load $2 returned other bytes than $3 ($out)"
 }
 
+# drained_later DIR FILE WHEN: rank 0's model@1, kept in RAM while the drain failed, becomes
+# durable (wait_durable retried for up to 30 s) with FILE's bytes in DIR.
+drained_later() {
+  local i
+  for ((i = 0; i < 30; i++)); do
+    as_rank 0 wait model
+    ((rc == 0)) && break
+    sleep 1
+  done
+  ((rc == 0)) || fail "the RAM copy was not drained $3: $out"
+  cmp -s <(tail -c +25 "$1/model/v1.smxckpt") "$2" || fail "the late drain wrote other bytes"
+}
+
 case_killed() {
   local dir=$tmp/killed-ckpt
   start_daemons 2 "$tmp/run-killed" "$dir"
@@ -149,14 +162,7 @@ case_broken() {
   # The directory is back: the drain's retry writes the kept RAM copy.
   rm "$dir"
   mkdir "$dir"
-  local i
-  for ((i = 0; i < 30; i++)); do
-    as_rank 0 wait model
-    ((rc == 0)) && break
-    sleep 1
-  done
-  ((rc == 0)) || fail "the RAM copy was not drained after $dir became possible: $out"
-  cmp -s <(tail -c +25 "$dir/model/v1.smxckpt") "$tmp/b1" || fail "the late drain wrote other bytes"
+  drained_later "$dir" "$tmp/b1" "after $dir became possible"
   stop_daemons
   echo "checkpoint_e2e: broken: PASS (error names checkpoint and directory; RAM copy kept, loaded, drained later)"
 }
@@ -271,7 +277,7 @@ case_python() {
 }
 
 case_full() {
-  local mnt=$tmp/full dir=$tmp/full/ckpt i
+  local mnt=$tmp/full dir=$tmp/full/ckpt
   mkdir -p "$mnt"
   if (($(id -u) != 0)) || ! mount -t tmpfs -o size=1m shardmix-full "$mnt" 2>/dev/null; then
     sm_log "SKIP: full: cannot mount a tmpfs here (needs root)"
@@ -290,13 +296,7 @@ case_full() {
   [[ -z $(find "$dir" -name '.*tmp*' 2>/dev/null) ]] || fail "a failed drain left its temporary file in $dir"
   # Room again: the drain's retry writes the kept RAM copy.
   mount -o remount,size=16m "$mnt" || fail "could not grow the tmpfs at $mnt"
-  for ((i = 0; i < 30; i++)); do
-    as_rank 0 wait model
-    ((rc == 0)) && break
-    sleep 1
-  done
-  ((rc == 0)) || fail "the RAM copy was not drained once $dir had room: $out"
-  cmp -s <(tail -c +25 "$dir/model/v1.smxckpt") "$tmp/f1" || fail "the late drain wrote other bytes"
+  drained_later "$dir" "$tmp/f1" "once $dir had room"
   stop_daemons
   umount "$mnt" && full_mount=""
   echo "checkpoint_e2e: full: PASS (ENOSPC named with checkpoint and directory; RAM copy kept, loaded, drained later)"
