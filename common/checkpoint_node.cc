@@ -158,6 +158,19 @@ void CheckpointNode::replicate(const CheckpointId& id, Callbacks& out) {
     });
     return;
   }
+  if (!entry->saved && options_.when_full == WhenFull::kWait && !replication.busy.empty()) {
+    // Every live peer that could take the copy has no room now: wait, as a save waits for
+    // room in this node's own budget. Their room comes back as their versions become
+    // durable; the drain thread asks the busy ones again after retry_interval.
+    std::erase_if(replication.excluded, [&](std::int32_t r) {
+      return std::find(replication.busy.begin(), replication.busy.end(), r) != replication.busy.end();
+    });
+    replication.busy.clear();
+    replication.holder = kNoRank;
+    replication.retry_at = Clock::now() + options_.retry_interval;
+    wake_drain_.notify_all();
+    return;
+  }
   const auto live_peers = std::count(alive_.begin(), alive_.end(), true) - 1;
   SaveDone done = std::move(replication.done);
   const Clock::time_point started = replication.started;
@@ -189,6 +202,9 @@ void CheckpointNode::on_copied(const CheckpointId& id, std::int32_t holder, cons
     if (it == replicating_.end() || it->second.holder != holder) return;
     if (!status.ok() || !alive_[static_cast<std::size_t>(holder)]) {
       it->second.excluded.push_back(holder);
+      if (status.code() == StatusCode::kUnavailable && alive_[static_cast<std::size_t>(holder)]) {
+        it->second.busy.push_back(holder);  // no room now: worth asking again (replicate)
+      }
       replicate(id, out);
     } else {
       const std::int32_t release = store_.replicated(id, holder);
@@ -328,11 +344,35 @@ CheckpointNodeStats CheckpointNode::stats() const {
   return out;
 }
 
+std::optional<Clock::time_point> CheckpointNode::retry_replications(Callbacks& out) {
+  const Clock::time_point now = Clock::now();
+  std::vector<CheckpointId> due;
+  std::optional<Clock::time_point> next;
+  for (auto& [id, replication] : replicating_) {
+    if (!replication.retry_at) continue;
+    if (*replication.retry_at <= now) {
+      replication.retry_at.reset();
+      due.push_back(id);
+    } else if (!next || *replication.retry_at < *next) {
+      next = replication.retry_at;
+    }
+  }
+  for (const CheckpointId& id : due) replicate(id, out);
+  return next;
+}
+
 void CheckpointNode::drain_loop() {
   std::unique_lock lock(mutex_);
   Clock::time_point paused_until{};
   while (!stopping_) {
     Callbacks out;
+    const std::optional<Clock::time_point> next_retry = retry_replications(out);
+    if (!out.empty()) {
+      lock.unlock();
+      run(out);
+      lock.lock();
+      continue;
+    }
     if (!write_through_.empty()) {
       PendingSave save = std::move(write_through_.front());
       write_through_.pop_front();
@@ -351,7 +391,7 @@ void CheckpointNode::drain_loop() {
         finish_save(std::move(save.done), save.started, written, out);
       }
     } else if (Clock::now() < paused_until) {
-      wake_drain_.wait_until(lock, paused_until);
+      wake_drain_.wait_until(lock, next_retry ? std::min(paused_until, *next_retry) : paused_until);
       continue;
     } else if (const std::optional<CheckpointId> id = store_.start_drain()) {
       const CheckpointBytesPtr bytes = store_.held(*id)->bytes;
@@ -381,7 +421,11 @@ void CheckpointNode::drain_loop() {
       if (release != kNoRank) out.push_back([this, release, id = *id] { replicator_->release(release, id); });
       admit_waiting(out);
     } else {
-      wake_drain_.wait(lock);
+      if (next_retry) {
+        wake_drain_.wait_until(lock, *next_retry);
+      } else {
+        wake_drain_.wait(lock);
+      }
       continue;
     }
     lock.unlock();

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -117,6 +118,9 @@ class CheckpointNode {
     std::int32_t holder = kNoRank;       // the copy in flight goes there
     SaveDone done;  // empty for a re-replication after a holder died
     std::chrono::steady_clock::time_point started;
+    std::vector<std::int32_t> busy;  // of `excluded`, the ones with no room now (kUnavailable)
+    // when_full = wait and every live peer was busy: ask them again then (drain thread).
+    std::optional<std::chrono::steady_clock::time_point> retry_at;
   };
   struct DurableWaiter {
     CheckpointId target;
@@ -133,6 +137,9 @@ class CheckpointNode {
   // Sends `id` to the next peer not yet excluded; completes or fails the save when there
   // is none. Holds mutex_.
   void replicate(const CheckpointId& id, Callbacks& out);
+  // Replications waiting for a busy holder (Replication::retry_at) that are due: asked
+  // again. Returns when the next one is due, if any.
+  std::optional<std::chrono::steady_clock::time_point> retry_replications(Callbacks& out);
   void on_copied(const CheckpointId& id, std::int32_t holder, const Status& status);
   void drain_loop();
   void finish_save(SaveDone done, std::chrono::steady_clock::time_point started, Result<CheckpointId> result,

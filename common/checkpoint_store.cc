@@ -126,9 +126,16 @@ void CheckpointStore::written_through(const CheckpointId& id) { note_durable_on_
 Status CheckpointStore::accept_replica(std::int32_t owner, const CheckpointId& id, CheckpointBytesPtr bytes) {
   const std::uint64_t size = bytes->bytes().size();
   if (entries_.contains(id)) return Status::ok_status();  // a retried copy
-  if (!make_room(size)) {
+  if (size > options_.capacity_bytes) {
     return make_error(StatusCode::kResourceExhausted,
-                      "rank {}: no room for a replica of checkpoint {} from rank {} ({} bytes; checkpoint.capacity {} "
+                      "rank {}: a replica of checkpoint {} from rank {} ({} bytes) exceeds checkpoint.capacity ({} bytes)",
+                      options_.self_rank, to_string(id), owner, size, options_.capacity_bytes);
+  }
+  if (!make_room(size)) {
+    // kUnavailable, not kResourceExhausted: room comes back as versions here become durable,
+    // so the owner may ask again (CheckpointNode, when_full = wait).
+    return make_error(StatusCode::kUnavailable,
+                      "rank {}: no room now for a replica of checkpoint {} from rank {} ({} bytes; checkpoint.capacity {} "
                       "bytes, {} free)",
                       options_.self_rank, to_string(id), owner, size, options_.capacity_bytes, free_bytes());
   }

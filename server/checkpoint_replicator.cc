@@ -21,7 +21,9 @@ constexpr std::size_t kPullChunkBytes = 8u << 20;
 // Longest error text a Refused carries (the rest is cut).
 constexpr std::size_t kMaxNoticeText = 1024;
 
-enum class NoticeKind : std::uint8_t { kOffer = 1, kCopied = 2, kRefused = 3, kRelease = 4 };
+// kBusy: refused for want of room now (the owner may ask again later); kRefused: for good
+// (larger than this daemon's checkpoint.capacity, a failed read).
+enum class NoticeKind : std::uint8_t { kOffer = 1, kCopied = 2, kRefused = 3, kRelease = 4, kBusy = 5 };
 
 }  // namespace
 
@@ -242,7 +244,7 @@ void FabricCheckpointReplicator::finish_pull(const std::shared_ptr<Pull>& pull) 
   if (accepted.ok()) {
     answer.kind = NoticeKind::kCopied;
   } else {
-    answer.kind = NoticeKind::kRefused;
+    answer.kind = accepted.code() == StatusCode::kUnavailable ? NoticeKind::kBusy : NoticeKind::kRefused;
     answer.error = accepted.message().substr(0, kMaxNoticeText);
     log::get("checkpoint")->warn("refusing the replica of checkpoint {} from daemon rank {}: {}",
                                  to_string(pull->id), pull->owner, accepted.message());
@@ -260,12 +262,16 @@ void FabricCheckpointReplicator::handle(std::int32_t source, const Notice& notic
       start_pull(source, notice);
       return;
     case NoticeKind::kCopied:
-    case NoticeKind::kRefused: {
+    case NoticeKind::kRefused:
+    case NoticeKind::kBusy: {
       const auto it = offered_.find(Key{source, notice.id()});
       if (it == offered_.end()) return;  // answered already (the holder was declared dead)
       if (it->second.region >= 0) fabric_.withdraw_region(it->second.region);
-      Status outcome = notice.kind == NoticeKind::kCopied
-                           ? Status::ok_status()
+      // The node tells the two refusals apart by code: kUnavailable may be asked again.
+      Status outcome = notice.kind == NoticeKind::kCopied ? Status::ok_status()
+                       : notice.kind == NoticeKind::kBusy
+                           ? make_error(StatusCode::kUnavailable, "daemon rank {} has no room now for the replica of {}: {}",
+                                        source, to_string(notice.id()), notice.error)
                            : make_error(StatusCode::kResourceExhausted, "daemon rank {} refused the replica of {}: {}",
                                         source, to_string(notice.id()), notice.error);
       after.push_back([done = std::move(it->second.done), outcome = std::move(outcome)] { done(outcome); });

@@ -3,6 +3,7 @@
 // dying after a save returned, a file system that fails, a full RAM budget.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <future>
 #include <thread>
 
@@ -319,6 +320,31 @@ TEST_F(CheckpointNodeTest, NoPeerWithRoomForTheReplicaFailsTheSaveAndDropsIt) {
   EXPECT_NE(refused.status().message().find("ranks tried: 1"), std::string::npos) << refused.status().message();
   EXPECT_EQ(owner.stats().store.bytes_in_ram, 0u);
   EXPECT_TRUE(owner.list().empty());
+}
+
+// when_full = wait: a holder with no room *now* (its own version not yet durable) makes the
+// owner's save wait, as a save waits for room in its own node's budget; once the holder's
+// version is durable the owner's retry lands the copy and the save returns. (A holder whose
+// whole checkpoint.capacity is too small refuses for good: the test above.)
+TEST_F(CheckpointNodeTest, AHolderWithNoRoomNowMakesTheSaveWaitThenSucceed) {
+  Cluster cluster({"hostA", "hostB"});
+  CheckpointNode& owner = cluster.start(0, dir_ / "owner", 1000);
+  CheckpointNode& holder = cluster.start(1, dir_ / "holder", 150);
+  // The holder's directory breaks: its own version stays in RAM, filling 100 of its 150 bytes.
+  fs::remove_all(dir_ / "holder");
+  std::ofstream(dir_ / "holder") << "not a directory";
+  ASSERT_TRUE(save(holder, "h", pattern(100, 1)).get().ok());
+  std::future<Result<CheckpointId>> saved = save(owner, "m", pattern(100, 2));
+  // Refused for room again and again (every 5 ms here), the save neither fails nor returns.
+  ASSERT_EQ(saved.wait_for(200ms), std::future_status::timeout) << "the save ended while its holder was full";
+  fs::remove(dir_ / "holder");
+  fs::create_directory(dir_ / "holder");
+  ASSERT_EQ(saved.wait_for(10s), std::future_status::ready) << "the save still waits after the holder had room";
+  const Result<CheckpointId> id = saved.get();
+  ASSERT_TRUE(id.ok()) << id.status().to_string();
+  EXPECT_EQ(*id, (CheckpointId{"m", 1}));
+  EXPECT_TRUE(wait_durable(owner, "m").ok());
+  EXPECT_EQ(*read_checkpoint_file(dir_ / "owner", *id), pattern(100, 2));
 }
 
 TEST_F(CheckpointNodeTest, ARestartedNodeLoadsTheLastDurableVersionAndContinuesItsNumbering) {

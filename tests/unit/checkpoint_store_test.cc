@@ -180,9 +180,14 @@ TEST(CheckpointStoreTest, ReleasedReplicaBecomesAnEvictableDurableCopy) {
   CheckpointStore holder = store_of(1, 100);
   const CheckpointId theirs{"theirs", 1};
   ASSERT_TRUE(holder.accept_replica(0, theirs, bytes_of(60, 1)).ok());
+  // No room now: kUnavailable, since room comes back (the owner may ask again). Larger than
+  // the whole checkpoint.capacity: kResourceExhausted, for good.
   const Status refused = holder.accept_replica(2, CheckpointId{"other", 1}, bytes_of(60, 2));
-  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable);
   EXPECT_NE(refused.message().find("other@1"), std::string::npos) << refused.message();
+  const Status never = holder.accept_replica(2, CheckpointId{"huge", 1}, bytes_of(101, 3));
+  EXPECT_EQ(never.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(never.message().find("exceeds checkpoint.capacity"), std::string::npos) << never.message();
   holder.release_replica(theirs);
   EXPECT_TRUE(holder.accept_replica(2, CheckpointId{"other", 1}, bytes_of(60, 2)).ok());
   EXPECT_EQ(holder.find(theirs), nullptr);
