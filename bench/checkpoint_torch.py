@@ -41,13 +41,6 @@ import shardmix
 import shardmix.torch
 
 
-def launcher_rank_world():
-    for r, w in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
-        if r in os.environ and w in os.environ:
-            return int(os.environ[r]), int(os.environ[w])
-    sys.exit("checkpoint_torch.py: run it under mpirun (deploy/launch.sh): no rank in the environment")
-
-
 def emit(record):
     # One write per line: mpirun merges the ranks' output, and print()'s separate newline
     # let another rank's line land in between.
@@ -68,7 +61,10 @@ def main():
     if args.mode == "torch" and not args.dir:
         parser.error("--mode torch needs --dir")
 
-    rank, world = launcher_rank_world()
+    place = shardmix.detect_launcher_rank()  # what shardmix.Client() reads too
+    rank, world = place["rank"], place["world_size"]
+    if rank < 0 or world <= 0:
+        sys.exit(f"checkpoint_torch.py: run it under a launcher (deploy/launch.sh): {place['description']}")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{args.store}", rank=rank, world_size=world)
     client = shardmix.Client()
