@@ -90,11 +90,15 @@ fi
 # ---------------------------------------------------------------- 2. build
 sm_section "2/5 build (Release, $build_dir)"
 t0=$SECONDS
+# The same compiler launcher as deploy/test.sh's release stage, so that neither rebuilds
+# the other's build dir.
+sm_use_ccache
 if [[ -f $build_dir/CMakeCache.txt ]]; then
   # Reconfigure with the generator the build dir already has.
-  logged "$logs/configure.log" cmake -S "$SM_REPO" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release
+  logged "$logs/configure.log" cmake -S "$SM_REPO" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release "${SM_CMAKE_CACHE_ARGS[@]}"
 else
-  logged "$logs/configure.log" cmake -S "$SM_REPO" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
+  logged "$logs/configure.log" cmake -S "$SM_REPO" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    "${SM_CMAKE_CACHE_ARGS[@]}"
 fi
 logged "$logs/build.log" cmake --build "$build_dir" -j 2
 for exe in shardmixd shardmix-consume shardmix-gen; do

@@ -6,6 +6,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
+  ccache                              # compiler cache for test.sh's and demo.sh's builds (decision 0060)
   # transport and launch
   libfabric-dev libfabric-bin libopenmpi-dev openmpi-bin
   rdma-core libibverbs-dev ibverbs-providers

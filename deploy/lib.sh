@@ -6,6 +6,8 @@
 #   sm_log / sm_warn / sm_die MSG [CODE]     messages on stderr, prefixed with SM_PROG
 #   sm_section TITLE                          a short "== TITLE" header on stdout
 #   sm_build_dir                              $SHARDMIX_BUILD_DIR or <repo>/build
+#   sm_use_ccache                             SM_CMAKE_CACHE_ARGS, SM_CCACHE: ccache as the
+#                                             compiler launcher when installed (SHARDMIX_CCACHE=0: off)
 #   sm_find_exe NAME                          path of a ShardMix executable: build dir, then PATH
 #   sm_mpirun_init                            fills SM_MPIRUN (command) and SM_MPIRUN_FLAGS (array)
 #   sm_python                                 a python3 for the tools (prefers one with xxhash)
@@ -35,6 +37,25 @@ sm_is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
 sm_job_token() { od -An -N16 -tx1 /dev/urandom | tr -d ' \n'; }
 
 sm_build_dir() { printf '%s\n' "${SHARDMIX_BUILD_DIR:-$SM_REPO/build}"; }
+
+# A compiler cache for the builds of demo.sh and test.sh (docs/decisions/0060): when ccache
+# is installed and SHARDMIX_CCACHE is not 0, fills SM_CMAKE_CACHE_ARGS with the CMake
+# launcher flags and exports what lets a fresh clone in another folder hit the entries of
+# this one: paths under the checkout are hashed relative to it (base_dir), and the build
+# folder is not hashed (hash_dir; with debug info it would be). Every other ccache setting
+# (cache folder, size) is the user's. Without ccache the flags clear the launcher (a build
+# dir configured with it earlier would keep it): a plain build. SM_CCACHE says which.
+sm_use_ccache() {
+  local launcher=""
+  if [[ ${SHARDMIX_CCACHE:-1} != 0 ]] && command -v ccache >/dev/null; then
+    launcher=ccache
+    export CCACHE_BASEDIR=$SM_REPO CCACHE_NOHASHDIR=1
+  fi
+  # shellcheck disable=SC2034  # used by the scripts that source this file
+  SM_CCACHE=${launcher:-off}
+  # shellcheck disable=SC2034  # likewise
+  SM_CMAKE_CACHE_ARGS=("-DCMAKE_C_COMPILER_LAUNCHER=$launcher" "-DCMAKE_CXX_COMPILER_LAUNCHER=$launcher")
+}
 
 # Prints the path of executable NAME (shardmixd, shardmix-consume, ...): first the CMake
 # build dir (BUILD/server, BUILD/tools, BUILD), then PATH. Returns 1 if not found.

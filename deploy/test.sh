@@ -46,6 +46,13 @@ done
 want() { [[ ,$stages, == *,$1,* ]]; }
 
 bash deploy/install-deps.sh
+# shellcheck source=deploy/lib.sh
+source deploy/lib.sh
+# ccache, when installed (install-deps.sh installs it), caches the three builds' compiles:
+# a second run, or a fresh clone of a tree built before, compiles only what changed
+# (docs/decisions/0060). SHARDMIX_CCACHE=0 builds without it.
+sm_use_ccache
+echo "test.sh: compiler cache: $SM_CCACHE"
 
 build_dir=${SHARDMIX_BUILD_DIR:-build}
 jobs=${SHARDMIX_JOBS:-$(nproc)}
@@ -112,7 +119,8 @@ trap on_exit EXIT
 if want release; then
   begin_stage release
   # shellcheck disable=SC2086  # SHARDMIX_CMAKE_ARGS is a list of arguments
-  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSHARDMIX_REQUIRE_PYTHON=ON ${SHARDMIX_CMAKE_ARGS:-}
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSHARDMIX_REQUIRE_PYTHON=ON "${SM_CMAKE_CACHE_ARGS[@]}" \
+    ${SHARDMIX_CMAKE_ARGS:-}
   cmake --build "$build_dir" -j "$jobs"
   # The end-to-end and Python-in-a-job tests are RUN_SERIAL in CMake, so -j only overlaps
   # the cheap ones (unit, the 4-rank MPI tests).
@@ -122,7 +130,7 @@ fi
 
 # Sanitizer builds: -O1 with line tables only (readable stacks, a fraction of -g's build
 # time), no benchmarks, and no program that no test runs (CMakeLists.txt; decision 0057).
-sanitizer_flags=(-DCMAKE_BUILD_TYPE=Debug -DSHARDMIX_BUILD_BENCH=OFF)
+sanitizer_flags=(-DCMAKE_BUILD_TYPE=Debug -DSHARDMIX_BUILD_BENCH=OFF "${SM_CMAKE_CACHE_ARGS[@]}")
 symbolizer=""
 [[ -x /usr/bin/llvm-symbolizer-14 ]] && symbolizer=":external_symbolizer_path=/usr/bin/llvm-symbolizer-14"
 asan_options="detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1$symbolizer"

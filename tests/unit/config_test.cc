@@ -540,11 +540,15 @@ TEST(ConfigShardKeysTest, ShardFormatKeys) {
 }
 
 // docs/configuration.md holds the generated reference between two markers. Regenerate with
-//   REGENERATE_DOCS=1 ./shardmix_unit_tests --gtest_filter='ConfigDocsTest.*'
+//   SHARDMIX_SOURCE_DIR=$PWD REGENERATE_DOCS=1 build/tests/shardmix_unit_tests --gtest_filter='ConfigDocsTest.*'
+// from the source tree.
 TEST(ConfigDocsTest, ConfigurationMdDocumentsEveryKey) {
-  // The source tree from CMake: __FILE__ is relative to the build dir when that lies inside
-  // the tree (cmake -B build), and ctest runs this from build/tests.
-  const fs::path doc = fs::path(SHARDMIX_SOURCE_DIR) / "docs" / "configuration.md";
+  // The source tree, from ctest's environment (tests/CMakeLists.txt): __FILE__ is relative
+  // under ccache's base_dir, and ctest runs this from build/tests.
+  const char* source_dir = std::getenv("SHARDMIX_SOURCE_DIR");
+  ASSERT_NE(source_dir, nullptr) << "SHARDMIX_SOURCE_DIR is not set: run this test through ctest, or set it to the "
+                                    "source tree";
+  const fs::path doc = fs::path(source_dir) / "docs" / "configuration.md";
   std::ifstream in(doc);
   ASSERT_TRUE(in) << "cannot open " << doc;
   std::stringstream buffer;
