@@ -26,6 +26,9 @@
 #   fuzz     every libFuzzer target for SHARDMIX_FUZZ_SECONDS (default 20) from its
 #            generated seeds and tests/fuzz/corpus/<name>/, two at a time.
 #
+# Every build goes through ccache when it is installed (SHARDMIX_CCACHE=0: not), with paths
+# hashed relative to the checkout, so a fresh clone of a tree built before compiles only
+# what changed (docs/decisions/0060).
 # SHARDMIX_TEST_STAGES=release,asan,tsan,fuzz (the default) picks stages, e.g.
 # SHARDMIX_TEST_STAGES=asan,fuzz. Build dirs: $SHARDMIX_BUILD_DIR (default build) and
 # <that>-asan, <that>-tsan. Sanitizer suppressions (each with its reason) are in
