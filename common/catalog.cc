@@ -892,6 +892,23 @@ Result<ScanResult> scan_partition(const DatasetConfig& dataset, int rank, int nr
   return make_error(StatusCode::kInternal, "unknown dataset.format");
 }
 
+Status empty_dataset_error(const DatasetConfig& dataset, std::uint64_t invalid_samples, std::uint64_t invalid_shards) {
+  return make_error(StatusCode::kNotFound, "dataset.path '{}' holds no {}samples (dataset.format = \"{}\"){}",
+                    dataset.path, invalid_samples + invalid_shards > 0 ? "valid " : "",
+                    dataset_format_name(dataset.format),
+                    invalid_samples + invalid_shards > 0
+                        ? fmt::format("; {} invalid samples and {} damaged shards were skipped (see the warnings)",
+                                      invalid_samples, invalid_shards)
+                        : std::string());
+}
+
+Status sample_too_large_error(const DatasetConfig& dataset, std::string_view location, std::uint64_t bytes) {
+  return make_error(StatusCode::kInvalidArgument,
+                    "sample '{}' is {} bytes, larger than dataset.max_sample_bytes = {} (raise the key or remove the "
+                    "file)",
+                    sample_file_path(dataset, location), bytes, dataset.max_sample_bytes);
+}
+
 Result<Catalog> merge_scans(const DatasetConfig& dataset, std::vector<ScanResult> parts) {
   const bool sharded = dataset.format == DatasetFormat::kWebDataset || dataset.format == DatasetFormat::kTfRecord;
   std::vector<std::string> class_names;
@@ -911,15 +928,7 @@ Result<Catalog> merge_scans(const DatasetConfig& dataset, std::vector<ScanResult
                         rank, dataset.path, class_names.size(), parts[rank].class_names.size());
     }
   }
-  if (total == 0) {
-    return make_error(StatusCode::kNotFound, "dataset.path '{}' holds no {}samples (dataset.format = \"{}\"){}",
-                      dataset.path, invalid_samples + invalid_shards > 0 ? "valid " : "",
-                      dataset_format_name(dataset.format),
-                      invalid_samples + invalid_shards > 0
-                          ? fmt::format("; {} invalid samples and {} damaged shards were skipped (see the warnings)",
-                                        invalid_samples, invalid_shards)
-                          : std::string());
-  }
+  if (total == 0) return empty_dataset_error(dataset, invalid_samples, invalid_shards);
   std::vector<CatalogEntry> entries;
   entries.reserve(total);
   Result<Catalog> built = Status::ok_status();
@@ -958,11 +967,7 @@ Result<Catalog> merge_scans(const DatasetConfig& dataset, std::vector<ScanResult
   if (catalog.max_sample_bytes() > dataset.max_sample_bytes) {
     for (SampleId id = 0; id < catalog.size(); ++id) {
       if (catalog.sample_bytes(id) > dataset.max_sample_bytes) {
-        return make_error(StatusCode::kInvalidArgument,
-                          "sample '{}' is {} bytes, larger than dataset.max_sample_bytes = {} (raise the key or "
-                          "remove the file)",
-                          sample_file_path(dataset, catalog.location(id)), catalog.sample_bytes(id),
-                          dataset.max_sample_bytes);
+        return sample_too_large_error(dataset, catalog.location(id), catalog.sample_bytes(id));
       }
     }
   }

@@ -170,6 +170,12 @@ Status add_unreadable_shard(const DatasetConfig& dataset, const Status& why, Sca
 // dataset.max_sample_bytes. An empty dataset is an error naming dataset.path.
 Result<Catalog> merge_scans(const DatasetConfig& dataset, std::vector<ScanResult> parts);
 
+// The errors merge_scans reports, for the owner-side catalog's checks too
+// (distributed_catalog.h): no (valid) sample at all, and a sample over
+// dataset.max_sample_bytes (`location` as Catalog::location names it).
+Status empty_dataset_error(const DatasetConfig& dataset, std::uint64_t invalid_samples, std::uint64_t invalid_shards);
+Status sample_too_large_error(const DatasetConfig& dataset, std::string_view location, std::uint64_t bytes);
+
 // Serialisation of one rank's ScanResult for the allgather.
 std::vector<std::uint8_t> serialize_scan(const ScanResult& scan);
 Result<ScanResult> deserialize_scan(std::span<const std::uint8_t> bytes);
