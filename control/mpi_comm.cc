@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -152,6 +153,59 @@ Result<std::vector<std::vector<std::uint8_t>>> MpiSession::allgather(std::span<c
     for (std::size_t r = 0; r < nranks; ++r) {
       std::copy_n(round_buffer.begin() + displacements[r], counts[r], result[r].begin() + static_cast<std::ptrdiff_t>(done));
     }
+  }
+  return result;
+}
+
+Result<std::vector<std::vector<std::uint8_t>>> MpiSession::alltoall(
+    const std::vector<std::vector<std::uint8_t>>& outgoing) const {
+  const auto nranks = static_cast<std::size_t>(size_);
+  if (outgoing.size() != nranks) {
+    return make_error(StatusCode::kInvalidArgument, "alltoall: {} messages for {} ranks", outgoing.size(), nranks);
+  }
+  std::vector<std::uint64_t> send_sizes(nranks), receive_sizes(nranks);
+  for (std::size_t r = 0; r < nranks; ++r) send_sizes[r] = outgoing[r].size();
+  SHARDMIX_MPI_CHECK("MPI_Alltoall (alltoall sizes)", MPI_Alltoall(send_sizes.data(), 1, MPI_UINT64_T,
+                                                                   receive_sizes.data(), 1, MPI_UINT64_T, g_comm));
+  // One MPI_Alltoallv: counts and displacements are int. The owner-side catalog moves about
+  // N/P entries per rank, far below this; a job that does not fit says so on every rank.
+  auto total = [](const std::vector<std::uint64_t>& sizes) {
+    std::uint64_t sum = 0;
+    for (std::uint64_t v : sizes) sum += v;
+    return sum;
+  };
+  const std::uint64_t out_bytes = total(send_sizes), in_bytes = total(receive_sizes);
+  const auto limit = static_cast<std::uint64_t>(std::numeric_limits<int>::max());
+  const std::uint64_t too_big = out_bytes > limit || in_bytes > limit ? 1 : 0;
+  SHARDMIX_ASSIGN_OR_RETURN(std::uint64_t ranks_too_big, allreduce_sum(too_big));
+  if (ranks_too_big > 0) {
+    return make_error(StatusCode::kResourceExhausted,
+                      "alltoall: {} ranks would send or receive more than {} bytes in one call (this rank: {} out, "
+                      "{} in)",
+                      ranks_too_big, limit, out_bytes, in_bytes);
+  }
+  std::vector<int> send_counts(nranks), send_displacements(nranks), receive_counts(nranks), receive_displacements(nranks);
+  std::vector<std::uint8_t> send_buffer;
+  send_buffer.reserve(out_bytes);
+  int at = 0, in_at = 0;
+  for (std::size_t r = 0; r < nranks; ++r) {
+    send_counts[r] = static_cast<int>(send_sizes[r]);
+    send_displacements[r] = at;
+    at += send_counts[r];
+    send_buffer.insert(send_buffer.end(), outgoing[r].begin(), outgoing[r].end());
+    receive_counts[r] = static_cast<int>(receive_sizes[r]);
+    receive_displacements[r] = in_at;
+    in_at += receive_counts[r];
+  }
+  std::vector<std::uint8_t> receive_buffer(in_bytes);
+  SHARDMIX_MPI_CHECK("MPI_Alltoallv (alltoall bytes)",
+                     MPI_Alltoallv(send_buffer.data(), send_counts.data(), send_displacements.data(), MPI_BYTE,
+                                   receive_buffer.data(), receive_counts.data(), receive_displacements.data(), MPI_BYTE,
+                                   g_comm));
+  std::vector<std::vector<std::uint8_t>> result(nranks);
+  for (std::size_t r = 0; r < nranks; ++r) {
+    const auto begin = receive_buffer.begin() + receive_displacements[r];
+    result[r].assign(begin, begin + receive_counts[r]);
   }
   return result;
 }

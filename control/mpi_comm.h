@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/collectives.h"
 #include "common/status.h"
 
 namespace shardmix {
@@ -30,6 +31,9 @@ class MpiSession {
 
   // Every rank contributes `mine`; returns all ranks' bytes, indexed by rank.
   Result<std::vector<std::vector<std::uint8_t>>> allgather(std::span<const std::uint8_t> mine) const;
+  // outgoing[r] to rank r; returns what each rank sent here, indexed by rank (MPI_Alltoallv;
+  // an error naming the sizes when this rank's total in or out exceeds INT_MAX bytes).
+  Result<std::vector<std::vector<std::uint8_t>>> alltoall(const std::vector<std::vector<std::uint8_t>>& outgoing) const;
   // Rank `root`'s bytes on every rank.
   Result<std::vector<std::uint8_t>> broadcast(std::span<const std::uint8_t> bytes, int root) const;
   // Sum of `value` across ranks.
@@ -73,6 +77,20 @@ class MpiSession {
     std::vector<std::uint8_t> bytes;  // the send buffer, alive until the send completes
   };
   mutable std::vector<PendingSend> pending_sends_;
+};
+
+// The core's Collectives (common/collectives.h) over an MpiSession, for core logic that
+// talks to every rank (the owner-side catalog). Main thread only, like the session.
+class MpiCollectives : public Collectives {
+ public:
+  explicit MpiCollectives(const MpiSession& mpi) : mpi_(mpi) {}
+  int rank() const override { return mpi_.rank(); }
+  int size() const override { return mpi_.size(); }
+  Result<RankBytes> allgather(std::span<const std::uint8_t> mine) override { return mpi_.allgather(mine); }
+  Result<RankBytes> alltoall(RankBytes outgoing) override { return mpi_.alltoall(outgoing); }
+
+ private:
+  const MpiSession& mpi_;
 };
 
 }  // namespace shardmix

@@ -61,15 +61,8 @@ std::string to_string(const std::vector<std::uint8_t>& b) { return {b.begin(), b
 // Every rank learns every rank's outcome of a step; the first failure, named by rank,
 // becomes everyone's error. Keeps ranks from hanging in the next collective.
 Status agree(const MpiSession& mpi, const Status& mine, std::string_view step) {
-  const std::string encoded = mine.ok() ? std::string() : mine.to_string();
-  auto all = mpi.allgather(to_bytes(encoded));
-  if (!all.ok()) return all.status();
-  for (int r = 0; r < mpi.size(); ++r) {
-    if (!(*all)[r].empty()) {
-      return make_error(StatusCode::kUnavailable, "{} failed on daemon rank {}: {}", step, r, to_string((*all)[r]));
-    }
-  }
-  return Status::ok_status();
+  MpiCollectives group(mpi);
+  return shardmix::agree(group, mine, step);
 }
 
 // Upper bound on one batch's peer bytes: its batch.size largest samples.
