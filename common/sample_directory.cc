@@ -40,36 +40,48 @@ DirectoryBytes GlobalDirectory::memory_bytes() const {
   return DirectoryBytes{catalog_.memory_bytes(), placement_memory_bytes(placement_)};
 }
 
-OwnerShard OwnerShard::build(const Catalog& dataset, const Ownership& ownership, std::uint32_t node,
-                             std::uint64_t capacity, std::uint64_t seed) {
+// The shard of node `node` from its share's entries in share order: entry_of(local)
+// gives (id, CatalogEntry) of local index `local`. Both builders below go through here, so
+// a shard made from the global catalog and one made from routed entries are the same.
+template <typename EntryOf>
+OwnerShard OwnerShard::make(std::uint32_t node, std::uint64_t n, bool sharded, std::uint64_t capacity,
+                            std::uint64_t seed, EntryOf&& entry_of) {
   OwnerShard shard;
   shard.node_ = node;
-  const std::uint64_t n = ownership.owned_count(node);
   // The residency choice and the arena layout go by ascending id (as make_placement's);
   // the entries are kept in share order (local index), which is how peers address them.
   std::vector<std::pair<SampleId, std::uint64_t>> by_id(n);  // (id, local index)
-  for (std::uint64_t i = 0; i < n; ++i) by_id[i] = {ownership.owned_at(node, i), i};
-  std::sort(by_id.begin(), by_id.end());
-  std::vector<std::uint64_t> sizes(n);
-  for (std::uint64_t j = 0; j < n; ++j) sizes[j] = dataset.sample_bytes(by_id[j].first);
-  const std::vector<std::uint64_t> resident = choose_resident_positions(sizes, capacity, seed, node);
-
   shard.bytes_.resize(n);
   shard.labels_.resize(n);
   shard.arena_offset_.assign(n, kNotResident);
-  if (dataset.sharded()) {
+  if (sharded) {
     shard.shard_.resize(n);
     shard.offset_.resize(n);
   }
-  for (std::uint64_t j = 0; j < n; ++j) {
-    const auto [id, local] = by_id[j];
-    shard.bytes_[local] = sizes[j];
-    shard.labels_[local] = dataset.label(id);
-    if (dataset.sharded()) {
-      shard.shard_[local] = dataset.shard(id);
-      shard.offset_[local] = dataset.offset(id);
+  // Whole-file formats: the share's paths, for loading and for cold reads (the owner's
+  // answer names the file; decision 0061). None for a catalog without files.
+  if (!sharded) {
+    shard.path_offsets_.reserve(n + 1);
+    shard.path_offsets_.push_back(0);
+  }
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const auto [id, entry] = entry_of(i);
+    by_id[i] = {id, i};
+    shard.bytes_[i] = entry.size;
+    shard.labels_[i] = entry.label;
+    if (sharded) {
+      shard.shard_[i] = entry.shard;
+      shard.offset_[i] = entry.offset;
+    } else {
+      shard.paths_.append(entry.path);
+      shard.path_offsets_.push_back(shard.paths_.size());
     }
   }
+  if (shard.paths_.empty()) std::vector<std::uint64_t>().swap(shard.path_offsets_);  // a synthetic catalog: no files
+  std::sort(by_id.begin(), by_id.end());
+  std::vector<std::uint64_t> sizes(n);
+  for (std::uint64_t j = 0; j < n; ++j) sizes[j] = shard.bytes_[by_id[j].second];
+  const std::vector<std::uint64_t> resident = choose_resident_positions(sizes, capacity, seed, node);
   std::uint64_t arena = 0;
   for (std::uint64_t j : resident) {
     const std::uint64_t local = by_id[j].second;
@@ -81,9 +93,30 @@ OwnerShard OwnerShard::build(const Catalog& dataset, const Ownership& ownership,
   return shard;
 }
 
+OwnerShard OwnerShard::build(const Catalog& dataset, const Ownership& ownership, std::uint32_t node,
+                             std::uint64_t capacity, std::uint64_t seed) {
+  CatalogEntry entry;
+  return make(node, ownership.owned_count(node), dataset.sharded(), capacity, seed, [&](std::uint64_t local) {
+    const SampleId id = ownership.owned_at(node, local);
+    entry.size = dataset.sample_bytes(id);
+    entry.label = dataset.label(id);
+    entry.shard = dataset.shard(id);
+    entry.offset = dataset.offset(id);
+    entry.path.assign(dataset.sharded() ? std::string_view() : dataset.path(id));
+    return std::pair<SampleId, const CatalogEntry&>(id, entry);
+  });
+}
+
+OwnerShard OwnerShard::from_entries(const OwnerEntries& share, std::uint32_t node, std::uint64_t capacity,
+                                    std::uint64_t seed) {
+  return make(node, share.entries.size(), !share.tables.shards.empty(), capacity, seed, [&](std::uint64_t local) {
+    return std::pair<SampleId, const CatalogEntry&>(share.ids[local], share.entries[local]);
+  });
+}
+
 std::uint64_t OwnerShard::memory_bytes() const {
   return sizeof(*this) + vector_bytes(bytes_) + vector_bytes(labels_) + vector_bytes(arena_offset_) +
-         vector_bytes(shard_) + vector_bytes(offset_);
+         vector_bytes(shard_) + vector_bytes(offset_) + paths_.capacity() + vector_bytes(path_offsets_);
 }
 
 void InProcessExchange::describe(std::uint32_t owner, std::span<const std::uint64_t> local,

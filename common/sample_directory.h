@@ -22,9 +22,12 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/catalog.h"
+#include "common/distributed_catalog.h"
 #include "common/ownership.h"
 #include "common/placement.h"
 
@@ -87,7 +90,8 @@ class GlobalDirectory : public SampleDirectory {
 
 // One node's share under spread ownership, as its owner holds it: per local index i (the
 // share's order, Ownership::owned_at), the sample's bytes, label, storage location (shard
-// index and byte offset for shard formats) and arena offset (kNotResident when cold). The
+// index and byte offset for shard formats, the path for whole-file formats) and arena
+// offset (kNotResident when cold). The
 // resident subset and arena layout are those make_placement computes for the same node
 // (choose_resident over the share in ascending ids, offsets in ascending ids), so a
 // tabulated spread placement and the shards agree byte for byte.
@@ -97,6 +101,11 @@ class OwnerShard {
   // catalog) for an arena of `capacity` bytes; `seed` is the placement's (shuffle.seed).
   static OwnerShard build(const Catalog& dataset, const Ownership& ownership, std::uint32_t node,
                           std::uint64_t capacity, std::uint64_t seed);
+  // The same shard from the entries routed to node `node` at start-up (route_to_owners,
+  // common/distributed_catalog.h), with no global catalog: equal to build() over the
+  // catalog those entries came from (property-tested).
+  static OwnerShard from_entries(const OwnerEntries& share, std::uint32_t node, std::uint64_t capacity,
+                                 std::uint64_t seed);
 
   std::uint64_t size() const { return bytes_.size(); }
   SampleInfo at(std::uint64_t local) const {
@@ -105,6 +114,15 @@ class OwnerShard {
   std::uint64_t cold_samples() const { return cold_samples_; }
   std::uint64_t cached_bytes() const { return cached_bytes_; }
   std::uint64_t cached_samples() const { return size() - cold_samples_; }
+  // Shard formats: the sample's shard (an index into the job's shard table) and byte offset.
+  std::uint32_t shard(std::uint64_t local) const { return shard_.empty() ? 0 : shard_[local]; }
+  std::uint64_t offset(std::uint64_t local) const { return offset_.empty() ? 0 : offset_[local]; }
+  // Whole-file formats: the sample's path relative to the dataset (empty without files).
+  std::string_view path(std::uint64_t local) const {
+    return path_offsets_.empty() ? std::string_view()
+                                 : std::string_view(paths_).substr(path_offsets_[local],
+                                                                   path_offsets_[local + 1] - path_offsets_[local]);
+  }
   // Bytes the shard holds.
   std::uint64_t memory_bytes() const;
 
@@ -115,8 +133,14 @@ class OwnerShard {
   std::vector<std::uint64_t> arena_offset_;
   std::vector<std::uint32_t> shard_;    // shard formats: the sample's shard (its path is in the shared file table)
   std::vector<std::uint64_t> offset_;   // shard formats: its byte offset there
+  std::string paths_;                        // whole-file formats: the share's paths back to back
+  std::vector<std::uint64_t> path_offsets_;  // size() + 1 entries, or none
   std::uint64_t cold_samples_ = 0;
   std::uint64_t cached_bytes_ = 0;
+
+  template <typename EntryOf>
+  static OwnerShard make(std::uint32_t node, std::uint64_t n, bool sharded, std::uint64_t capacity,
+                         std::uint64_t seed, EntryOf&& entry_of);
 };
 
 // How a node asks owners for the entries of samples they own: `local[i]` is an index in

@@ -1,8 +1,8 @@
 // The owner-side catalog's start-up (decision 0061): for any dataset, any split of its scan
 // across P ranks and any spread ownership, the sample sort gives each rank a slice of
-// exactly the global catalog's order (merge_scans), and routing gives each node exactly
-// the entries of its share; its failures are every rank's, with the global catalog's
-// messages. Runs P ranks as threads over an InProcessGroup.
+// exactly the global catalog's order (merge_scans), routing gives each node exactly the
+// entries of its share, and the OwnerShard built from them equals the one built from the
+// global catalog; failures are every rank's, with the global catalog's messages. Runs P ranks as threads over an InProcessGroup.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
@@ -17,6 +17,7 @@
 #include "common/collectives.h"
 #include "common/distributed_catalog.h"
 #include "common/ownership.h"
+#include "common/sample_directory.h"
 #include "proto/catalog_exchange.h"
 
 namespace shardmix {
@@ -171,11 +172,30 @@ RC_GTEST_PROP(DistributedCatalog, SlicesAreTheGlobalOrderAndOwnersGetTheirShares
     next_id += r.slice.entries.size();
   }
   RC_ASSERT(next_id == catalog.size());
-  // Each node holds exactly its share, in share order.
+  // Each node holds exactly its share, in share order, and lays out the same arena from it
+  // as from the global catalog.
   const Ownership ownership =
       Ownership::spread(catalog.size(), random_counts(catalog.size(), c.parts.size(), c.seed), c.seed);
+  const auto capacity = *rc::gen::inRange<std::uint64_t>(0, 2 * catalog.total_bytes() / ranks.size() + 2);
   for (std::uint32_t k = 0; k < ranks.size(); ++k) {
     const OwnerEntries& owned = ranks[k].owned;
+    const OwnerShard from_routed = OwnerShard::from_entries(owned, k, capacity, c.seed);
+    const OwnerShard from_global = OwnerShard::build(catalog, ownership, k, capacity, c.seed);
+    RC_ASSERT(from_routed.size() == from_global.size());
+    RC_ASSERT(from_routed.cold_samples() == from_global.cold_samples());
+    RC_ASSERT(from_routed.cached_bytes() == from_global.cached_bytes());
+    RC_ASSERT(from_routed.memory_bytes() == from_global.memory_bytes());
+    for (std::uint64_t i = 0; i < from_routed.size(); ++i) {
+      const SampleInfo a = from_routed.at(i), b = from_global.at(i);
+      RC_ASSERT(a.bytes == b.bytes);
+      RC_ASSERT(a.arena_offset == b.arena_offset);
+      RC_ASSERT(a.owner == b.owner);
+      RC_ASSERT(a.label == b.label);
+      RC_ASSERT(from_routed.shard(i) == from_global.shard(i));
+      RC_ASSERT(from_routed.offset(i) == from_global.offset(i));
+      RC_ASSERT(from_routed.path(i) == from_global.path(i));
+      RC_ASSERT(from_global.path(i) == (catalog.sharded() ? std::string_view() : catalog.path(owned.ids[i])));
+    }
     RC_ASSERT(owned.entries.size() == ownership.owned_count(k));
     RC_ASSERT(owned.ids.size() == owned.entries.size());
     for (std::size_t i = 0; i < owned.entries.size(); ++i) {
