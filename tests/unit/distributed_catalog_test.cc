@@ -10,6 +10,7 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -208,6 +209,14 @@ RC_GTEST_PROP(DistributedCatalog, SlicesAreTheGlobalOrderAndOwnersGetTheirShares
   }
 }
 
+// sort_scans fails on every rank of the case, each time with `message` in its error.
+void expect_every_rank_fails(const Case& c, std::string_view message) {
+  for (const RankOutcome& r : run_ranks(c)) {
+    ASSERT_TRUE(r.sort_error.has_value());
+    EXPECT_NE(r.sort_error->message().find(message), std::string::npos) << r.sort_error->message();
+  }
+}
+
 // Two ranks each scanned the same file: the equal keys meet on one rank, which fails, and
 // every rank reports it (none waits in a collective the failed one never joins).
 TEST(DistributedCatalog, ADuplicatePathOnTwoRanksFailsOnEveryRank) {
@@ -221,11 +230,7 @@ TEST(DistributedCatalog, ADuplicatePathOnTwoRanksFailsOnEveryRank) {
         CatalogEntry{"dog/" + std::to_string(i) + ".jpg", 10, 1, 0, 0});
   }
   c.parts[2].entries.push_back(CatalogEntry{"dog/4.jpg", 10, 1, 0, 0});  // rank 1 has it too
-  for (const RankOutcome& r : run_ranks(c)) {
-    ASSERT_TRUE(r.sort_error.has_value());
-    EXPECT_NE(r.sort_error->message().find("duplicate sample path 'dog/4.jpg' in the dataset"), std::string::npos)
-        << r.sort_error->message();
-  }
+  expect_every_rank_fails(c, "duplicate sample path 'dog/4.jpg' in the dataset");
 }
 
 TEST(DistributedCatalog, ASampleOverTheLimitIsNamedOnEveryRank) {
@@ -240,12 +245,7 @@ TEST(DistributedCatalog, ASampleOverTheLimitIsNamedOnEveryRank) {
     c.parts[0].entries.push_back(CatalogEntry{"", 50, 0, 0, 512 * (i + 1)});
     c.parts[1].entries.push_back(CatalogEntry{"", i == 3 ? 101u : 50u, 0, 0, 512 * (i + 1)});
   }
-  for (const RankOutcome& r : run_ranks(c)) {
-    ASSERT_TRUE(r.sort_error.has_value());
-    EXPECT_NE(r.sort_error->message().find("b.tar@2048' is 101 bytes, larger than dataset.max_sample_bytes = 100"),
-              std::string::npos)
-        << r.sort_error->message();
-  }
+  expect_every_rank_fails(c, "b.tar@2048' is 101 bytes, larger than dataset.max_sample_bytes = 100");
 }
 
 TEST(DistributedCatalog, ClassListsThatDifferBetweenRanksAreAnError) {
@@ -256,12 +256,7 @@ TEST(DistributedCatalog, ClassListsThatDifferBetweenRanksAreAnError) {
   c.parts[0].class_names = {"cat", "dog"};
   c.parts[1].class_names = {"cat", "dog", "emu"};
   c.parts[0].entries.push_back(CatalogEntry{"cat/1.jpg", 10, 0, 0, 0});
-  for (const RankOutcome& r : run_ranks(c)) {
-    ASSERT_TRUE(r.sort_error.has_value());
-    EXPECT_NE(r.sort_error->message().find("ranks 0 and 1 found different classes under dataset.path '/data' (2 vs 3"),
-              std::string::npos)
-        << r.sort_error->message();
-  }
+  expect_every_rank_fails(c, "ranks 0 and 1 found different classes under dataset.path '/data' (2 vs 3");
 }
 
 TEST(EntryBatchWire, RoundTripsAndNamesWhatIsWrong) {
