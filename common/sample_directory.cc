@@ -40,17 +40,17 @@ DirectoryBytes GlobalDirectory::memory_bytes() const {
   return DirectoryBytes{catalog_.memory_bytes(), placement_memory_bytes(placement_)};
 }
 
-// The shard of node `node` from its share's entries in share order: entry_of(local)
-// gives (id, CatalogEntry) of local index `local`. Both builders below go through here, so
-// a shard made from the global catalog and one made from routed entries are the same.
+// The shard of node `node` (n samples) from its share's entries, which entry_of(j) gives in
+// ascending id order, each with its local index: the residency choice and the arena layout
+// go by ascending id (as make_placement's), the entries are kept in share order (local
+// index), which is how peers address them. Both builders below go through here, so a
+// shard made from the global catalog and one made from routed entries are the same; the
+// ascending order also reads the global catalog's arrays front to back.
 template <typename EntryOf>
 OwnerShard OwnerShard::make(std::uint32_t node, std::uint64_t n, bool sharded, std::uint64_t capacity,
                             std::uint64_t seed, EntryOf&& entry_of) {
   OwnerShard shard;
   shard.node_ = node;
-  // The residency choice and the arena layout go by ascending id (as make_placement's);
-  // the entries are kept in share order (local index), which is how peers address them.
-  std::vector<std::pair<SampleId, std::uint64_t>> by_id(n);  // (id, local index)
   shard.bytes_.resize(n);
   shard.labels_.resize(n);
   shard.arena_offset_.assign(n, kNotResident);
@@ -58,34 +58,36 @@ OwnerShard OwnerShard::make(std::uint32_t node, std::uint64_t n, bool sharded, s
     shard.shard_.resize(n);
     shard.offset_.resize(n);
   }
+  std::vector<std::uint64_t> sizes(n);   // by ascending id
+  std::vector<std::uint64_t> local_of(n);
+  std::vector<std::string_view> paths(sharded ? 0 : n);  // by local index
+  for (std::uint64_t j = 0; j < n; ++j) {
+    const ShareEntry e = entry_of(j);
+    sizes[j] = e.size;
+    local_of[j] = e.local;
+    shard.bytes_[e.local] = e.size;
+    shard.labels_[e.local] = e.label;
+    if (sharded) {
+      shard.shard_[e.local] = e.shard;
+      shard.offset_[e.local] = e.offset;
+    } else {
+      paths[e.local] = e.path;
+    }
+  }
   // Whole-file formats: the share's paths, for loading and for cold reads (the owner's
   // answer names the file; decision 0061). None for a catalog without files.
-  if (!sharded) {
+  if (std::any_of(paths.begin(), paths.end(), [](std::string_view p) { return !p.empty(); })) {
     shard.path_offsets_.reserve(n + 1);
     shard.path_offsets_.push_back(0);
-  }
-  for (std::uint64_t i = 0; i < n; ++i) {
-    const auto [id, entry] = entry_of(i);
-    by_id[i] = {id, i};
-    shard.bytes_[i] = entry.size;
-    shard.labels_[i] = entry.label;
-    if (sharded) {
-      shard.shard_[i] = entry.shard;
-      shard.offset_[i] = entry.offset;
-    } else {
-      shard.paths_.append(entry.path);
+    for (std::string_view p : paths) {
+      shard.paths_.append(p);
       shard.path_offsets_.push_back(shard.paths_.size());
     }
   }
-  if (shard.paths_.empty()) std::vector<std::uint64_t>().swap(shard.path_offsets_);  // a synthetic catalog: no files
-  std::sort(by_id.begin(), by_id.end());
-  std::vector<std::uint64_t> sizes(n);
-  for (std::uint64_t j = 0; j < n; ++j) sizes[j] = shard.bytes_[by_id[j].second];
   const std::vector<std::uint64_t> resident = choose_resident_positions(sizes, capacity, seed, node);
   std::uint64_t arena = 0;
   for (std::uint64_t j : resident) {
-    const std::uint64_t local = by_id[j].second;
-    shard.arena_offset_[local] = arena;
+    shard.arena_offset_[local_of[j]] = arena;
     arena = align_to_arena(arena + sizes[j]);
     shard.cached_bytes_ += sizes[j];
   }
@@ -93,24 +95,34 @@ OwnerShard OwnerShard::make(std::uint32_t node, std::uint64_t n, bool sharded, s
   return shard;
 }
 
+namespace {
+// A share's (id, local index) pairs in ascending id order.
+std::vector<std::pair<SampleId, std::uint64_t>> by_ascending_id(std::uint64_t n, auto&& id_of) {
+  std::vector<std::pair<SampleId, std::uint64_t>> by_id(n);
+  for (std::uint64_t i = 0; i < n; ++i) by_id[i] = {id_of(i), i};
+  std::sort(by_id.begin(), by_id.end());
+  return by_id;
+}
+}  // namespace
+
 OwnerShard OwnerShard::build(const Catalog& dataset, const Ownership& ownership, std::uint32_t node,
                              std::uint64_t capacity, std::uint64_t seed) {
-  CatalogEntry entry;
-  return make(node, ownership.owned_count(node), dataset.sharded(), capacity, seed, [&](std::uint64_t local) {
-    const SampleId id = ownership.owned_at(node, local);
-    entry.size = dataset.sample_bytes(id);
-    entry.label = dataset.label(id);
-    entry.shard = dataset.shard(id);
-    entry.offset = dataset.offset(id);
-    entry.path.assign(dataset.sharded() ? std::string_view() : dataset.path(id));
-    return std::pair<SampleId, const CatalogEntry&>(id, entry);
+  const std::uint64_t n = ownership.owned_count(node);
+  const auto by_id = by_ascending_id(n, [&](std::uint64_t i) { return ownership.owned_at(node, i); });
+  return make(node, n, dataset.sharded(), capacity, seed, [&](std::uint64_t j) {
+    const auto [id, local] = by_id[j];
+    return ShareEntry{local, dataset.sample_bytes(id), dataset.label(id), dataset.shard(id), dataset.offset(id),
+                      dataset.sharded() ? std::string_view() : dataset.path(id)};
   });
 }
 
 OwnerShard OwnerShard::from_entries(const OwnerEntries& share, std::uint32_t node, std::uint64_t capacity,
                                     std::uint64_t seed) {
-  return make(node, share.entries.size(), !share.tables.shards.empty(), capacity, seed, [&](std::uint64_t local) {
-    return std::pair<SampleId, const CatalogEntry&>(share.ids[local], share.entries[local]);
+  const std::uint64_t n = share.entries.size();
+  const auto by_id = by_ascending_id(n, [&](std::uint64_t i) { return share.ids[i]; });
+  return make(node, n, !share.tables.shards.empty(), capacity, seed, [&](std::uint64_t j) {
+    const CatalogEntry& e = share.entries[by_id[j].second];
+    return ShareEntry{by_id[j].second, e.size, e.label, e.shard, e.offset, e.path};
   });
 }
 

@@ -138,6 +138,15 @@ class OwnerShard {
   std::uint64_t cold_samples_ = 0;
   std::uint64_t cached_bytes_ = 0;
 
+  // One sample of the share as the builder takes it (`path` must outlive the build).
+  struct ShareEntry {
+    std::uint64_t local = 0;
+    std::uint64_t size = 0;
+    std::int32_t label = 0;
+    std::uint32_t shard = 0;
+    std::uint64_t offset = 0;
+    std::string_view path;
+  };
   template <typename EntryOf>
   static OwnerShard make(std::uint32_t node, std::uint64_t n, bool sharded, std::uint64_t capacity,
                          std::uint64_t seed, EntryOf&& entry_of);
