@@ -702,7 +702,7 @@ Result<Catalog> Catalog::from_shard_entries(std::vector<std::string> shards, std
 std::string Catalog::location(SampleId id) const {
   if (path_offsets_.empty()) return fmt::format("synthetic:{}", id);
   if (!sharded_) return std::string(path(id));
-  return fmt::format("{}@{}", path(id), offsets_[id]);
+  return shard_sample_location(path(id), offsets_[id]);
 }
 
 std::size_t Catalog::file_table_bytes() const {
@@ -892,6 +892,14 @@ Result<ScanResult> scan_partition(const DatasetConfig& dataset, int rank, int nr
   return make_error(StatusCode::kInternal, "unknown dataset.format");
 }
 
+bool is_shard_format(DatasetFormat format) {
+  return format == DatasetFormat::kWebDataset || format == DatasetFormat::kTfRecord;
+}
+
+std::string shard_sample_location(std::string_view shard_path, std::uint64_t offset) {
+  return fmt::format("{}@{}", shard_path, offset);
+}
+
 Status empty_dataset_error(const DatasetConfig& dataset, std::uint64_t invalid_samples, std::uint64_t invalid_shards) {
   return make_error(StatusCode::kNotFound, "dataset.path '{}' holds no {}samples (dataset.format = \"{}\"){}",
                     dataset.path, invalid_samples + invalid_shards > 0 ? "valid " : "",
@@ -910,7 +918,7 @@ Status sample_too_large_error(const DatasetConfig& dataset, std::string_view loc
 }
 
 Result<Catalog> merge_scans(const DatasetConfig& dataset, std::vector<ScanResult> parts) {
-  const bool sharded = dataset.format == DatasetFormat::kWebDataset || dataset.format == DatasetFormat::kTfRecord;
+  const bool sharded = is_shard_format(dataset.format);
   std::vector<std::string> class_names;
   std::size_t total = 0;
   std::uint64_t invalid_samples = 0, invalid_shards = 0;

@@ -185,6 +185,12 @@ Result<ScanResult> deserialize_scan(std::span<const std::uint8_t> bytes);
 // .tfrecord, .tfrecords), else the directory holding the shards.
 std::string sample_file_path(const DatasetConfig& dataset, std::string_view relative_path);
 
+// True for the shard formats (webdataset, tfrecord): samples at offsets inside shard files.
+bool is_shard_format(DatasetFormat format);
+// How a shard format's sample is named in messages and traces: "<shard path>@<offset>"
+// (docs/decisions/0018); Catalog::location uses it.
+std::string shard_sample_location(std::string_view shard_path, std::uint64_t offset);
+
 // True when `name` ends in the shard format's extension (.tar; .tfrecord, .tfrecords).
 bool has_shard_extension(DatasetFormat format, std::string_view name);
 

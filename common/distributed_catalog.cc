@@ -16,10 +16,6 @@
 namespace shardmix {
 namespace {
 
-bool is_sharded(const DatasetConfig& dataset) {
-  return dataset.format == DatasetFormat::kWebDataset || dataset.format == DatasetFormat::kTfRecord;
-}
-
 // The catalog's canonical order (Catalog::from_entries, from_shard_entries): label first,
 // then the path bytewise (whole-file formats) or the canonical shard and offset (shard
 // formats, whose entries carry no path).
@@ -186,7 +182,7 @@ Status check_slice(const DatasetConfig& dataset, const std::vector<CatalogEntry>
       return make_error(StatusCode::kInvalidArgument, "duplicate sample path '{}' in the dataset", e.path);
     }
     if (e.size > dataset.max_sample_bytes) {
-      return sample_too_large_error(dataset, sharded ? fmt::format("{}@{}", shards[e.shard], e.offset) : e.path,
+      return sample_too_large_error(dataset, sharded ? shard_sample_location(shards[e.shard], e.offset) : e.path,
                                     e.size);
     }
   }
@@ -196,7 +192,7 @@ Status check_slice(const DatasetConfig& dataset, const std::vector<CatalogEntry>
 }  // namespace
 
 Result<CatalogSlice> sort_scans(const DatasetConfig& dataset, ScanResult mine, Collectives& group) {
-  const bool sharded = is_sharded(dataset);
+  const bool sharded = is_shard_format(dataset.format);
   const auto ranks = static_cast<std::size_t>(group.size());
   CatalogSlice slice;
   CatalogTables& tables = slice.tables;
