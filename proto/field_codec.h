@@ -224,4 +224,39 @@ std::size_t encoded_size(const Layout& m) {
   return sizer.bytes();
 }
 
+// A daemon-to-daemon layout's envelope, magic u32 then version u16, followed by the
+// layout's fields (the start-up entry batches, the per-plan directory messages).
+// Written in place after sizing: appending to an empty vector trips gcc 12's
+// -Wstringop-overflow (a false positive of its inlined insert).
+template <typename Layout>
+std::vector<std::uint8_t> encode_enveloped(std::uint32_t magic, std::uint16_t version, const Layout& m) {
+  constexpr std::size_t kHead = sizeof(magic) + sizeof(version);
+  std::vector<std::uint8_t> out(kHead);
+  std::memcpy(out.data(), &magic, sizeof(magic));
+  std::memcpy(out.data() + sizeof(magic), &version, sizeof(version));
+  out.reserve(kHead + encoded_size(m));
+  FieldWriter w(out);
+  Layout::fields(m, w);
+  return out;
+}
+
+// Reads the envelope and the fields into `m`. Empty on success, else what is wrong, named
+// by the reader's `what`: a bad magic ("not a ShardMix <kind>"), another version, a field
+// that does not fit, trailing bytes.
+template <typename Layout>
+std::string decode_enveloped(FieldReader& r, std::uint32_t magic, std::uint16_t version, std::string_view what,
+                             std::string_view kind, Layout& m) {
+  std::uint32_t got_magic = 0;
+  std::uint16_t got_version = 0;
+  if (!r.get(got_magic, "magic")) return r.error();
+  if (got_magic != magic) return std::string(what) + ": bad magic (not a ShardMix " + std::string(kind) + ")";
+  if (!r.get(got_version, "version")) return r.error();
+  if (got_version != version) {
+    return std::string(what) + ": version " + std::to_string(got_version) + ", this daemon reads version " +
+           std::to_string(version);
+  }
+  Layout::fields(m, r);
+  return r.finish();
+}
+
 }  // namespace shardmix::proto
