@@ -32,8 +32,8 @@ class ResolvedPlanDirectory : public PlanDirectory {
 
 }  // namespace
 
-std::unique_ptr<const PlanDirectory> GlobalDirectory::resolve(std::span<const SampleId> /*order*/) const {
-  return std::make_unique<GlobalPlanDirectory>(*this);
+Result<std::unique_ptr<const PlanDirectory>> GlobalDirectory::resolve(std::span<const SampleId> /*order*/) const {
+  return std::unique_ptr<const PlanDirectory>(std::make_unique<GlobalPlanDirectory>(*this));
 }
 
 DirectoryBytes GlobalDirectory::memory_bytes() const {
@@ -131,10 +131,32 @@ std::uint64_t OwnerShard::memory_bytes() const {
          vector_bytes(shard_) + vector_bytes(offset_) + paths_.capacity() + vector_bytes(path_offsets_);
 }
 
-void InProcessExchange::describe(std::uint32_t owner, std::span<const std::uint64_t> local,
-                                 std::span<SampleInfo> out) const {
-  const OwnerShard& shard = shards_[owner];
-  for (std::size_t i = 0; i < local.size(); ++i) out[i] = shard.at(local[i]);
+Status describe_from(const OwnerShard& shard, std::span<const std::uint64_t> local, std::span<SampleInfo> out,
+                     std::string_view asker) {
+  if (out.size() != local.size()) {
+    return make_error(StatusCode::kInternal, "{} asked for {} entries with room for {}", asker, local.size(),
+                      out.size());
+  }
+  for (std::size_t i = 0; i < local.size(); ++i) {
+    if (local[i] >= shard.size()) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "{} asked for index {} (request entry {}) of a share of {} samples", asker, local[i], i,
+                        shard.size());
+    }
+    out[i] = shard.at(local[i]);
+  }
+  return Status::ok_status();
+}
+
+Status InProcessExchange::describe(std::span<const DescribeRequest> requests) const {
+  for (const DescribeRequest& r : requests) {
+    if (r.owner >= shards_.size()) {
+      return make_error(StatusCode::kInternal, "no owner {} among {} nodes", r.owner, shards_.size());
+    }
+    Status s = describe_from(shards_[r.owner], r.local, r.out, "an in-process reader");
+    if (!s.ok()) return s.with_context(fmt::format("owner node {}", r.owner));
+  }
+  return Status::ok_status();
 }
 
 ShardedDirectory::ShardedDirectory(std::uint32_t node, const Ownership& ownership, const OwnerShard& own,
@@ -149,34 +171,41 @@ ShardedDirectory::ShardedDirectory(std::uint32_t node, const Ownership& ownershi
   any_cold_ = std::any_of(cold_per_node_.begin(), cold_per_node_.end(), [](std::uint64_t c) { return c > 0; });
 }
 
-std::unique_ptr<const PlanDirectory> ShardedDirectory::resolve(std::span<const SampleId> order) const {
+Result<std::unique_ptr<const PlanDirectory>> ShardedDirectory::resolve(std::span<const SampleId> order) const {
   std::vector<SampleInfo> entries(order.size());
-  // Group the foreign samples by owner: one request per owner (a message or a read in a
-  // daemon), the node's own straight from its shard.
+  // Group the foreign samples by owner: one request per owner (a message in a daemon),
+  // all asked at once; the node's own entries come straight from its shard.
   std::vector<Ownership::Share> where(order.size());
   for (std::size_t p = 0; p < order.size(); ++p) where[p] = ownership_.locate(order[p]);
   std::vector<std::uint32_t> by_owner(order.size());
   std::iota(by_owner.begin(), by_owner.end(), std::uint32_t{0});
   std::stable_sort(by_owner.begin(), by_owner.end(),
                    [&](std::uint32_t a, std::uint32_t b) { return where[a].node < where[b].node; });
-  std::vector<std::uint64_t> local;
-  std::vector<SampleInfo> answer;
+  // by_owner's order throughout: local[j] and answer[j] belong to plan position by_owner[j].
+  std::vector<std::uint64_t> local(order.size());
+  std::vector<SampleInfo> answer(order.size());
+  for (std::size_t j = 0; j < by_owner.size(); ++j) local[j] = where[by_owner[j]].index;
+  std::vector<DescribeRequest> requests;
   for (std::size_t begin = 0; begin < by_owner.size();) {
     const std::uint32_t owner = where[by_owner[begin]].node;
     std::size_t end = begin;
     while (end < by_owner.size() && where[by_owner[end]].node == owner) ++end;
+    const std::span<const std::uint64_t> asked(local.data() + begin, end - begin);
+    const std::span<SampleInfo> out(answer.data() + begin, end - begin);
     if (owner == node_) {
-      for (std::size_t i = begin; i < end; ++i) entries[by_owner[i]] = own_.at(where[by_owner[i]].index);
+      Status s = describe_from(own_, asked, out, "this node");
+      if (!s.ok()) return s;
     } else {
-      local.resize(end - begin);
-      answer.resize(end - begin);
-      for (std::size_t i = begin; i < end; ++i) local[i - begin] = where[by_owner[i]].index;
-      exchange_.describe(owner, local, answer);
-      for (std::size_t i = begin; i < end; ++i) entries[by_owner[i]] = answer[i - begin];
+      requests.push_back(DescribeRequest{owner, asked, out});
     }
     begin = end;
   }
-  return std::make_unique<ResolvedPlanDirectory>(std::move(entries));
+  if (!requests.empty()) {
+    Status s = exchange_.describe(requests);
+    if (!s.ok()) return s.with_context(fmt::format("resolving a plan of {} samples on node {}", order.size(), node_));
+  }
+  for (std::size_t j = 0; j < by_owner.size(); ++j) entries[by_owner[j]] = answer[j];
+  return std::unique_ptr<const PlanDirectory>(std::make_unique<ResolvedPlanDirectory>(std::move(entries)));
 }
 
 DirectoryBytes ShardedDirectory::memory_bytes() const {

@@ -9,9 +9,9 @@
 //    count); the entries of a plan's samples owned elsewhere are asked of their owners once
 //    per plan, through a DirectoryExchange. Needs dataset.placement = spread, so that
 //    "whose share is sample s, and at which index" is a function of s. The simulator runs it
-//    (its exchange calls the owners' shards in-process); a daemon transport for the
-//    exchange (one request per owner per plan, over the fabric or the control plane) is
-//    the next step.
+//    (its exchange calls the owners' shards in-process); the daemons' exchange is a request
+//    and an answer per owner per plan over the control plane (control/directory_exchange.h,
+//    docs/decisions/0062).
 // A plan is resolved once, before its first batch is staged, into a PlanDirectory that the
 // scheduler reads by plan position; the global form keeps no copy, the sharded one holds
 // one SampleInfo per planned sample (24 bytes) while the plan is alive.
@@ -28,6 +28,7 @@
 
 #include "common/catalog.h"
 #include "common/distributed_catalog.h"
+#include "common/status.h"
 #include "common/ownership.h"
 #include "common/placement.h"
 
@@ -62,8 +63,9 @@ struct DirectoryBytes {
 class SampleDirectory {
  public:
   virtual ~SampleDirectory() = default;
-  // Where the samples of `order` (one trainer's plan of one epoch) are.
-  virtual std::unique_ptr<const PlanDirectory> resolve(std::span<const SampleId> order) const = 0;
+  // Where the samples of `order` (one trainer's plan of one epoch) are. Fails only when an
+  // owner could not be asked (the sharded form over a transport), naming it.
+  virtual Result<std::unique_ptr<const PlanDirectory>> resolve(std::span<const SampleId> order) const = 0;
   // True when some node's share does not fit its arena (there are cold samples anywhere).
   virtual bool has_cold_samples() const = 0;
   virtual DirectoryBytes memory_bytes() const = 0;
@@ -74,7 +76,7 @@ class GlobalDirectory : public SampleDirectory {
  public:
   // Both must outlive the directory (they are referenced).
   GlobalDirectory(const Catalog& catalog, const Placement& placement) : catalog_(catalog), placement_(placement) {}
-  std::unique_ptr<const PlanDirectory> resolve(std::span<const SampleId> order) const override;
+  Result<std::unique_ptr<const PlanDirectory>> resolve(std::span<const SampleId> order) const override;
   bool has_cold_samples() const override { return placement_.total_cold_samples() > 0; }
   DirectoryBytes memory_bytes() const override;
 
@@ -152,19 +154,34 @@ class OwnerShard {
                          std::uint64_t seed, EntryOf&& entry_of);
 };
 
-// How a node asks owners for the entries of samples they own: `local[i]` is an index in
-// `owner`'s share; out[i] receives its entry. One call per (plan, owner).
+// One owner's part of a plan: `local[i]` is an index in `owner`'s share; out[i] receives
+// its entry (out.size() == local.size()).
+struct DescribeRequest {
+  std::uint32_t owner = 0;
+  std::span<const std::uint64_t> local;
+  std::span<SampleInfo> out;
+};
+
+// How a node asks owners for the entries of samples they own. One call per plan, with one
+// request per owner, so that a transport can ask every owner at once and wait once.
+// Returns the first owner that could not answer (unreachable, dead, or an index outside its
+// share), naming it; `out` is then unspecified.
 class DirectoryExchange {
  public:
   virtual ~DirectoryExchange() = default;
-  virtual void describe(std::uint32_t owner, std::span<const std::uint64_t> local, std::span<SampleInfo> out) const = 0;
+  virtual Status describe(std::span<const DescribeRequest> requests) const = 0;
 };
+
+// An owner's answer from its shard: out[i] = shard.at(local[i]), or an error naming
+// `asker` and the first index outside the share. Every exchange answers through it.
+Status describe_from(const OwnerShard& shard, std::span<const std::uint64_t> local, std::span<SampleInfo> out,
+                     std::string_view asker);
 
 // An exchange inside one process: the owners' shards are at hand (the simulator's).
 class InProcessExchange : public DirectoryExchange {
  public:
   explicit InProcessExchange(const std::vector<OwnerShard>& shards) : shards_(shards) {}
-  void describe(std::uint32_t owner, std::span<const std::uint64_t> local, std::span<SampleInfo> out) const override;
+  Status describe(std::span<const DescribeRequest> requests) const override;
 
  private:
   const std::vector<OwnerShard>& shards_;
@@ -179,7 +196,7 @@ class ShardedDirectory : public SampleDirectory {
   ShardedDirectory(std::uint32_t node, const Ownership& ownership, const OwnerShard& own,
                    const DirectoryExchange& exchange, std::vector<std::uint64_t> cold_per_node,
                    std::uint64_t file_table_bytes);
-  std::unique_ptr<const PlanDirectory> resolve(std::span<const SampleId> order) const override;
+  Result<std::unique_ptr<const PlanDirectory>> resolve(std::span<const SampleId> order) const override;
   bool has_cold_samples() const override { return any_cold_; }
   DirectoryBytes memory_bytes() const override;
 

@@ -45,7 +45,15 @@ std::shared_ptr<TrainerScheduler::Pass> TrainerScheduler::new_pass(std::uint64_t
 
 void TrainerScheduler::set_plan(Pass& pass, TrainerPlan plan) const {
   pass.plan = std::move(plan);
-  pass.where = context_.directory->resolve(pass.plan.order);
+  auto where = context_.directory->resolve(pass.plan.order);
+  if (where.ok()) {
+    pass.where = std::move(*where);
+    return;
+  }
+  // An owner could not be asked where the plan's samples are: nothing of this pass can be
+  // staged. It fails the trainer when it is (or becomes) the current pass, like a fetch error.
+  pass.error = where.status();
+  pass.error_position = 0;
 }
 
 std::uint64_t TrainerScheduler::metadata_bytes() const {
@@ -215,7 +223,7 @@ void TrainerScheduler::pump() {
       if (pass->next_to_stage >= pass->plan.num_batches()) {
         if (!ahead_) ahead_ = new_pass(current_->epoch + 1);
         pass = ahead_;
-        if (pass->next_to_stage >= pass->plan.num_batches()) break;
+        if (!pass->error.ok() || pass->next_to_stage >= pass->plan.num_batches()) break;
       }
       const std::uint64_t b = pass->next_to_stage;
       const std::uint64_t length = pass->plan.batch_begin[b + 1] - pass->plan.batch_begin[b];

@@ -256,7 +256,7 @@ class TrainerScheduler : public std::enable_shared_from_this<TrainerScheduler> {
     // Cache rotation: each in-flight peer read group (fetch_seq) holds the pins of the arena
     // views it reads under, until it completes (ResidencyTable).
     std::map<std::uint64_t, std::vector<std::shared_ptr<const int>>> read_pins;
-    Status error;                     // first fetch error
+    Status error;                     // first fetch error, or why the plan could not be resolved
     std::uint64_t error_position = 0;
     // Skipped (unreadable) positions and their errors, reported (on_skipped) when their
     // placeholders are delivered: a pass read ahead and then abandoned reports none.

@@ -20,6 +20,7 @@
 #include "common/ownership.h"
 #include "common/sample_directory.h"
 #include "proto/catalog_exchange.h"
+#include "proto/directory_exchange.h"
 
 namespace shardmix {
 namespace distributed_catalog_test {
@@ -279,6 +280,49 @@ TEST(EntryBatchWire, RoundTripsAndNamesWhatIsWrong) {
   proto::EntryBatch lying;
   const std::string mismatch = proto::decode_entry_batch(proto::encode_entry_batch(batch), "daemon rank 1", lying);
   EXPECT_NE(mismatch.find("path lengths add up to 12 bytes, the paths hold 18"), std::string::npos) << mismatch;
+}
+
+// The per-plan directory layouts (decision 0062) round-trip, and a damaged or mismatched
+// message is an error naming the sender and what is wrong.
+TEST(DirectoryExchangeWire, RoundTripsAndNamesWhatIsWrong) {
+  proto::DirectoryAsk ask;
+  ask.request = 12;
+  ask.indices = {4, 0, 9};
+  proto::DirectoryAsk ask_back;
+  ASSERT_EQ(proto::decode_directory_ask(proto::encode_directory_ask(ask), "daemon rank 2", ask_back), "");
+  EXPECT_EQ(ask_back.request, 12u);
+  EXPECT_EQ(ask_back.indices, ask.indices);
+
+  proto::DirectoryAnswer answer;
+  answer.request = 12;
+  answer.bytes = {10, 20, 30};
+  answer.arena_offset = {0, kNotResident, 64};
+  answer.labels = {2, 0, 1};
+  const std::vector<std::uint8_t> bytes = proto::encode_directory_answer(answer);
+  proto::DirectoryAnswer back;
+  ASSERT_EQ(proto::decode_directory_answer(bytes, "daemon rank 1", back), "");
+  EXPECT_EQ(back.arena_offset, answer.arena_offset);
+  EXPECT_EQ(back.labels, answer.labels);
+
+  proto::DirectoryAnswer cut;
+  const std::string truncated = proto::decode_directory_answer(std::span(bytes).first(bytes.size() - 3), "daemon rank 1", cut);
+  EXPECT_NE(truncated.find("directory answer from daemon rank 1: field 'error'"), std::string::npos) << truncated;
+  proto::DirectoryAsk not_an_ask;
+  const std::string magic = proto::decode_directory_ask(bytes, "daemon rank 1", not_an_ask);
+  EXPECT_NE(magic.find("bad magic (not a ShardMix directory request)"), std::string::npos) << magic;
+
+  answer.labels[1] = -4;
+  proto::DirectoryAnswer negative;
+  const std::string label = proto::decode_directory_answer(proto::encode_directory_answer(answer), "daemon rank 3", negative);
+  EXPECT_NE(label.find("entry 1 of request 12 has negative label -4"), std::string::npos) << label;
+
+  // An error too long for the layout is cut to fit, not refused.
+  proto::DirectoryAnswer refused;
+  refused.request = 13;
+  refused.error = std::string(proto::kMaxDirectoryErrorBytes + 100, 'e');
+  proto::DirectoryAnswer refused_back;
+  ASSERT_EQ(proto::decode_directory_answer(proto::encode_directory_answer(refused), "daemon rank 3", refused_back), "");
+  EXPECT_EQ(refused_back.error.size(), proto::kMaxDirectoryErrorBytes);
 }
 
 }  // namespace distributed_catalog_test

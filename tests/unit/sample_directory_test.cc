@@ -127,9 +127,11 @@ RC_GTEST_PROP(ShardedDirectory, TellsTheSchedulerWhatTheGlobalDirectoryTells, ()
       RC_ASSERT(plans[t].order == tabulated[t].order);
       const auto resolved = directory.resolve(plans[t].order);
       const auto looked_up = global.resolve(plans[t].order);
+      RC_ASSERT(resolved.ok());
+      RC_ASSERT(looked_up.ok());
       for (std::uint64_t i = 0; i < plans[t].order.size(); ++i) {
         const SampleId id = plans[t].order[i];
-        RC_ASSERT(same(resolved->at(i, id), looked_up->at(i, id)));
+        RC_ASSERT(same((*resolved)->at(i, id), (*looked_up)->at(i, id)));
       }
     }
     // What the node holds: its shard and O(P) tables, never the other shards.
@@ -139,8 +141,6 @@ RC_GTEST_PROP(ShardedDirectory, TellsTheSchedulerWhatTheGlobalDirectoryTells, ()
   }
 }
 
-// The figure the issue is about: at a fixed dataset, a node's owner-side metadata shrinks as
-// nodes are added, while the global directory's does not.
 // A resident sample whose bytes could not be loaded (decision 0058): cold from then on, in
 // the placement's lists and counts and in what the directory tells the scheduler.
 TEST(MakeCold, AResidentSampleLeavesItsOwnersArenaAndNothingElseMoves) {
@@ -175,6 +175,38 @@ TEST(MakeCold, AResidentSampleLeavesItsOwnersArenaAndNothingElseMoves) {
   }
 }
 
+// An owner answers only for its share: an index past it is an error naming who asked and
+// the index, and a reader's plan then fails with that error instead of reading garbage.
+TEST(ShardedDirectory, AnIndexOutsideTheOwnersShareIsAnErrorNamingTheAsker) {
+  DirectoryCase c;
+  c.sizes = {100, 200, 300, 400, 500, 600};
+  c.job.nodes = 2;
+  const Catalog catalog = catalog_of(c);
+  const PlanShape shape = make_plan_shape(c.sizes.size(), c.job);
+  const Ownership ownership = Ownership::spread(c.sizes.size(), shape.node_owned, 1);
+  const OwnerShard shard = OwnerShard::build(catalog, ownership, 1, kNoCapacityLimit, 1);
+  std::vector<SampleInfo> out(2);
+  const std::vector<std::uint64_t> fine{0, shard.size() - 1};
+  ASSERT_TRUE(describe_from(shard, fine, out, "daemon rank 0").ok());
+  EXPECT_EQ(out[1].bytes, shard.at(shard.size() - 1).bytes);
+  const std::vector<std::uint64_t> past{0, shard.size()};
+  const Status s = describe_from(shard, past, out, "daemon rank 0");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("daemon rank 0"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(fmt::format("index {}", shard.size())), std::string::npos) << s.message();
+  // Through a directory: node 0 asks an exchange that knows only one shard for node 1's.
+  const std::vector<OwnerShard> only_node0{OwnerShard::build(catalog, ownership, 0, kNoCapacityLimit, 1)};
+  const InProcessExchange exchange(only_node0);
+  const ShardedDirectory directory(0, ownership, only_node0[0], exchange, {0, 0}, 0);
+  std::vector<SampleId> all(c.sizes.size());
+  std::iota(all.begin(), all.end(), SampleId{0});
+  const auto resolved = directory.resolve(all);
+  ASSERT_FALSE(resolved.ok());
+  EXPECT_NE(resolved.status().message().find("owner 1"), std::string::npos) << resolved.status().message();
+}
+
+// The figure the issue is about: at a fixed dataset, a node's owner-side metadata shrinks as
+// nodes are added, while the global directory's does not.
 TEST(ShardedDirectory, PerNodeBytesFallWithTheNodeCount) {
   constexpr std::size_t kSamples = 200000;
   DirectoryCase c;

@@ -215,6 +215,47 @@ TEST(TrainerScheduler, WorksAheadAcrossTheEpochBoundaryAndAdoptsIt) {
   EXPECT_EQ(sink.ends.back().samples, e1.size());
 }
 
+// A directory that answers like the world's until its `fail_from`-th resolve (counting
+// from 0), then fails as an owner-side exchange does when an owner cannot be asked.
+struct FailingDirectory : SampleDirectory {
+  const SampleDirectory& inner;
+  int fail_from;
+  mutable int calls = 0;
+  FailingDirectory(const SampleDirectory& d, int from) : inner(d), fail_from(from) {}
+  Result<std::unique_ptr<const PlanDirectory>> resolve(std::span<const SampleId> order) const override {
+    if (calls++ >= fail_from) return make_error(StatusCode::kUnavailable, "owner daemon rank 1 did not answer");
+    return inner.resolve(order);
+  }
+  bool has_cold_samples() const override { return inner.has_cold_samples(); }
+  DirectoryBytes memory_bytes() const override { return inner.memory_bytes(); }
+};
+
+TEST(TrainerScheduler, APlanThatCannotBeResolvedFailsItsEpochOnlyAndNamesTheOwner) {
+  World w(300, 4, 8, 4);
+  const FailingDirectory failing(*w.directory, 1);  // epoch 0 resolves, the epoch read ahead does not
+  w.context.directory = &failing;
+  Rig rig(w);
+  auto& [ring_ptr, fetcher, sink, scheduler] = rig;
+  scheduler->start_epoch(0, 1);
+  std::vector<SampleId> e0;
+  drain(*scheduler, fetcher, sink, 1, 0, 0, e0);
+  // Epoch 0 is whole and ends normally although epoch 1's plan failed while it was served.
+  EXPECT_EQ(e0, w.planner->plan_node(0, 0)[0].order);
+  ASSERT_EQ(sink.ends.size(), 1u);
+  EXPECT_TRUE(sink.errors.empty());
+  EXPECT_EQ(failing.calls, 2);
+  EXPECT_EQ(scheduler->staged_samples(), 0u);  // nothing of the failed plan was staged
+  // Asking for epoch 1 reports the failure, naming the owner, and sends no batch of it.
+  const std::size_t sent_before = sink.batches.size();
+  scheduler->start_epoch(1, 2);
+  fetcher.complete_all();
+  ASSERT_EQ(sink.errors.size(), 1u);
+  EXPECT_NE(sink.errors[0].message().find("owner daemon rank 1"), std::string::npos) << sink.errors[0].message();
+  EXPECT_NE(sink.errors[0].message().find("epoch 1"), std::string::npos) << sink.errors[0].message();
+  EXPECT_EQ(sink.batches.size(), sent_before);
+  rig.close_and_expect_staging_free();
+}
+
 TEST(TrainerScheduler, DiscardsAheadWorkWhenAnotherEpochIsAsked) {
   World w(300, 4, 8, 4);
   Rig rig(w);

@@ -1,0 +1,91 @@
+// Fuzz target: the daemon-to-daemon metadata layouts of owner-side metadata, which a daemon
+// reads from its peers over the control plane: the start-up entry batch
+// (proto/catalog_exchange.h) and the per-plan directory ask and answer
+// (proto/directory_exchange.h). Every input goes through all three decoders.
+//
+// Checks beyond "no crash, no UB": a failure names the sending rank; a decoded value
+// re-encodes to exactly the input (one encoding per value) and keeps the invariants its
+// decoder promises (path lengths add up, no negative label, an answer with an error has
+// no entries).
+#include <numeric>
+#include <string>
+
+#include "proto/catalog_exchange.h"
+#include "proto/directory_exchange.h"
+#include "tests/fuzz/fuzz.h"
+
+using namespace shardmix;
+using Span = std::span<const std::uint8_t>;
+
+namespace {
+
+void check_named(const std::string& err) {
+  FUZZ_CHECK(err.find("daemon rank 5") != std::string::npos, "error does not name the sender: " + err);
+}
+
+void entry_batch(Span input) {
+  proto::EntryBatch batch;
+  const std::string err = proto::decode_entry_batch(input, "daemon rank 5", batch);
+  if (!err.empty()) return check_named(err);
+  const std::uint64_t path_bytes = std::accumulate(batch.path_bytes.begin(), batch.path_bytes.end(), std::uint64_t{0});
+  FUZZ_CHECK(path_bytes == batch.paths.size(), "path lengths do not add up");
+  for (std::int32_t label : batch.labels) FUZZ_CHECK(label >= 0, "negative label accepted");
+  FUZZ_CHECK(proto::encode_entry_batch(batch) == std::vector<std::uint8_t>(input.begin(), input.end()),
+             "entry batch: encode(decode(x)) != x");
+}
+
+void directory_ask(Span input) {
+  proto::DirectoryAsk ask;
+  const std::string err = proto::decode_directory_ask(input, "daemon rank 5", ask);
+  if (!err.empty()) return check_named(err);
+  FUZZ_CHECK(proto::encode_directory_ask(ask) == std::vector<std::uint8_t>(input.begin(), input.end()),
+             "directory ask: encode(decode(x)) != x");
+}
+
+void directory_answer(Span input) {
+  proto::DirectoryAnswer answer;
+  const std::string err = proto::decode_directory_answer(input, "daemon rank 5", answer);
+  if (!err.empty()) return check_named(err);
+  FUZZ_CHECK(answer.error.empty() || answer.size() == 0, "an answer with an error carries entries");
+  for (std::int32_t label : answer.labels) FUZZ_CHECK(label >= 0, "negative label accepted");
+  FUZZ_CHECK(proto::encode_directory_answer(answer) == std::vector<std::uint8_t>(input.begin(), input.end()),
+             "directory answer: encode(decode(x)) != x");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const Span input(data, size);
+  entry_batch(input);
+  directory_ask(input);
+  directory_answer(input);
+  return 0;
+}
+
+namespace shardmix::fuzz {
+
+Seeds seeds() {
+  proto::EntryBatch files;
+  files.add(3, 100, 0, 0, "dog/1.jpg", 7);
+  files.add(4, 200, 0, 0, "emu/2.jpg", 8);
+  proto::EntryBatch shards;
+  shards.add(0, 4096, 2, 512, "", 1);
+  proto::DirectoryAsk ask;
+  ask.request = 9;
+  ask.indices = {0, 5, 17};
+  proto::DirectoryAnswer answer;
+  answer.request = 9;
+  answer.bytes = {100, 200, 300};
+  answer.arena_offset = {0, ~std::uint64_t{0}, 4096};
+  answer.labels = {1, 0, 2};
+  proto::DirectoryAnswer refused;
+  refused.request = 10;
+  refused.error = "owner daemon rank 2: daemon rank 0 asked for index 99 (request entry 0) of a share of 10 samples";
+  return {{"entries-files", proto::encode_entry_batch(files)},
+          {"entries-shards", proto::encode_entry_batch(shards)},
+          {"ask", proto::encode_directory_ask(ask)},
+          {"answer", proto::encode_directory_answer(answer)},
+          {"answer-error", proto::encode_directory_answer(refused)}};
+}
+
+}  // namespace shardmix::fuzz
