@@ -94,21 +94,29 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
                                      const DatasetConfig& dataset, std::uint32_t threads, std::uint8_t* arena,
                                      const LoadProgress& progress, const std::function<bool()>& cancelled,
                                      std::chrono::microseconds per_sample_delay, ShardFileCache* open_shards) {
-  std::vector<SampleId> owned = placement.cached[node];
-  if (catalog.sharded()) {
-    std::sort(owned.begin(), owned.end(),
-              [&catalog](SampleId a, SampleId b) { return before_in_storage(catalog, a, b); });
-  }
   // Only the resident samples: cold ones are read from storage when a trainer needs them.
-  const std::uint64_t total_bytes = placement.cached_bytes[node];
+  std::vector<std::pair<SampleId, std::uint64_t>> targets;
+  targets.reserve(placement.cached[node].size());
+  for (const SampleId id : placement.cached[node]) targets.emplace_back(id, placement.arena_offset[id]);
+  return load_samples(catalog, std::move(targets), node, dataset, threads, arena, progress, cancelled,
+                      per_sample_delay, open_shards);
+}
+
+Result<LoadStats> load_samples(const Catalog& catalog, std::vector<std::pair<SampleId, std::uint64_t>> targets,
+                               std::uint32_t node, const DatasetConfig& dataset, std::uint32_t threads,
+                               std::uint8_t* arena, const LoadProgress& progress, const std::function<bool()>& cancelled,
+                               std::chrono::microseconds per_sample_delay, ShardFileCache* open_shards) {
+  if (catalog.sharded()) {
+    std::sort(targets.begin(), targets.end(),
+              [&catalog](const auto& a, const auto& b) { return before_in_storage(catalog, a.first, b.first); });
+  }
+  std::uint64_t total_bytes = 0;
+  for (const auto& [id, offset] : targets) total_bytes += catalog.sample_bytes(id);
   if (is_s3_path(dataset.path)) {
-    std::vector<std::pair<SampleId, std::uint64_t>> targets;
-    targets.reserve(owned.size());
-    for (const SampleId id : owned) targets.emplace_back(id, placement.arena_offset[id]);
     auto loaded = load_from_s3(catalog, dataset, targets, arena, [&](const LoadStats& so_far) {
-      if (progress) progress(so_far, owned.size(), total_bytes, false);
+      if (progress) progress(so_far, targets.size(), total_bytes, false);
     }, cancelled, !dataset.strict);
-    if (loaded.ok() && progress) progress(*loaded, owned.size(), total_bytes, true);
+    if (loaded.ok() && progress) progress(*loaded, targets.size(), total_bytes, true);
     return loaded;
   }
   auto log = log::get("loader");
@@ -123,10 +131,10 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
   auto worker = [&] {
     while (!failed.load(std::memory_order_relaxed)) {
       const std::size_t i = next.fetch_add(1);
-      if (i >= owned.size()) return;
-      const SampleId id = owned[i];
+      if (i >= targets.size()) return;
+      const auto [id, offset] = targets[i];
       const std::uint64_t size = catalog.sample_bytes(id);
-      Status s = read_sample(catalog, dataset, id, arena + placement.arena_offset[id], open_shards);
+      Status s = read_sample(catalog, dataset, id, arena + offset, open_shards);
       if (!s.ok()) {
         std::lock_guard lock(error_mutex);
         if (first_error.ok()) first_error = s;
@@ -139,18 +147,18 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
     }
   };
   std::vector<std::thread> pool;
-  const std::uint32_t n_threads = std::max<std::uint32_t>(1, std::min<std::uint64_t>(threads, owned.size()));
+  const std::uint32_t n_threads = std::max<std::uint32_t>(1, std::min<std::uint64_t>(threads, targets.size()));
   for (std::uint32_t t = 0; t < n_threads; ++t) pool.emplace_back(worker);
 
   // Progress: a line every 2 s while loading (the daemon's stderr is usually a log file).
   auto last_log = start;
-  while (loaded_samples.load() + 0 < owned.size() && !failed.load()) {
+  while (loaded_samples.load() + 0 < targets.size() && !failed.load()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     if (cancelled && cancelled()) {
       std::lock_guard lock(error_mutex);
       if (first_error.ok()) {
         first_error = make_error(StatusCode::kCancelled, "loading node {}'s samples: stopped after {} of {}", node,
-                                 loaded_samples.load(), owned.size());
+                                 loaded_samples.load(), targets.size());
       }
       failed = true;
       break;
@@ -158,7 +166,7 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
     const auto now = std::chrono::steady_clock::now();
     if (progress) {
       progress(LoadStats{loaded_samples.load(), loaded_bytes.load(), std::chrono::duration<double>(now - start).count()},
-               owned.size(), total_bytes, false);
+               targets.size(), total_bytes, false);
     }
     if (now - last_log >= std::chrono::seconds(2)) {
       last_log = now;
@@ -166,7 +174,7 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
       const double mbps = static_cast<double>(loaded_bytes.load()) / secs / 1e6;
       const double left = mbps > 0 ? static_cast<double>(total_bytes - loaded_bytes.load()) / 1e6 / mbps : 0.0;
       log->info("loading: {}/{} samples, {:.0f}/{:.0f} MB, {:.0f} MB/s, ETA {:.0f} s", loaded_samples.load(),
-                owned.size(), loaded_bytes.load() / 1e6, total_bytes / 1e6, mbps, left);
+                targets.size(), loaded_bytes.load() / 1e6, total_bytes / 1e6, mbps, left);
     }
   }
   for (auto& t : pool) t.join();
@@ -175,7 +183,7 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
   stats.samples = loaded_samples.load();
   stats.bytes = loaded_bytes.load();
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (progress) progress(stats, owned.size(), total_bytes, true);
+  if (progress) progress(stats, targets.size(), total_bytes, true);
   return stats;
 }
 

@@ -45,6 +45,15 @@ Result<LoadStats> load_owned_samples(const Catalog& catalog, const Placement& pl
                                      std::chrono::microseconds per_sample_delay = {},
                                      ShardFileCache* open_shards = nullptr);
 
+// The same for any (sample, arena offset) list, e.g. an owner-side node's resident share
+// (decision 0063), where `catalog` holds the share and ids are its local indices. `node`
+// names the node in messages.
+Result<LoadStats> load_samples(const Catalog& catalog, std::vector<std::pair<SampleId, std::uint64_t>> targets,
+                               std::uint32_t node, const DatasetConfig& dataset, std::uint32_t threads,
+                               std::uint8_t* arena, const LoadProgress& progress = {},
+                               const std::function<bool()>& cancelled = {},
+                               std::chrono::microseconds per_sample_delay = {}, ShardFileCache* open_shards = nullptr);
+
 // Cache rotation's reload (docs/decisions/0033): writes each (sample, offset) of `entering`
 // into `arena` with `threads` readers; the first error (naming file and offset) stops it.
 // `cancelled` is polled between samples (e.g. the daemon is stopping). No progress output:
