@@ -575,6 +575,34 @@ Result<Catalog> Catalog::from_entries(std::vector<CatalogEntry> entries, std::ve
   return c;
 }
 
+Catalog Catalog::of_share(const std::vector<std::string>& shards, std::span<const CatalogEntry> entries,
+                          std::vector<std::string> class_names) {
+  Catalog c;
+  c.sharded_ = !shards.empty();
+  c.path_offsets_.push_back(0);
+  if (c.sharded_) {
+    for (const std::string& shard : shards) {
+      c.paths_ += shard;
+      c.path_offsets_.push_back(c.paths_.size());
+    }
+  }
+  for (const CatalogEntry& e : entries) {
+    if (c.sharded_) {
+      c.shards_.push_back(e.shard);
+      c.offsets_.push_back(e.offset);
+    } else {
+      c.paths_ += e.path;
+      c.path_offsets_.push_back(c.paths_.size());
+    }
+    c.sizes_.push_back(e.size);
+    c.labels_.push_back(e.label);
+    c.total_bytes_ += e.size;
+    c.max_sample_bytes_ = std::max(c.max_sample_bytes_, e.size);
+  }
+  c.class_names_ = std::move(class_names);
+  return c;
+}
+
 Result<Catalog> Catalog::synthetic(std::vector<std::uint64_t> sizes, std::vector<std::int32_t> labels,
                                    std::uint64_t samples_per_shard) {
   if (sizes.size() != labels.size()) {

@@ -47,6 +47,13 @@ class Catalog {
   static Result<Catalog> from_shard_entries(std::vector<std::string> shards, std::vector<CatalogEntry> entries,
                                             std::vector<std::string> class_names);
 
+  // One node's share under owner-side metadata (decision 0063), for loading it: sample i is
+  // entries[i] (the share's local index), in the order given, not the canonical one, and
+  // nothing is checked again (sort_scans did). `shards`: the job's shard table for shard
+  // formats (entries index it), empty for whole-file formats (entries carry paths).
+  static Catalog of_share(const std::vector<std::string>& shards, std::span<const CatalogEntry> entries,
+                          std::vector<std::string> class_names);
+
   // A catalog without files (the simulator's synthetic dataset): sample i has sizes[i] and
   // labels[i]; labels must be non-negative and ascending (ids in label order, as a scan
   // assigns them). Compact: 12 bytes per sample, no paths; file_count() is 0, path() is

@@ -92,6 +92,7 @@ OwnerShard OwnerShard::make(std::uint32_t node, std::uint64_t n, bool sharded, s
     shard.cached_bytes_ += sizes[j];
   }
   shard.cold_samples_ = n - resident.size();
+  shard.arena_bytes_ = arena;
   return shard;
 }
 

@@ -116,6 +116,8 @@ class OwnerShard {
   std::uint64_t cold_samples() const { return cold_samples_; }
   std::uint64_t cached_bytes() const { return cached_bytes_; }
   std::uint64_t cached_samples() const { return size() - cold_samples_; }
+  // The owner's arena: the resident samples laid out as make_placement lays them out.
+  std::uint64_t arena_bytes() const { return arena_bytes_; }
   // Shard formats: the sample's shard (an index into the job's shard table) and byte offset.
   std::uint32_t shard(std::uint64_t local) const { return shard_.empty() ? 0 : shard_[local]; }
   std::uint64_t offset(std::uint64_t local) const { return offset_.empty() ? 0 : offset_[local]; }
@@ -139,6 +141,7 @@ class OwnerShard {
   std::vector<std::uint64_t> path_offsets_;  // size() + 1 entries, or none
   std::uint64_t cold_samples_ = 0;
   std::uint64_t cached_bytes_ = 0;
+  std::uint64_t arena_bytes_ = 0;
 
   // One sample of the share as the builder takes it (`path` must outlive the build).
   struct ShareEntry {

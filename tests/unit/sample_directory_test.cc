@@ -108,6 +108,7 @@ RC_GTEST_PROP(ShardedDirectory, TellsTheSchedulerWhatTheGlobalDirectoryTells, ()
     RC_ASSERT(shards[k].size() == p.owned[k].size());
     RC_ASSERT(shards[k].cold_samples() == p.cold_samples[k]);
     RC_ASSERT(shards[k].cached_bytes() == p.cached_bytes[k]);
+    RC_ASSERT(shards[k].arena_bytes() == p.arena_bytes[k]);
     cold.push_back(shards[k].cold_samples());
     for (std::uint64_t i = 0; i < shards[k].size(); ++i) {
       RC_ASSERT(same(shards[k].at(i), global.info(ownership.owned_at(k, i))));
