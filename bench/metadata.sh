@@ -9,7 +9,12 @@
 # ratio (the target: within 10%), the start-up phases, and writes
 # bench/results/metadata-latest.json.
 #
-#   bash bench/metadata.sh [--samples 10000000] [--out FILE.json]
+#   bash bench/metadata.sh [--samples 10000000] [--metadata global|owner] [--out FILE.json]
+# --metadata owner: both sides run owner-side metadata (decision 0063): the daemons with
+# dataset.placement = spread and dataset.metadata = owner, the simulator with spread; each
+# node then holds its own share's entries and O(P) tables. Default global (every node the
+# whole catalog and placement); the result file is metadata-latest.json or
+# metadata-owner-latest.json.
 # The dataset is generated once under $SHARDMIX_BENCH_DIR (default /tmp/shardmix-bench;
 # 10 M samples take ~0.7 GB and ~25 s) and reused. Memory: each daemon holds the global
 # catalog and placement (~45 bytes a sample), the simulator once more.
@@ -17,26 +22,36 @@ set -euo pipefail
 # shellcheck source=bench/lib.sh
 source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
-samples=10000000 per_shard=65536 median_kib=0.0625 sigma=0.3 nodes=4 batch=32
-out=$repo/bench/results/metadata-latest.json
-bench_parse_args samples out -- "$@"
+samples=10000000 per_shard=65536 median_kib=0.0625 sigma=0.3 nodes=4 batch=32 metadata=global out=
+bench_parse_args samples metadata out -- "$@"
 bench_check_positive_ints samples
+case $metadata in
+  global) placement=() ;;
+  owner) placement=(dataset.placement=spread dataset.metadata=owner) ;;
+  *) sm_die "--metadata must be global or owner, got '$metadata'" 2 ;;
+esac
+if [[ -z $out ]]; then
+  out=$repo/bench/results/metadata-latest.json
+  [[ $metadata == global ]] || out=$repo/bench/results/metadata-$metadata-latest.json
+fi
 bench_require_built server/shardmixd tools/shardmix-consume tools/shardmix-gen sim/shardmix-sim
 bench_workdir metadata
 data=$data_root/metadata-$samples-tfrecord
 bench_dataset "$data" --samples "$samples" --classes 1000 --median-kib "$median_kib" --sigma "$sigma" \
   --format tfrecord --samples-per-shard "$per_shard"
 sm_write_config "$work/c.toml" dataset.path="$data" dataset.format=tfrecord batch.size="$batch" \
-  shuffle.exchange_fraction=1 fabric.provider=tcp log.level=info
+  shuffle.exchange_fraction=1 fabric.provider=tcp log.level=info "${placement[@]}"
 loadavg=$(bench_loadavg)
 echo "== real job: $nodes daemons + $nodes trainers, $samples samples, one epoch (load average $loadavg)"
 bench_launch_or_die "$work/t.txt" "$work/d.log" --nodes "$nodes" --config "$work/c.toml" -- \
   "$build/tools/shardmix-consume" --epochs 1 --touch none
-echo "== simulator: the same job"
+echo "== simulator: the same job (dataset.metadata = $metadata)"
+sim_placement=()
+[[ $metadata == global ]] || sim_placement=(--set dataset.placement=spread)
 "$build/sim/shardmix-sim" --nodes "$nodes" --trainers-per-node 1 --samples "$samples" --median-kib "$median_kib" \
   --epochs 1 --set "batch.size=$batch" --set shuffle.exchange_fraction=1 --set "sim.size_sigma=$sigma" \
-  --set "sim.samples_per_shard=$per_shard" --json >"$work/sim.json"
-PYTHONPATH=$bench_dir python3 - "$work/d.log" "$work/sim.json" "$out" "$samples" "$loadavg" <<'PY'
+  --set "sim.samples_per_shard=$per_shard" "${sim_placement[@]}" --json >"$work/sim.json"
+PYTHONPATH=$bench_dir python3 - "$work/d.log" "$work/sim.json" "$out" "$samples" "$loadavg" "$metadata" <<'PY'
 import json, sys, time
 import costs_report as cr
 log_text = open(sys.argv[1]).read()
@@ -52,7 +67,7 @@ ratio = sim_max / real_max
 within = abs(ratio - 1) <= 0.10
 result = {
     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "loadavg": sys.argv[5], "samples": int(sys.argv[4]),
-    "nodes": nodes, "daemon_metadata": metadata, "daemon_startup": startup,
+    "nodes": nodes, "metadata": sys.argv[6], "daemon_metadata": metadata, "daemon_startup": startup,
     "daemon_metadata_bytes_max": real_max, "sim_metadata_bytes_per_node_max": sim_max,
     "sim_breakdown": sim["metadata_bytes_breakdown"], "sim_exactly_once": sim["exactly_once"],
     "sim_startup_s": sim["startup_s"], "ratio_sim_over_daemons": ratio, "within_10_percent": within,

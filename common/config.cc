@@ -111,6 +111,10 @@ const KeySpec kKeys[] = {
    "balanced|spread|sorted", 0, 0, 0, 0, false,
    [](Config& c, const Value& v) { c.dataset.placement = placement_policy_from_name(as_str(v)); },
    [](const Config& c) -> Value { return std::string(placement_policy_name(c.dataset.placement)); }},
+  {"dataset.metadata", KeyType::kEnum, "global",
+   "What each daemon holds of the catalog: \"global\" = every sample's entry and every node's layout on every daemon (O(N) per node); \"owner\" = only its own share's entries plus O(nodes) tables, the rest asked of the owners once per trainer plan (owner-side metadata, docs/decisions/0063). \"owner\" needs dataset.placement = \"spread\" and, for now, every sample resident in some node's cache.capacity, a POSIX dataset.path, shuffle.min_entropy = 0, no cache rotation or slot reuse, fault.peer_death = \"stop\" and no resume.checkpoint_dir; trainers cannot fetch the catalog (sample paths) from the daemons.",
+   "\"global\" supports every feature but costs about 50 bytes a sample on every node (5 GB at 100 M samples); \"owner\" costs about 20-30 bytes per sample of the node's share, so metadata shrinks as nodes are added, at one control-plane round trip per trainer plan.",
+   "global|owner", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(dataset.metadata)},
   {"dataset.max_sample_bytes", KeyType::kSize, "64MiB",
    "Largest sample accepted; a bigger file makes the scan fail with its name and size. Integer bytes or a size such as \"64MiB\".",
    "Higher admits huge outliers, which need equally large staging slots and skew the byte balance; lower catches stray files (videos, archives) in an image dataset early.",
@@ -1161,6 +1165,39 @@ Status validate(const Config& config, const Origins& origins) {
                       "config keys 'cache.reuse_rounds' ({}) and 'cache.rotation_epochs' ({}) cannot both be set: reuse "
                       "rounds already change the resident set every round; set one of them to 0",
                       config.cache.reuse_rounds, config.cache.rotation_epochs);
+  }
+  if (config.dataset.metadata == "owner") {
+    // Owner-side metadata (decision 0063): what the daemons' owner-side form does not have yet.
+    const auto refuse = [](std::string_view key, std::string_view value, std::string_view why) {
+      return make_error(StatusCode::kInvalidArgument,
+                        "config key 'dataset.metadata' = \"owner\" does not work with '{}' = {} yet: {}; set "
+                        "dataset.metadata = \"global\" or change '{}'",
+                        key, value, why, key);
+    };
+    if (config.dataset.placement != PlacementPolicy::kSpread) {
+      return refuse("dataset.placement", fmt::format("\"{}\"", placement_policy_name(config.dataset.placement)),
+                    "an owner is found from the sample id only under \"spread\"");
+    }
+    if (config.dataset.path.starts_with("s3://")) {  // is_s3_path (common/s3_client.h)
+      return refuse("dataset.path", fmt::format("\"{}\"", config.dataset.path), "S3 datasets need the global catalog");
+    }
+    if (config.shuffle.min_entropy > 0) {
+      return refuse("shuffle.min_entropy", fmt::format("{}", config.shuffle.min_entropy),
+                    "the entropy floor scores batches by every sample's label");
+    }
+    if (config.cache.rotation_epochs > 0 || config.cache.reuse_rounds > 0) {
+      return refuse(config.cache.rotation_epochs > 0 ? "cache.rotation_epochs" : "cache.reuse_rounds",
+                    std::to_string(std::max(config.cache.rotation_epochs, config.cache.reuse_rounds)),
+                    "rotation lays out every node's arena");
+    }
+    if (config.fault.peer_death != "stop") {
+      return refuse("fault.peer_death", fmt::format("\"{}\"", config.fault.peer_death),
+                    "a dead peer's samples are read from storage by path");
+    }
+    if (!config.resume.checkpoint_dir.empty()) {
+      return refuse("resume.checkpoint_dir", fmt::format("\"{}\"", config.resume.checkpoint_dir),
+                    "re-dealing an epoch reads the global catalog");
+    }
   }
   if (!config.checkpoint.dir.empty() && config.cache.capacity_bytes != 0 &&
       config.checkpoint.capacity_bytes >= config.cache.capacity_bytes) {

@@ -49,6 +49,7 @@ struct DatasetConfig {
   std::string path;                              // dataset.path (folder root, list file, shard dir or shard)
   DatasetFormat format = DatasetFormat::kFolder; // dataset.format = "folder" | "filelist" | "webdataset" | "tfrecord"
   PlacementPolicy placement = PlacementPolicy::kBalanced;  // dataset.placement
+  std::string metadata = "global";               // dataset.metadata = "global" | "owner" (decision 0063)
   std::uint64_t max_sample_bytes = 64ull << 20;  // dataset.max_sample_bytes
   std::string sample_ext = "jpg,jpeg,png,webp,bin";  // dataset.sample_ext: webdataset data member, by preference
   std::string label_ext = "cls";                 // dataset.label_ext: webdataset label member ("" = label 0)

@@ -374,6 +374,18 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
       }
       case proto::FrameType::kGetCatalog: {
         if (!payload_.empty()) return protocol_error("get-catalog frame has a payload"), false;
+        if (service_.job_.catalog == nullptr) {
+          // Owner-side metadata (decision 0063): no daemon holds the catalog. The trainer
+          // gets the reason as the answer, and its connection goes on (send_error would
+          // close it: that is for errors that end the connection).
+          std::vector<std::uint8_t> out;
+          proto::encode(out, proto::ErrorFrame{static_cast<std::uint16_t>(StatusCode::kInvalidArgument),
+                                               "no daemon holds the whole catalog under dataset.metadata = \"owner\" "
+                                               "(each holds its own share only); read sample paths from the dataset, "
+                                               "or run with dataset.metadata = \"global\""});
+          write(std::move(out));
+          return true;
+        }
         // Serialized per request, not kept: trainers fetch the catalog rarely (sample_path),
         // and a kept copy cost every daemon ~94 bytes a sample for the whole job. Straight
         // into the reply frame: no second copy.

@@ -37,7 +37,7 @@ namespace shardmix {
 // What the service serves; owned by the daemon, outliving the service.
 struct ServedJob {
   SchedulerContext context;
-  const Catalog* catalog = nullptr;  // served whole to clients that ask (GetCatalog)
+  const Catalog* catalog = nullptr;  // served whole to clients that ask (GetCatalog); null: none held
   const PlanShape* shape = nullptr;
   std::uint32_t nodes = 1;
   std::uint32_t trainers_per_node = 1;

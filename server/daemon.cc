@@ -31,6 +31,7 @@
 
 #include "common/atomic_file.h"
 #include "common/catalog.h"
+#include "common/distributed_catalog.h"
 #include "common/epoch_plan.h"
 #include "common/job_token.h"
 #include "common/log.h"
@@ -39,8 +40,11 @@
 #include "common/placement.h"
 #include "common/rotation.h"
 #include "common/s3_client.h"
+#include "common/sample_directory.h"
 #include "common/slot_reuse.h"
 #include "common/trace.h"
+#include "control/directory_exchange.h"
+#include "proto/checkpoint.h"
 #include "fabric/fabric.h"
 #include "server/cache_loader.h"
 #include "server/checkpoint_replicator.h"
@@ -65,13 +69,37 @@ Status agree(const MpiSession& mpi, const Status& mine, std::string_view step) {
   return shardmix::agree(group, mine, step);
 }
 
-// Upper bound on one batch's peer bytes: its batch.size largest samples.
-std::uint64_t largest_batch_bytes(const Catalog& catalog, std::uint32_t batch_size) {
-  std::vector<std::uint64_t> sizes = catalog.sizes();
+// Every rank's `mine` (trivially copyable), by rank; a contribution of the wrong size is an
+// error naming the rank and `what`.
+template <typename T>
+Result<std::vector<T>> allgather_values(const MpiSession& mpi, const T& mine, std::string_view what) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  auto gathered = mpi.allgather(std::span(reinterpret_cast<const std::uint8_t*>(&mine), sizeof(T)));
+  if (!gathered.ok()) return gathered.status();
+  std::vector<T> out(gathered->size());
+  for (std::size_t r = 0; r < out.size(); ++r) {
+    if ((*gathered)[r].size() != sizeof(T)) {
+      return make_error(StatusCode::kInternal, "{} from rank {}: {} bytes, expected {}", what, r, (*gathered)[r].size(),
+                        sizeof(T));
+    }
+    std::memcpy(&out[r], (*gathered)[r].data(), sizeof(T));
+  }
+  return out;
+}
+
+// The batch_size largest of `sizes`, largest first.
+std::vector<std::uint64_t> largest(std::vector<std::uint64_t> sizes, std::uint32_t batch_size) {
   const std::size_t k = std::min<std::size_t>(batch_size, sizes.size());
   std::partial_sort(sizes.begin(), sizes.begin() + static_cast<std::ptrdiff_t>(k), sizes.end(), std::greater<>());
+  sizes.resize(k);
+  return sizes;
+}
+
+// Upper bound on one batch's peer bytes: its batch.size largest samples (of `sizes`, every
+// sample's, or under owner-side metadata every node's largest).
+std::uint64_t largest_batch_bytes(std::vector<std::uint64_t> sizes, std::uint32_t batch_size) {
   std::uint64_t total = 0;
-  for (std::size_t i = 0; i < k; ++i) total += align_to_arena(sizes[i]);
+  for (std::uint64_t size : largest(std::move(sizes), batch_size)) total += align_to_arena(size);
   return total;
 }
 
@@ -149,11 +177,12 @@ struct LoadProgressMessage {
 // thread only, like all MPI).
 class LoadReporter {
  public:
-  LoadReporter(MpiSession& mpi, NodeTelemetry& telemetry, const Placement& placement)
+  // `cached_bytes`: every node's resident bytes, by rank.
+  LoadReporter(MpiSession& mpi, NodeTelemetry& telemetry, std::vector<std::uint64_t> cached_bytes)
       : mpi_(mpi), telemetry_(telemetry), bar_(mpi.rank() == 0 && ::isatty(STDERR_FILENO) == 1),
         nodes_(static_cast<std::size_t>(mpi.size())), log_(log::get("loader")) {
-    for (int r = 0; r < mpi.size(); ++r) total_bytes_ += placement.cached_bytes[static_cast<std::size_t>(r)];
-    node_total_ = placement.cached_bytes;
+    for (std::uint64_t b : cached_bytes) total_bytes_ += b;
+    node_total_ = std::move(cached_bytes);
     // A short load prints nothing but the final skew line.
     next_ = std::chrono::steady_clock::now() + (bar_ ? std::chrono::milliseconds(0) : std::chrono::milliseconds(1000));
     // The bar replaces this daemon's own progress lines (they would break it up).
@@ -185,7 +214,7 @@ class LoadReporter {
     next_ = now + (bar_ ? std::chrono::milliseconds(250) : std::chrono::milliseconds(2000));
     nodes_[0] = mine;
     for (;;) {
-      auto m = mpi_.try_receive();
+      auto m = mpi_.try_receive(kTagLoadProgress);  // only its own: other tags are not for the loader
       if (!m.ok() || !m->has_value()) break;
       const MpiSession::Message& msg = **m;
       if (msg.tag == kTagLoadProgress && msg.bytes.size() == sizeof(LoadProgressMessage) && msg.source > 0 &&
@@ -469,24 +498,25 @@ void remove_stale_run_files(const std::string& run_dir, const std::string& my_ho
 // load; staging pages become resident as batches are staged), the catalog as held in
 // memory, the placement tables, and the process's resident set at this point, with its
 // anonymous and shared parts.
-void log_startup_report(spdlog::logger& log, int rank, const PhaseClock& phases, const Catalog& catalog,
-                        const Placement& placement, std::uint64_t arena_bytes, std::uint64_t staging_bytes) {
+void log_startup_report(spdlog::logger& log, int rank, const PhaseClock& phases, std::uint64_t samples,
+                        std::uint64_t resident_samples, std::uint64_t cached_bytes, const SampleDirectory& directory,
+                        std::uint64_t arena_bytes, std::uint64_t staging_bytes) {
   auto startup = format_report_line("startup", startup_fields(rank, phases));
   if (startup.ok()) log.info("{}", *startup);
   auto field = [](std::optional<std::uint64_t> v) { return v ? std::to_string(*v) : std::string("na"); };
-  const auto rank_index = static_cast<std::size_t>(rank);
+  const NodeMetadataBytes metadata = node_metadata_bytes(directory, 0);
   auto memory = format_report_line(
       "memory", {{"rank", std::to_string(rank)},
-                 {"samples", std::to_string(catalog.size())},
-                 {"resident_samples", std::to_string(placement.cached[rank_index].size())},
-                 {"cached_bytes", std::to_string(placement.cached_bytes[rank_index])},
+                 {"samples", std::to_string(samples)},
+                 {"resident_samples", std::to_string(resident_samples)},
+                 {"cached_bytes", std::to_string(cached_bytes)},
                  {"arena_bytes", std::to_string(arena_bytes)},
                  {"staging_bytes", std::to_string(staging_bytes)},
-                 {"catalog_bytes", std::to_string(catalog.memory_bytes())},
-                 {"placement_bytes", std::to_string(placement_memory_bytes(placement))},
+                 {"catalog_bytes", std::to_string(metadata.catalog)},
+                 {"placement_bytes", std::to_string(metadata.placement)},
                  // node_metadata_bytes before any trainer: catalog + placement (the simulator's
                  // figure adds the schedulers' state; the "metadata:" line at exit has both).
-                 {"metadata_bytes", std::to_string(node_metadata_bytes(catalog, placement, 0).total())},
+                 {"metadata_bytes", std::to_string(metadata.total())},
                  {"rss_bytes", field(self_status_bytes("VmRSS"))},
                  {"rss_anon_bytes", field(self_status_bytes("RssAnon"))},
                  {"rss_shmem_bytes", field(self_status_bytes("RssShmem"))},
@@ -515,7 +545,12 @@ struct OnDestroy {
 class Daemon {
  public:
   Daemon(const Config& config, MpiSession& mpi)
-      : config_(config), mpi_(mpi), rank_(mpi.rank()), nodes_(mpi.size()), log_(log::get("daemon")) {}
+      : config_(config),
+        mpi_(mpi),
+        rank_(mpi.rank()),
+        nodes_(mpi.size()),
+        owner_side_(config.dataset.metadata == "owner"),
+        log_(log::get("daemon")) {}
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
 
@@ -530,6 +565,12 @@ class Daemon {
   Status start_service_thread();
   Status make_run_dir_and_token();
   Status build_catalog();
+  // dataset.metadata = "owner" (decision 0063): the scans sorted into slices of the
+  // canonical order, without a global catalog; then each node's share routed to it.
+  Status sort_catalog_owner_side(ScanResult scan);
+  // Rank 0's summary of dataset_ (and the damage the scan skipped); `form` follows "catalog".
+  void log_catalog(std::size_t class_names, std::size_t shards, std::string_view form) const;
+  Status place_owner_side(const JobShape& job);
   Status make_unloaded_samples_cold(const LoadStats& loaded);
   Status place();
   Status create_regions();
@@ -541,6 +582,8 @@ class Daemon {
   Status start_trace();
   void create_rotation();
   void pump_rotation();
+  // Owner-side metadata: moves the directory exchange's asks and answers (main thread).
+  void pump_exchange();
   void on_dead_peer(const PeerMonitor::Failure& dead);
   // Tells checkpoint replication and the checkpoint node that `rank` died (no-op without
   // checkpoint.dir): the replicas held for it are drained here.
@@ -561,6 +604,9 @@ class Daemon {
   MpiSession& mpi_;
   const int rank_;
   const int nodes_;
+  // dataset.metadata = "owner": the node holds its own share (own_) and O(P) tables, and
+  // catalog_ and placement_ stay empty (decision 0063).
+  const bool owner_side_;
   std::shared_ptr<spdlog::logger> log_;
   // Start-up phases, logged as one "startup:" line per rank once serving (bench/startup.sh).
   PhaseClock phases_;
@@ -579,13 +625,32 @@ class Daemon {
   std::string run_dir_;
   std::uint32_t job_token_ = 0;
 
-  Catalog catalog_;
+  Catalog catalog_;  // the global form's
+  // What every daemon knows of the dataset, in either form.
+  struct DatasetFigures {
+    std::uint64_t samples = 0;
+    std::uint64_t total_bytes = 0;
+    std::uint64_t invalid_samples = 0;
+    std::uint64_t invalid_shards = 0;
+    std::uint64_t classes = 0;  // distinct labels (Catalog::num_classes)
+    std::uint64_t digest = 0;   // catalog_digest's role in the plan digest
+  } dataset_;
+  // The owner-side form: this rank's slice of the canonical order until it is routed, then
+  // the share's entries until they are loaded; the ownership function and the node's shard.
+  std::optional<CatalogSlice> slice_;
+  OwnerEntries share_;
+  Ownership ownership_;
+  OwnerShard own_;
+  std::vector<std::uint64_t> cached_bytes_per_node_;  // resident bytes by rank (load progress)
   PlanShape shape_;
   std::uint64_t capacity_ = kNoCapacityLimit;  // this node's cache.capacity in bytes
   std::vector<std::uint64_t> node_capacities_;
   Placement placement_;
   std::unique_ptr<EpochPlanner> planner_;
-  std::unique_ptr<GlobalDirectory> directory_;  // over catalog_ and placement_ (decision 0055)
+  // Global (over catalog_ and placement_, decision 0055) or owner-side (over own_, asking
+  // the owners through exchange_, moved by the main thread; decision 0062).
+  std::unique_ptr<MpiDirectoryExchange> exchange_;
+  std::unique_ptr<SampleDirectory> directory_;
   std::uint64_t digest_ = 0;  // the plan's identity in checkpoints (docs/decisions/0022)
   std::optional<RedealtEpoch> redealt_;
   GenerationClock generation_clock_;
@@ -702,6 +767,7 @@ Status Daemon::build_catalog() {
     }
   }
   phases_.mark("scan");
+  if (owner_side_) return sort_catalog_owner_side(std::move(*scan));
   auto gathered = mpi_.allgather(serialize_scan(*scan));
   if (!gathered.ok()) return gathered.status();
   std::vector<ScanResult> parts;
@@ -713,18 +779,157 @@ Status Daemon::build_catalog() {
   auto merged = merge_scans(config_.dataset, std::move(parts));
   if (!merged.ok()) return merged.status();
   catalog_ = std::move(*merged);
+  dataset_ = DatasetFigures{catalog_.size(),          catalog_.total_bytes(),    catalog_.invalid_samples(),
+                            catalog_.invalid_shards(), catalog_.num_classes(), catalog_digest(catalog_)};
   phases_.mark("catalog_exchange");
-  if (rank_ == 0) {
-    log_->info("catalog: {} samples, {} classes, {:.1f} MB{}", catalog_.size(), catalog_.class_names().size(),
-               catalog_.total_bytes() / 1e6,
-               catalog_.sharded() ? fmt::format(" in {} shards", catalog_.file_count()) : std::string());
-    if (catalog_.invalid_samples() + catalog_.invalid_shards() > 0) {
-      log_->warn("dataset: skipped {} invalid samples; {} shards could not be read to their end (the scanning "
-                 "ranks' warnings name each file and byte offset; every epoch delivers the {} valid samples; "
-                 "dataset.strict = true makes this a start-up error)",
-                 catalog_.invalid_samples(), catalog_.invalid_shards(), catalog_.size());
+  log_catalog(catalog_.class_names().size(), catalog_.sharded() ? catalog_.file_count() : 0, "");
+  return Status::ok_status();
+}
+
+void Daemon::log_catalog(std::size_t class_names, std::size_t shards, std::string_view form) const {
+  if (rank_ != 0) return;
+  log_->info("catalog{}: {} samples, {} classes, {:.1f} MB{}", form, dataset_.samples, class_names,
+             dataset_.total_bytes / 1e6, shards > 0 ? fmt::format(" in {} shards", shards) : std::string());
+  if (dataset_.invalid_samples + dataset_.invalid_shards > 0) {
+    log_->warn("dataset: skipped {} invalid samples; {} shards could not be read to their end (the scanning "
+               "ranks' warnings name each file and byte offset; every epoch delivers the {} valid samples; "
+               "dataset.strict = true makes this a start-up error)",
+               dataset_.invalid_samples, dataset_.invalid_shards, dataset_.samples);
+  }
+}
+
+Status Daemon::sort_catalog_owner_side(ScanResult scan) {
+  // No rank sees every entry: a sample sort gives each rank a contiguous slice of the ids
+  // (decision 0061). sort_scans fails on every rank alike (it agrees before returning).
+  MpiCollectives group(mpi_);
+  auto slice = sort_scans(config_.dataset, std::move(scan), group);
+  if (!slice.ok()) return slice.status();
+  // The dataset's figures from O(P) exchanges: bytes, distinct labels (a slice is sorted by
+  // label, so a label shared by neighbouring slices is counted once) and a digest of the
+  // slices in rank order, which are the canonical order.
+  struct SliceSummary {
+    std::uint64_t bytes = 0;
+    std::uint64_t distinct_labels = 0;
+    std::int64_t first_label = -1;  // -1: empty slice
+    std::int64_t last_label = -1;
+    std::uint64_t digest = 0;
+  } mine;
+  std::uint64_t digest = 0xcbf29ce484222325ull;
+  for (const CatalogEntry& e : slice->entries) {
+    mine.bytes += e.size;
+    if (mine.last_label != e.label) ++mine.distinct_labels;
+    if (mine.first_label < 0) mine.first_label = e.label;
+    mine.last_label = e.label;
+    const std::uint64_t fields[] = {static_cast<std::uint64_t>(e.label), e.size, e.shard, e.offset, e.path.size()};
+    digest = proto::fnv1a64(std::span(reinterpret_cast<const std::uint8_t*>(fields), sizeof fields), digest);
+    digest = proto::fnv1a64(std::span(reinterpret_cast<const std::uint8_t*>(e.path.data()), e.path.size()), digest);
+  }
+  mine.digest = digest;
+  auto summaries = allgather_values(mpi_, mine, "catalog slice summary");
+  if (!summaries.ok()) return summaries.status();
+  dataset_ = DatasetFigures{};
+  dataset_.samples = slice->tables.samples;
+  dataset_.invalid_samples = slice->tables.invalid_samples;
+  dataset_.invalid_shards = slice->tables.invalid_shards;
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (const std::string& t : slice->tables.shards) {
+    h = proto::fnv1a64(std::span(reinterpret_cast<const std::uint8_t*>(t.data()), t.size()), h);
+  }
+  for (const std::string& t : slice->tables.class_names) {
+    h = proto::fnv1a64(std::span(reinterpret_cast<const std::uint8_t*>(t.data()), t.size()), h);
+  }
+  std::int64_t previous_last = -1;
+  for (const SliceSummary& r : *summaries) {
+    dataset_.total_bytes += r.bytes;
+    h = proto::fnv1a64(std::span(reinterpret_cast<const std::uint8_t*>(&r.digest), sizeof r.digest), h);
+    if (r.first_label < 0) continue;
+    dataset_.classes += r.distinct_labels - (r.first_label == previous_last ? 1 : 0);
+    previous_last = r.last_label;
+  }
+  dataset_.digest = h;
+  slice_ = std::move(*slice);
+  phases_.mark("catalog_exchange");
+  log_catalog(slice_->tables.class_names.size(), slice_->tables.shards.size(),
+              " (owner-side, dataset.metadata = owner: no daemon holds it whole)");
+  return Status::ok_status();
+}
+
+Status Daemon::place_owner_side(const JobShape& job) {
+  // Each entry goes to the node whose share its id is (spread: a function of the id), and
+  // the node lays out its own arena as make_placement would (decisions 0055, 0061).
+  ownership_ = Ownership::spread(dataset_.samples, shape_.node_owned, config_.shuffle.seed);
+  MpiCollectives group(mpi_);
+  auto share = route_to_owners(std::move(*slice_), ownership_, group);
+  slice_.reset();
+  if (!share.ok()) return share.status();
+  share_ = std::move(*share);
+  own_ = OwnerShard::from_entries(share_, static_cast<std::uint32_t>(rank_), capacity_, config_.shuffle.seed);
+  struct ShareSummary {
+    std::uint64_t samples = 0;
+    std::uint64_t cold = 0;
+    std::uint64_t cached_bytes = 0;
+  };
+  auto shares = allgather_values(mpi_, ShareSummary{own_.size(), own_.cold_samples(), own_.cached_bytes()},
+                                 "owner-side share summary");
+  if (!shares.ok()) return shares.status();
+  std::vector<std::uint64_t> cold;
+  Status limits;
+  for (int r = 0; r < nodes_; ++r) {
+    const ShareSummary& k = (*shares)[static_cast<std::size_t>(r)];
+    cold.push_back(k.cold);
+    cached_bytes_per_node_.push_back(k.cached_bytes);
+    if (k.cold > 0 && limits.ok()) {
+      // Every rank sees the same table, so every rank fails alike, naming the first node.
+      limits = make_error(StatusCode::kInvalidArgument,
+                          "dataset.metadata = \"owner\" needs every sample resident for now (a non-owner cannot "
+                          "read a cold sample from storage without its path): daemon rank {} keeps {} of its {} "
+                          "samples cold within cache.capacity {} ({} bytes); raise cache.capacity, add nodes, or "
+                          "set dataset.metadata = \"global\"",
+                          r, k.cold, k.samples, config_.cache.capacity_text,
+                          node_capacities_[static_cast<std::size_t>(r)]);
     }
   }
+  // The job's largest batch from every node's batch.size largest samples (O(P x batch)).
+  std::vector<std::uint64_t> sizes(own_.size());
+  for (std::uint64_t i = 0; i < own_.size(); ++i) sizes[i] = own_.at(i).bytes;
+  std::vector<std::uint64_t> mine = largest(std::move(sizes), config_.batch.size);
+  auto gathered = mpi_.allgather(
+      std::span(reinterpret_cast<const std::uint8_t*>(mine.data()), mine.size() * sizeof(std::uint64_t)));
+  if (!gathered.ok()) return gathered.status();
+  std::vector<std::uint64_t> candidates;
+  for (const auto& bytes : *gathered) {
+    for (std::size_t at = 0; at + sizeof(std::uint64_t) <= bytes.size(); at += sizeof(std::uint64_t)) {
+      std::uint64_t v = 0;
+      std::memcpy(&v, bytes.data() + at, sizeof v);
+      candidates.push_back(v);
+    }
+  }
+  const std::uint64_t batch_bound = largest_batch_bytes(std::move(candidates), config_.batch.size);
+  if (limits.ok() && batch_bound > config_.service.staging_bytes_per_trainer) {
+    limits = make_error(StatusCode::kInvalidArgument,
+                        "service.staging_bytes_per_trainer ({}) is smaller than the largest possible batch ({} bytes: "
+                        "the {} largest samples); raise it or lower batch.size",
+                        config_.service.staging_bytes_per_trainer, batch_bound, config_.batch.size);
+  }
+  if (Status s = agree(mpi_, limits, "checking memory limits"); !s.ok()) return s;
+
+  planner_ = std::make_unique<EpochPlanner>(shape_, ownership_, config_.shuffle);
+  // A describe() waits this long for its owners: longer than the failure detector needs to
+  // declare an owner dead, so a dead owner stops the job with the detector's message.
+  exchange_ = std::make_unique<MpiDirectoryExchange>(
+      mpi_, own_, std::chrono::duration_cast<std::chrono::milliseconds>(3 * config_.fault.peer_timeout));
+  // The shard table and class names every node keeps (O(files)), counted as the catalog
+  // counts its own (Catalog::file_table_bytes: heap buffers beyond the small-string one).
+  std::uint64_t file_table_bytes = 0;
+  for (const auto* table : {&share_.tables.shards, &share_.tables.class_names}) {
+    file_table_bytes += table->capacity() * sizeof(std::string);
+    for (const std::string& t : *table) file_table_bytes += t.capacity() > 15 ? t.capacity() + 1 : 0;
+  }
+  directory_ = std::make_unique<ShardedDirectory>(static_cast<std::uint32_t>(rank_), ownership_, own_, *exchange_,
+                                                  std::move(cold), file_table_bytes);
+  digest_ = plan_digest(dataset_.digest, dataset_.samples, job, config_.shuffle, config_.dataset.placement);
+  arena_bytes_ = own_.arena_bytes();
+  phases_.mark("placement");
   return Status::ok_status();
 }
 
@@ -732,7 +937,7 @@ Status Daemon::place() {
   // Plan shape and placement: pure functions, identical on every rank.
   const JobShape job{static_cast<std::uint32_t>(nodes_), config_.service.trainers_per_node, config_.batch.size,
                      config_.batch.drop_last};
-  shape_ = make_plan_shape(catalog_.size(), job);
+  shape_ = make_plan_shape(dataset_.samples, job);
   // cache.capacity = 0 means no limit beyond RAM; otherwise each node keeps what fits
   // resident and the rest of its share is cold (placement.h).
   // The capacity is per node: the default "0.8" is a fraction of *this* node's RAM, so nodes
@@ -744,19 +949,10 @@ Status Daemon::place() {
   // load_config checked that something is left).
   const std::uint64_t checkpoint_ram = config_.checkpoint.dir.empty() ? 0 : config_.checkpoint.capacity_bytes;
   capacity_ = config_.cache.capacity_bytes == 0 ? kNoCapacityLimit : config_.cache.capacity_bytes - checkpoint_ram;
-  node_capacities_.assign(static_cast<std::size_t>(nodes_), 0);
   {
-    auto gathered_capacities =
-        mpi_.allgather(std::span(reinterpret_cast<const std::uint8_t*>(&capacity_), sizeof(capacity_)));
+    auto gathered_capacities = allgather_values(mpi_, capacity_, "cache.capacity");
     if (!gathered_capacities.ok()) return gathered_capacities.status();
-    for (int r = 0; r < nodes_; ++r) {
-      const auto& bytes = (*gathered_capacities)[static_cast<std::size_t>(r)];
-      if (bytes.size() != sizeof(std::uint64_t)) {
-        return make_error(StatusCode::kInternal, "cache.capacity from rank {}: {} bytes, expected {}", r,
-                          bytes.size(), sizeof(std::uint64_t));
-      }
-      std::memcpy(&node_capacities_[static_cast<std::size_t>(r)], bytes.data(), sizeof(std::uint64_t));
-    }
+    node_capacities_ = std::move(*gathered_capacities);
   }
   if (rank_ == 0 && std::adjacent_find(node_capacities_.begin(), node_capacities_.end(),
                                        std::not_equal_to<>()) != node_capacities_.end()) {
@@ -768,13 +964,15 @@ Status Daemon::place() {
     }
     log_->info("cache.capacity differs between nodes (bytes): {}; each node's resident set uses its own", listed);
   }
+  if (owner_side_) return place_owner_side(job);
   placement_ =
       make_placement(catalog_.sizes(), shape_, config_.dataset.placement, config_.shuffle.seed, node_capacities_);
+  cached_bytes_per_node_ = placement_.cached_bytes;
   planner_ = std::make_unique<EpochPlanner>(shape_, placement_, config_.shuffle, catalog_.labels());
   directory_ = std::make_unique<GlobalDirectory>(catalog_, placement_);
   // Checkpoint/resume (docs/decisions/0022): the plan's identity, and an epoch re-dealt
   // from another world size's checkpoints.
-  digest_ = plan_digest(catalog_digest(catalog_), catalog_.size(), job, config_.shuffle, config_.dataset.placement);
+  digest_ = plan_digest(dataset_.digest, dataset_.samples, job, config_.shuffle, config_.dataset.placement);
   if (!config_.resume.checkpoint_dir.empty()) {
     auto loaded_redeal = load_redealt_epoch(config_.resume.checkpoint_dir, config_, catalog_, job, digest_);
     Status s = agree(mpi_, loaded_redeal.status(), "re-dealing the checkpointed epoch (resume.checkpoint_dir)");
@@ -830,7 +1028,7 @@ Status Daemon::place() {
   // Staging holds every non-local sample of a staged batch (peer or cold): it must hold the
   // largest possible batch, or a trainer could never be served.
   Status limits;
-  const std::uint64_t batch_bound = largest_batch_bytes(catalog_, config_.batch.size);
+  const std::uint64_t batch_bound = largest_batch_bytes(catalog_.sizes(), config_.batch.size);
   if (batch_bound > config_.service.staging_bytes_per_trainer) {
     limits = make_error(StatusCode::kInvalidArgument,
                         "service.staging_bytes_per_trainer ({}) is smaller than the largest possible batch ({} bytes: "
@@ -904,8 +1102,8 @@ Status Daemon::open_fabric() {
   if (rank_ == 0) log_->info("fabric: provider {}, domain {}", fabric_->provider_name(), fabric_->domain_name());
   phases_.mark("fabric");
   telemetry_.set_info(NodeInfo{static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(nodes_),
-                               config_.service.trainers_per_node, fabric_->provider_name(), my_host_, catalog_.size(),
-                               catalog_.invalid_samples()});
+                               config_.service.trainers_per_node, fabric_->provider_name(), my_host_, dataset_.samples,
+                               dataset_.invalid_samples});
   return Status::ok_status();
 }
 
@@ -924,20 +1122,36 @@ Status Daemon::load() {
     fabric_->stop_progress();
     return why;
   };
-  if (catalog_.sharded() && config_.service.open_shard_files > 0) {
+  if (is_shard_format(config_.dataset.format) && config_.service.open_shard_files > 0) {
     Status s = agree(mpi_, reserve_shard_descriptors(config_.service.open_shard_files), "reserving shard descriptors");
     if (!s.ok()) return fail_after_fabric(s);
     open_shards_ = std::make_unique<ShardFileCache>(config_.service.open_shard_files);
   }
-  LoadReporter load_reporter(mpi_, telemetry_, placement_);
+  LoadReporter load_reporter(mpi_, telemetry_, cached_bytes_per_node_);
   if (config_.inject.load_delay.count() > 0) {
     log_->warn("fault injection: every sample loaded costs {} us more (inject.load_delay)",
                config_.inject.load_delay.count());
   }
-  auto loaded = load_owned_samples(catalog_, placement_, static_cast<std::uint32_t>(rank_), config_.dataset,
-                                   config_.service.loader_threads, arena_->data(), std::ref(load_reporter),
-                                   [this] { return stop_.requested(); }, config_.inject.load_delay,
-                                   open_shards_.get());
+  Result<LoadStats> loaded = LoadStats{};
+  if (owner_side_) {
+    // The share as a catalog of its own (id = local index) for the loader, dropped with the
+    // routed entries once loaded: afterwards the node holds only own_.
+    const Catalog share = Catalog::of_share(share_.tables.shards, share_.entries, {});
+    std::vector<std::pair<SampleId, std::uint64_t>> targets;
+    targets.reserve(own_.cached_samples());
+    for (std::uint64_t i = 0; i < own_.size(); ++i) {
+      if (own_.at(i).resident()) targets.emplace_back(static_cast<SampleId>(i), own_.at(i).arena_offset);
+    }
+    loaded = load_samples(share, std::move(targets), static_cast<std::uint32_t>(rank_), config_.dataset,
+                          config_.service.loader_threads, arena_->data(), std::ref(load_reporter),
+                          [this] { return stop_.requested(); }, config_.inject.load_delay, open_shards_.get());
+    share_.entries = {};
+    share_.ids = {};
+  } else {
+    loaded = load_owned_samples(catalog_, placement_, static_cast<std::uint32_t>(rank_), config_.dataset,
+                                config_.service.loader_threads, arena_->data(), std::ref(load_reporter),
+                                [this] { return stop_.requested(); }, config_.inject.load_delay, open_shards_.get());
+  }
   // SIGTERM during the load (one daemon is enough): every daemon stops here, exit 0.
   {
     const std::uint8_t stopping = stop_.requested() ? 1 : 0;
@@ -970,7 +1184,7 @@ Status Daemon::load() {
       const auto slow = std::max_element(t.begin(), t.end()) - t.begin();
       const auto fast = std::min_element(t.begin(), t.end()) - t.begin();
       log_->info("all {} nodes loaded {:.1f} MB in {:.2f} s; slowest node {} ({:.2f} s), fastest node {} ({:.2f} s)",
-                 nodes_, catalog_.total_bytes() / 1e6, t[static_cast<std::size_t>(slow)], slow,
+                 nodes_, dataset_.total_bytes / 1e6, t[static_cast<std::size_t>(slow)], slow,
                  t[static_cast<std::size_t>(slow)], fast, t[static_cast<std::size_t>(fast)]);
     }
   }
@@ -1044,7 +1258,7 @@ Status Daemon::start_service() {
   // dataset is on a file system every node sees), with completions on the io thread.
   // fault.peer_death = degrade needs it too: a dead peer's samples are read from storage.
   degrade_ = config_.fault.peer_death == "degrade";
-  if (placement_.total_cold_samples() > 0 || degrade_) {
+  if (directory_->has_cold_samples() || degrade_) {
     storage_readers_ = std::make_unique<StorageReaderPool>(
         catalog_, config_.dataset, staging_->data(), config_.service.loader_threads,
         [this](std::function<void()> f) { boost::asio::post(io_, std::move(f)); }, config_.inject.storage_delay,
@@ -1075,9 +1289,9 @@ Status Daemon::start_service() {
     }
   }
   ServedJob served;
-  served.catalog = &catalog_;
+  served.catalog = owner_side_ ? nullptr : &catalog_;  // owner-side: no daemon holds it
   served.context = SchedulerContext{directory_.get(), planner_.get(), static_cast<std::uint32_t>(rank_),
-                                    config_.service.prefetch, config_.shuffle.window, catalog_.num_classes(),
+                                    config_.service.prefetch, config_.shuffle.window, dataset_.classes,
                                     storage_readers_.get(), config_.service.cold_readahead_batches};
   served.context.redealt = redealt_ ? &*redealt_ : nullptr;
   served.context.degrade_dead_peers = degrade_;
@@ -1191,18 +1405,28 @@ Status Daemon::publish_ready() {
       log_->error("{}", s.to_string());
     }
     log_->info("ready: {} daemons serving {} samples ({:.1f} MB), {} batches of {} per trainer per epoch; run dir {}",
-               nodes_, catalog_.size(), catalog_.total_bytes() / 1e6, shape_.batches_per_trainer, config_.batch.size,
+               nodes_, dataset_.samples, dataset_.total_bytes / 1e6, shape_.batches_per_trainer, config_.batch.size,
                run_dir_);
   }
   phases_.mark("serve_setup");
-  log_startup_report(*log_, rank_, phases_, catalog_, placement_, arena_->length(), staging_->length());
+  const auto me = static_cast<std::size_t>(rank_);
+  log_startup_report(*log_, rank_, phases_, dataset_.samples,
+                     owner_side_ ? own_.cached_samples() : placement_.cached[me].size(), cached_bytes_per_node_[me],
+                     *directory_, arena_->length(), staging_->length());
   telemetry_.set_serving(true);
   JobRecord job_record;
   if (rank_ == 0 && !config_.telemetry.stats_file.empty()) {
     job_record.nodes = static_cast<std::uint32_t>(nodes_);
     job_record.trainers_per_node = config_.service.trainers_per_node;
-    set_dataset_figures(job_record, catalog_.sizes());
-    job_record.classes = catalog_.num_classes();
+    if (owner_side_) {
+      // Rank 0's share stands for the dataset: under spread it is a uniform random sample.
+      std::vector<std::uint64_t> sizes(own_.size());
+      for (std::uint64_t i = 0; i < own_.size(); ++i) sizes[i] = own_.at(i).bytes;
+      set_dataset_figures(job_record, sizes);
+    } else {
+      set_dataset_figures(job_record, catalog_.sizes());
+    }
+    job_record.classes = dataset_.classes;
     job_record.provider = fabric_->provider_name();
     job_record.config = {
         {"batch.size", std::to_string(config_.batch.size)},
@@ -1212,6 +1436,7 @@ Status Daemon::publish_ready() {
         {"shuffle.exchange_fraction", fmt::format("{}", config_.shuffle.exchange_fraction)},
         {"shuffle.window", std::to_string(config_.shuffle.window)},
         {"dataset.placement", placement_policy_name(config_.dataset.placement)},
+        {"dataset.metadata", config_.dataset.metadata},
         {"service.prefetch", std::to_string(config_.service.prefetch)},
         {"service.staging_bytes_per_trainer", std::to_string(config_.service.staging_bytes_per_trainer)},
         {"service.cold_readahead_batches", std::to_string(config_.service.cold_readahead_batches)},
@@ -1219,7 +1444,7 @@ Status Daemon::publish_ready() {
   }
   pump_ = std::make_unique<TelemetryPump>(config_, mpi_, telemetry_,
                                           static_cast<std::uint32_t>(nodes_) * config_.service.trainers_per_node,
-                                          catalog_.size(), catalog_.invalid_samples(), job_id(pids_[0]), job_record);
+                                          dataset_.samples, dataset_.invalid_samples, job_id(pids_[0]), job_record);
   return Status::ok_status();
 }
 
@@ -1248,6 +1473,8 @@ void Daemon::stop_for_dead_peer(const PeerMonitor::Failure& dead) {
                                 "(fault.peer_death = stop)",
                                 dead.rank, host_of(dead.rank), dead.reason);
   log_->error("{}", why.message());
+  // A scheduler waiting for the dead owner's answer holds the service thread: release it.
+  if (exchange_) exchange_->close(why);
   service_->stop(why);
   if (!service_->wait_all_closed(std::chrono::seconds(5))) {
     log_->warn("not every trainer took the error within 5 s; closing their connections");
@@ -1294,6 +1521,13 @@ void Daemon::checkpoints_peer_died(std::uint32_t rank) {
     log_->warn("checkpoints: daemon rank {} died; the {} version(s) not yet durable whose replica this daemon holds "
                "are drained from here to {}",
                rank, taken_over, config_.checkpoint.dir);
+  }
+}
+
+void Daemon::pump_exchange() {
+  if (!exchange_) return;
+  if (Status s = exchange_->pump(); !s.ok()) {
+    log_->error("directory exchange: {}; plans that need another node's samples fail from now on", s.to_string());
   }
 }
 
@@ -1430,9 +1664,19 @@ int Daemon::serve() {
   // from storage. MPI_Iprobe every 10 ms costs nothing measurable.
   // Checkpoint replication's notices wait for it too: each tick is on a save's path.
   const bool replicating = replicator_ != nullptr && nodes_ > 1;
-  const auto tick = rotation_ || replicating ? std::chrono::milliseconds(10) : std::chrono::milliseconds(100);
-  while (!stop_.wait_for(tick)) {
+  // Owner-side metadata: a trainer's plan waits for its owners' answers, which this loop
+  // moves (decision 0062); it wakes as soon as a local plan queues an ask, and polls the
+  // other daemons' asks every tick.
+  const auto tick =
+      rotation_ || replicating || exchange_ ? std::chrono::milliseconds(10) : std::chrono::milliseconds(100);
+  const auto wait = [&] {
+    if (!exchange_) return stop_.wait_for(tick);
+    exchange_->wait_for_asks(tick);
+    return stop_.requested();
+  };
+  while (!wait()) {
     while (auto dead = monitor_->poll()) on_dead_peer(*dead);  // degrade: forget() clears it
+    pump_exchange();
     pump_->pump();
     pump_rotation();
     if (replicator_) replicator_->pump();
@@ -1477,6 +1721,7 @@ int Daemon::serve() {
   // its endpoint is not mistaken for a dead one.
   std::optional<std::chrono::steady_clock::time_point> failing_since;
   Status drained = mpi_.barrier_unless([&]() -> Status {
+    pump_exchange();  // a peer still serving may still ask where its plans' samples are
     auto dead = monitor_->poll();
     if (!dead) return Status::ok_status();
     const auto now = std::chrono::steady_clock::now();
@@ -1550,10 +1795,9 @@ void Daemon::drain_checkpoints_before_exit() {
 void Daemon::log_shutdown_figures() {
   // The node's metadata as the simulator counts it (common/metadata_footprint.h): catalog,
   // placement and the most scheduler state seen while serving.
-  const NodeMetadataBytes metadata =
-      node_metadata_bytes(catalog_, placement_, telemetry_.scheduler_metadata_bytes_max());
+  const NodeMetadataBytes metadata = node_metadata_bytes(*directory_, telemetry_.scheduler_metadata_bytes_max());
   auto line = format_report_line("metadata", {{"rank", std::to_string(rank_)},
-                                              {"samples", std::to_string(catalog_.size())},
+                                              {"samples", std::to_string(dataset_.samples)},
                                               {"catalog_bytes", std::to_string(metadata.catalog)},
                                               {"placement_bytes", std::to_string(metadata.placement)},
                                               {"scheduler_bytes_max", std::to_string(metadata.schedulers)},

@@ -29,6 +29,11 @@
 # SHARDMIX_E2E_EPOCHS (default 2).
 # SHARDMIX_E2E_PLACEMENT (dataset.placement, default balanced; spread: ownership as a
 # function of the sample id, decision 0055).
+# SHARDMIX_E2E_METADATA=owner (dataset.metadata, with spread and W = 0: owner-side metadata,
+# decision 0063): the job runs owner-side, then once more with the global catalog; the two
+# traces must be identical but for the path column (the owner-side daemons hold no catalog
+# to name paths with), check_traces.py judges the global run's against the files, and each
+# owner-side daemon must report less catalog than a global one).
 # SHARDMIX_E2E_UNEVEN_CAPACITY=1 (with a capacity factor: daemon rank r gets cache.capacity
 # x (2 + r) / 2 through SHARDMIX_CACHE_CAPACITY, as nodes with different RAM would under
 # the default "0.8"; delivery must stay byte-identical to the files; check_storage.py,
@@ -62,6 +67,7 @@ timeout_s=${SHARDMIX_E2E_TIMEOUT:-240}
 window=${SHARDMIX_E2E_WINDOW:-0}
 slow_peer=${SHARDMIX_E2E_SLOW_PEER:--1}
 repeat=${SHARDMIX_E2E_REPEAT:-0}
+metadata=${SHARDMIX_E2E_METADATA:-global}
 capacity_factor=${SHARDMIX_E2E_CAPACITY_FACTOR:-0}
 readahead=8 # service.cold_readahead_batches
 storage_delay=${SHARDMIX_E2E_STORAGE_DELAY:-0ms}
@@ -72,6 +78,9 @@ case $format in
   *) sm_die "SHARDMIX_E2E_FORMAT must be folder, webdataset or tfrecord, not '$format'" 2 ;;
 esac
 if ((repeat == 1 && window != 0)); then sm_die "SHARDMIX_E2E_REPEAT=1 needs SHARDMIX_E2E_WINDOW=0" 2; fi
+if [[ $metadata == owner ]] && ((window != 0 || repeat == 1)); then
+  sm_die "SHARDMIX_E2E_METADATA=owner needs SHARDMIX_E2E_WINDOW=0 and compares two runs itself (no REPEAT)" 2
+fi
 trainers=$((nodes * per_node))
 
 e2e_init e2e
@@ -174,10 +183,15 @@ settings+=(service.trainers_per_node="$per_node" service.prefetch=4 service.cold
            inject.slow_peer_rank="$slow_peer" inject.slow_peer_delay=5ms inject.storage_delay="$storage_delay"
            log.level=info)
 sm_write_config "$config" "${settings[@]}"
+if [[ $metadata == owner ]]; then
+  global_config=$tmp/e2e-global.toml
+  sm_write_config "$global_config" "${settings[@]}"
+  sm_write_config "$config" "${settings[@]}" dataset.metadata=owner
+fi
 
 # ---------------------------------------------------------------- run
-run_job() { # TRACE_DIR LOG
-  e2e_launch_or_die "$timeout_s" "$2" --nodes "$nodes" --config "$config" --trainers-per-node "$per_node" \
+run_job() { # TRACE_DIR LOG [CONFIG]
+  e2e_launch_or_die "$timeout_s" "$2" --nodes "$nodes" --config "${3:-$config}" --trainers-per-node "$per_node" \
     -- "$consume" --epochs "$epochs" --trace "$1"
 }
 sm_section "run: $nodes daemons ($provider), $trainers trainers, $epochs epochs, batch $batch, window $window"
@@ -189,6 +203,57 @@ if ((repeat == 1)); then
   diff -r -q -x 'batch-rank-*.csv' -- "$trace" "$tmp/trace-again" ||
     sm_die "two runs with window = 0 delivered different traces" 1
   echo "traces identical: $(find "$trace" -name 'rank-*.csv' | wc -l) rank files"
+fi
+if [[ $metadata == owner ]]; then
+  sm_section "run again with the global catalog: the same deliveries, paths aside"
+  run_job "$tmp/trace-global" "$tmp/daemons-global.log" "$global_config"
+  e2e_python - "$trace" "$tmp/trace-global" "$tmp/daemons.log" "$tmp/daemons-global.log" "$nodes" <<'PY'
+import csv, glob, os, re, sys
+from e2e_verdict import finish
+owner, global_, owner_log, global_log, nodes = sys.argv[1:6]
+problems = []
+def rows(path):
+    with open(path, newline="", encoding="utf-8") as f:
+        return [{k: v for k, v in r.items() if k != "path"} for r in csv.DictReader(f)]
+files = sorted(os.path.basename(p) for p in glob.glob(global_ + "/*.csv") if not os.path.basename(p).startswith("batch-"))
+compared = 0
+for name in files:
+    mine, theirs = rows(os.path.join(owner, name)), rows(os.path.join(global_, name))
+    compared += len(theirs)
+    if mine != theirs:
+        first = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+        problems.append(f"{name}: owner-side and global runs differ at row {first} ({len(mine)} vs {len(theirs)} rows)")
+pattern = r"metadata: rank=(\d+) samples=(\d+) catalog_bytes=(\d+) placement_bytes=(\d+)"
+text = open(owner_log, encoding="utf-8", errors="replace").read()
+o = {r: (int(c), int(p)) for r, _, c, p in re.findall(pattern, text)}
+g = {r: (int(c), int(p)) for r, _, c, p in re.findall(pattern, open(global_log, encoding="utf-8", errors="replace").read())}
+if len(o) != int(nodes) or len(g) != int(nodes):
+    problems.append(f"metadata lines: {len(o)} owner-side, {len(g)} global, of {nodes} daemons")
+for r in o:
+    # A share of 1/nodes of the entries (plus the shard table and class names) against all of them.
+    if r in g and not o[r][0] < g[r][0] / 2:
+        problems.append(f"daemon {r}: owner-side catalog {o[r][0]} bytes, global {g[r][0]}: not below half")
+finish("owner-side against global", text, problems,
+       f"{compared} rows identical in {len(files)} files but for the path; owner-side catalog bytes "
+       + ", ".join(f"{o[r][0]}/{g[r][0]}" for r in sorted(o) if r in g) + " (owner-side/global)")
+PY
+  sm_section "owner-side with samples that fit no cache: every daemon refuses, naming a rank"
+  # A capacity of a quarter of a node's share: cold samples, which owner-side cannot serve yet.
+  dataset_bytes=$(du -sb --apparent-size "$data" | cut -f1)
+  sm_write_config "$tmp/e2e-cold.toml" "${settings[@]}" dataset.metadata=owner \
+    cache.capacity=$((dataset_bytes / nodes / 4))
+  cold_rc=0
+  e2e_launch "$timeout_s" "$tmp/daemons-cold.log" --nodes "$nodes" --config "$tmp/e2e-cold.toml" \
+    --trainers-per-node "$per_node" -- "$consume" --epochs 1 >"$tmp/cold.out" 2>&1 || cold_rc=$?
+  ((cold_rc != 0)) || sm_die "owner-side metadata with cold samples started anyway" 1
+  refusals=$(grep -c 'needs every sample resident for now (.*): daemon rank [0-9]* keeps [0-9]* of its' \
+    "$tmp/daemons-cold.log" || true)
+  ((refusals >= nodes)) || sm_die "$refusals of $nodes daemons named the rank with cold samples (log $tmp/daemons-cold.log)" 1
+  echo "refused on every daemon: $(grep -o 'daemon rank [0-9]* keeps [0-9]* of its [0-9]* samples cold' \
+    "$tmp/daemons-cold.log" | sort -u | head -1)"
+  # check_traces.py judges the global run, whose paths name the files; the owner-side run
+  # delivered the same samples with the same xxh64.
+  trace=$tmp/trace-global
 fi
 
 # ---------------------------------------------------------------- verdict

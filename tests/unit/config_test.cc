@@ -504,7 +504,7 @@ TEST(CheckpointConfigTest, KeysAreCheckedNamingTheKey) {
 
 TEST(ConfigKeysTest, TableIsWellFormed) {
   const auto keys = config_keys();
-  EXPECT_EQ(keys.size(), 75u);  // update with config.h when adding a key
+  EXPECT_EQ(keys.size(), 76u);  // update with config.h when adding a key
   std::set<std::string> names;
   for (const ConfigKeyInfo& key : keys) {
     EXPECT_TRUE(names.insert(key.name).second) << "duplicate " << key.name;
@@ -537,6 +537,33 @@ TEST(ConfigShardKeysTest, ShardFormatKeys) {
   auto bad = load_config("", {}, {"dataset.path=/d", "dataset.sample_ext=.jpg"});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("dataset.sample_ext"), std::string::npos) << bad.status().message();
+}
+
+// Owner-side metadata (decision 0063) names each setting it does not work with yet, and
+// the key to change, instead of a daemon failing later.
+TEST(OwnerSideConfig, RefusesWhatItCannotServeYetNamingTheKey) {
+  const std::vector<std::string> base{"dataset.path=/d", "dataset.metadata=owner", "dataset.placement=spread"};
+  ASSERT_TRUE(load_config("", {}, base).ok());
+  const std::vector<std::pair<std::string, std::string>> refused{
+      {"dataset.placement=balanced", "'dataset.placement' = \"balanced\""},
+      {"dataset.path=s3://bucket/train", "'dataset.path' = \"s3://bucket/train\""},
+      {"shuffle.min_entropy=0.5", "'shuffle.min_entropy' = 0.5"},
+      {"cache.rotation_epochs=1", "'cache.rotation_epochs' = 1"},
+      {"cache.reuse_rounds=2", "'cache.reuse_rounds' = 2"},
+      {"fault.peer_death=degrade", "'fault.peer_death' = \"degrade\""},
+      {"resume.checkpoint_dir=/ckpt", "'resume.checkpoint_dir' = \"/ckpt\""},
+  };
+  for (const auto& [setting, named] : refused) {
+    std::vector<std::string> sets = base;
+    sets.push_back(setting);
+    auto c = load_config("", {}, sets);
+    ASSERT_FALSE(c.ok()) << setting;
+    EXPECT_NE(c.status().message().find("'dataset.metadata' = \"owner\""), std::string::npos) << c.status().message();
+    EXPECT_NE(c.status().message().find(named), std::string::npos) << c.status().message();
+  }
+  auto unknown = load_config("", {}, {"dataset.path=/d", "dataset.metadata=sharded"});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("dataset.metadata"), std::string::npos) << unknown.status().message();
 }
 
 // docs/configuration.md holds the generated reference between two markers. Regenerate with
