@@ -555,30 +555,26 @@ Result<Catalog> Catalog::from_entries(std::vector<CatalogEntry> entries, std::ve
     }
     if (first_dup) return make_error(StatusCode::kInvalidArgument, "duplicate sample path '{}' in the dataset", *first_dup);
   }
-  Catalog c;
-  std::size_t path_bytes = 0;
-  for (const CatalogEntry& e : entries) path_bytes += e.path.size();
-  c.paths_.reserve(path_bytes);
-  c.path_offsets_.reserve(entries.size() + 1);
-  c.sizes_.reserve(entries.size());
-  c.labels_.reserve(entries.size());
-  c.path_offsets_.push_back(0);
-  for (const CatalogEntry& e : entries) {
-    c.paths_ += e.path;
-    c.path_offsets_.push_back(c.paths_.size());
-    c.sizes_.push_back(e.size);
-    c.labels_.push_back(e.label);
-    c.total_bytes_ += e.size;
-    c.max_sample_bytes_ = std::max(c.max_sample_bytes_, e.size);
-  }
-  c.class_names_ = std::move(class_names);
-  return c;
+  return of_share({}, entries, std::move(class_names));
 }
 
 Catalog Catalog::of_share(const std::vector<std::string>& shards, std::span<const CatalogEntry> entries,
                           std::vector<std::string> class_names) {
   Catalog c;
   c.sharded_ = !shards.empty();
+  // Sized exactly: memory_bytes() counts capacities (the metadata figure).
+  std::size_t path_bytes = 0;
+  if (c.sharded_) {
+    for (const std::string& shard : shards) path_bytes += shard.size();
+    c.shards_.reserve(entries.size());
+    c.offsets_.reserve(entries.size());
+  } else {
+    for (const CatalogEntry& e : entries) path_bytes += e.path.size();
+  }
+  c.paths_.reserve(path_bytes);
+  c.path_offsets_.reserve((c.sharded_ ? shards.size() : entries.size()) + 1);
+  c.sizes_.reserve(entries.size());
+  c.labels_.reserve(entries.size());
   c.path_offsets_.push_back(0);
   if (c.sharded_) {
     for (const std::string& shard : shards) {

@@ -16,24 +16,13 @@
 #include "common/distributed_catalog.h"
 #include "common/ownership.h"
 #include "control/mpi_comm.h"
+#include "tests/mpi/mpi_check.h"
 
 namespace shardmix {
 namespace {
 
-struct Checker {
-  const MpiSession& mpi;
-  std::uint64_t failures = 0;
-  void check(bool ok, const std::string& what) {
-    if (ok) return;
-    ++failures;
-    std::fprintf(stderr, "[rank %d] FAIL: %s\n", mpi.rank(), what.c_str());
-  }
-};
-
-std::uint64_t mix(std::uint64_t x) {
-  x ^= x >> 33, x *= 0xff51afd7ed558ccdULL, x ^= x >> 33;
-  return x;
-}
+using mpi_check::Checker;
+using mpi_check::mix;
 
 // The same dataset on every rank, split into one scan per rank: files (folder) or whole
 // shards (webdataset) dealt by a hash.
@@ -146,12 +135,5 @@ int main(int argc, char** argv) {
   check_alltoall(c);
   check_catalog(c, /*sharded=*/false, 20000);
   check_catalog(c, /*sharded=*/true, 20000);
-  const auto total = mpi.allreduce_sum(c.failures);
-  const bool passed = total.ok() && *total == 0;
-  if (mpi.rank() == 0) {
-    std::printf("%s: catalog_mpitest ranks=%d (%llu failures)\n", passed ? "PASS" : "FAIL", mpi.size(),
-                total.ok() ? static_cast<unsigned long long>(*total) : 0ULL);
-  }
-  std::fflush(stdout);
-  return passed ? EXIT_SUCCESS : EXIT_FAILURE;
+  return mpi_check::verdict(c, "catalog_mpitest");
 }

@@ -24,26 +24,15 @@
 #include "common/sample_directory.h"
 #include "control/directory_exchange.h"
 #include "control/mpi_comm.h"
+#include "tests/mpi/mpi_check.h"
 
 namespace shardmix {
 namespace {
 
+using mpi_check::Checker;
+using mpi_check::mix;
+
 using namespace std::chrono_literals;
-
-struct Checker {
-  const MpiSession& mpi;
-  std::atomic<std::uint64_t> failures{0};
-  void check(bool ok, const std::string& what) {
-    if (ok) return;
-    ++failures;
-    std::fprintf(stderr, "[rank %d] FAIL: %s\n", mpi.rank(), what.c_str());
-  }
-};
-
-std::uint64_t mix(std::uint64_t x) {
-  x ^= x >> 33, x *= 0xff51afd7ed558ccdULL, x ^= x >> 33;
-  return x;
-}
 
 constexpr std::uint64_t kSamples = 30011;
 constexpr std::uint32_t kTrainersPerNode = 3;
@@ -215,12 +204,5 @@ int main(int argc, char** argv) {
   const Job job = make_job(mpi.size(), mpi.rank());
   check_plans(c, job);
   check_failures(c, job);
-  const auto total = mpi.allreduce_sum(c.failures.load());
-  const bool passed = total.ok() && *total == 0;
-  if (mpi.rank() == 0) {
-    std::printf("%s: directory_mpitest ranks=%d (%llu failures)\n", passed ? "PASS" : "FAIL", mpi.size(),
-                total.ok() ? static_cast<unsigned long long>(*total) : 0ULL);
-  }
-  std::fflush(stdout);
-  return passed ? EXIT_SUCCESS : EXIT_FAILURE;
+  return mpi_check::verdict(c, "directory_mpitest");
 }
