@@ -8,6 +8,21 @@
 #include "proto/directory_exchange.h"
 
 namespace shardmix {
+namespace {
+
+// Hands each message waiting with `tag` to `handle` (which returns a Status) until none is
+// left; the first receive or handler failure stops it and is returned. Main thread only.
+template <typename Handle>
+Status for_each_waiting(const MpiSession& mpi, int tag, Handle&& handle) {
+  for (;;) {
+    auto m = mpi.try_receive(tag);
+    if (!m.ok()) return m.status();
+    if (!m->has_value()) return Status::ok_status();
+    if (Status s = handle(**m); !s.ok()) return s;
+  }
+}
+
+}  // namespace
 
 MpiDirectoryExchange::MpiDirectoryExchange(const MpiSession& mpi, const OwnerShard& own,
                                            std::chrono::milliseconds timeout)
@@ -99,11 +114,7 @@ Status MpiDirectoryExchange::pump() {
 // outside the share gets an answer carrying the error, so the asker fails with it instead
 // of waiting out its timeout; neither harms this daemon.
 Status MpiDirectoryExchange::answer_asks() {
-  for (;;) {
-    auto m = mpi_.try_receive(kTagDirectoryAsk);
-    if (!m.ok()) return m.status();
-    if (!m->has_value()) return Status::ok_status();
-    const MpiSession::Message& msg = **m;
+  return for_each_waiting(mpi_, kTagDirectoryAsk, [this](const MpiSession::Message& msg) {
     const std::string asker = fmt::format("daemon rank {}", msg.source);
     proto::DirectoryAsk ask;
     proto::DirectoryAnswer answer;
@@ -132,22 +143,19 @@ Status MpiDirectoryExchange::answer_asks() {
     std::lock_guard lock(mutex_);
     ++counters_.asks_answered;
     counters_.entries_sent += sent;
-  }
+    return Status::ok_status();
+  });
 }
 
 Status MpiDirectoryExchange::take_answers() {
-  for (;;) {
-    auto m = mpi_.try_receive(kTagDirectoryAnswer);
-    if (!m.ok()) return m.status();
-    if (!m->has_value()) return Status::ok_status();
-    const MpiSession::Message& msg = **m;
+  return for_each_waiting(mpi_, kTagDirectoryAnswer, [this](const MpiSession::Message& msg) {
     proto::DirectoryAnswer answer;
     const std::string error = proto::decode_directory_answer(msg.bytes, fmt::format("daemon rank {}", msg.source), answer);
     std::lock_guard lock(mutex_);
     auto it = pending_.find(answer.request);
     // Unknown: the asker timed out and forgot it, or the message is too damaged to name
     // its request; nobody waits for it either way.
-    if (it == pending_.end()) continue;
+    if (it == pending_.end()) return Status::ok_status();
     Pending& p = it->second;
     if (!error.empty()) {
       finish_locked(answer.request, Status(StatusCode::kProtocol, error));
@@ -167,7 +175,8 @@ Status MpiDirectoryExchange::take_answers() {
       counters_.entries_received += answer.size();
       finish_locked(answer.request, Status::ok_status());
     }
-  }
+    return Status::ok_status();
+  });
 }
 
 void MpiDirectoryExchange::wait_for_asks(std::chrono::milliseconds max) {
