@@ -19,15 +19,27 @@ class GlobalPlanDirectory : public PlanDirectory {
   const GlobalDirectory& directory_;
 };
 
-// The sharded form: one entry per plan position, filled from the owners once per plan.
+// The sharded form: one entry per plan position, filled from the owners once per plan, and
+// the cold positions' storage locations in ascending position.
 class ResolvedPlanDirectory : public PlanDirectory {
  public:
-  explicit ResolvedPlanDirectory(std::vector<SampleInfo> entries) : entries_(std::move(entries)) {}
+  ResolvedPlanDirectory(std::vector<SampleInfo> entries, ColdLocations cold)
+      : entries_(std::move(entries)), cold_(std::move(cold)) {}
   SampleInfo at(std::uint64_t position, SampleId /*id*/) const override { return entries_[position]; }
-  std::uint64_t memory_bytes() const override { return sizeof(*this) + vector_bytes(entries_); }
+  std::optional<CatalogEntry> storage_location(std::uint64_t position) const override {
+    auto it = std::lower_bound(cold_.index.begin(), cold_.index.end(), position);
+    if (it == cold_.index.end() || *it != position) return std::nullopt;
+    const auto k = static_cast<std::size_t>(it - cold_.index.begin());
+    const SampleInfo& e = entries_[position];
+    return CatalogEntry{std::string(cold_.path(k)), e.bytes, e.label, cold_.shard[k], cold_.offset[k]};
+  }
+  std::uint64_t memory_bytes() const override {
+    return sizeof(*this) + vector_bytes(entries_) + cold_.memory_bytes();
+  }
 
  private:
   std::vector<SampleInfo> entries_;
+  ColdLocations cold_;
 };
 
 }  // namespace
@@ -132,8 +144,12 @@ std::uint64_t OwnerShard::memory_bytes() const {
          vector_bytes(shard_) + vector_bytes(offset_) + paths_.capacity() + vector_bytes(path_offsets_);
 }
 
+std::uint64_t ColdLocations::memory_bytes() const {
+  return vector_bytes(index) + vector_bytes(shard) + vector_bytes(offset) + vector_bytes(path_end) + paths.capacity();
+}
+
 Status describe_from(const OwnerShard& shard, std::span<const std::uint64_t> local, std::span<SampleInfo> out,
-                     std::string_view asker) {
+                     std::string_view asker, ColdLocations* cold) {
   if (out.size() != local.size()) {
     return make_error(StatusCode::kInternal, "{} asked for {} entries with room for {}", asker, local.size(),
                       out.size());
@@ -145,6 +161,9 @@ Status describe_from(const OwnerShard& shard, std::span<const std::uint64_t> loc
                         shard.size());
     }
     out[i] = shard.at(local[i]);
+    if (cold != nullptr && !out[i].resident()) {
+      cold->add(i, shard.shard(local[i]), shard.offset(local[i]), shard.path(local[i]));
+    }
   }
   return Status::ok_status();
 }
@@ -154,7 +173,7 @@ Status InProcessExchange::describe(std::span<const DescribeRequest> requests) co
     if (r.owner >= shards_.size()) {
       return make_error(StatusCode::kInternal, "no owner {} among {} nodes", r.owner, shards_.size());
     }
-    Status s = describe_from(shards_[r.owner], r.local, r.out, "an in-process reader");
+    Status s = describe_from(shards_[r.owner], r.local, r.out, "an in-process reader", r.cold);
     if (!s.ok()) return s.with_context(fmt::format("owner node {}", r.owner));
   }
   return Status::ok_status();
@@ -186,7 +205,13 @@ Result<std::unique_ptr<const PlanDirectory>> ShardedDirectory::resolve(std::span
   std::vector<std::uint64_t> local(order.size());
   std::vector<SampleInfo> answer(order.size());
   for (std::size_t j = 0; j < by_owner.size(); ++j) local[j] = where[by_owner[j]].index;
+  // Cold samples' locations come with their entries, one list per owner (indices in the
+  // owner's request), only when some node has cold samples.
   std::vector<DescribeRequest> requests;
+  std::vector<std::size_t> request_begin;  // requests[k] covers by_owner[request_begin[k]...]
+  std::vector<ColdLocations> cold;
+  ColdLocations own_cold;
+  std::size_t own_begin = 0;
   for (std::size_t begin = 0; begin < by_owner.size();) {
     const std::uint32_t owner = where[by_owner[begin]].node;
     std::size_t end = begin;
@@ -194,19 +219,50 @@ Result<std::unique_ptr<const PlanDirectory>> ShardedDirectory::resolve(std::span
     const std::span<const std::uint64_t> asked(local.data() + begin, end - begin);
     const std::span<SampleInfo> out(answer.data() + begin, end - begin);
     if (owner == node_) {
-      Status s = describe_from(own_, asked, out, "this node");
+      Status s = describe_from(own_, asked, out, "this node", any_cold_ ? &own_cold : nullptr);
       if (!s.ok()) return s;
+      own_begin = begin;
     } else {
       requests.push_back(DescribeRequest{owner, asked, out});
+      request_begin.push_back(begin);
     }
     begin = end;
+  }
+  if (any_cold_) {
+    cold.resize(requests.size());
+    for (std::size_t k = 0; k < requests.size(); ++k) requests[k].cold = &cold[k];
   }
   if (!requests.empty()) {
     Status s = exchange_.describe(requests);
     if (!s.ok()) return s.with_context(fmt::format("resolving a plan of {} samples on node {}", order.size(), node_));
   }
   for (std::size_t j = 0; j < by_owner.size(); ++j) entries[by_owner[j]] = answer[j];
-  return std::unique_ptr<const PlanDirectory>(std::make_unique<ResolvedPlanDirectory>(std::move(entries)));
+  // Each list's indices, from its request's numbering to plan positions, then all of them
+  // in ascending position (the scheduler looks them up by position).
+  std::vector<std::pair<std::uint64_t, std::pair<const ColdLocations*, std::size_t>>> by_position;
+  auto take = [&](const ColdLocations& of_owner, std::size_t begin) {
+    for (std::size_t k = 0; k < of_owner.size(); ++k) {
+      by_position.push_back({by_owner[begin + of_owner.index[k]], {&of_owner, k}});
+    }
+  };
+  for (std::size_t k = 0; k < cold.size(); ++k) take(cold[k], request_begin[k]);
+  take(own_cold, own_begin);
+  std::sort(by_position.begin(), by_position.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  ColdLocations located;
+  located.index.reserve(by_position.size());
+  located.shard.reserve(by_position.size());
+  located.offset.reserve(by_position.size());
+  located.path_end.reserve(by_position.size());
+  std::size_t path_bytes = 0;
+  for (const auto& list : cold) path_bytes += list.paths.size();
+  located.paths.reserve(path_bytes + own_cold.paths.size());
+  for (const auto& [position, from] : by_position) {
+    const auto& [list, k] = from;
+    located.add(position, list->shard[k], list->offset[k], list->path(k));
+  }
+  return std::unique_ptr<const PlanDirectory>(
+      std::make_unique<ResolvedPlanDirectory>(std::move(entries), std::move(located)));
 }
 
 DirectoryBytes ShardedDirectory::memory_bytes() const {

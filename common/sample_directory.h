@@ -14,13 +14,15 @@
 //    docs/decisions/0062).
 // A plan is resolved once, before its first batch is staged, into a PlanDirectory that the
 // scheduler reads by plan position; the global form keeps no copy, the sharded one holds
-// one SampleInfo per planned sample (24 bytes) while the plan is alive.
+// one SampleInfo per planned sample (24 bytes) while the plan is alive, plus the storage
+// location of each planned cold sample (its storage reader has no catalog to ask).
 // Thread-safety: directories and shards are immutable after construction and safe to share;
 // resolve() is const and may run on any thread.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -44,12 +46,44 @@ struct SampleInfo {
   bool resident() const { return arena_offset != kNotResident; }
 };
 
+// The storage locations of cold samples, for a node that holds no catalog to look them up
+// in (owner-side metadata), as parallel lists: sample k is at index[k] (a plan position, or
+// an index in an owner's request), in shard[k] at offset[k] for shard formats (the shard an
+// index into the job's shard table) or at path(k) for whole-file formats (0 and 0 then).
+// About 28 bytes a sample and its path; sizes and labels travel in the SampleInfo.
+struct ColdLocations {
+  std::vector<std::uint64_t> index;
+  std::vector<std::uint32_t> shard;
+  std::vector<std::uint64_t> offset;
+  std::vector<std::uint64_t> path_end;  // path k is paths[path_end[k - 1], path_end[k])
+  std::string paths;
+
+  std::size_t size() const { return index.size(); }
+  void add(std::uint64_t at, std::uint32_t in_shard, std::uint64_t at_offset, std::string_view path) {
+    index.push_back(at);
+    shard.push_back(in_shard);
+    offset.push_back(at_offset);
+    paths.append(path);
+    path_end.push_back(paths.size());
+  }
+  std::string_view path(std::size_t k) const {
+    const std::uint64_t begin = k == 0 ? 0 : path_end[k - 1];
+    return std::string_view(paths).substr(begin, path_end[k] - begin);
+  }
+  std::uint64_t memory_bytes() const;
+};
+
 // Where one plan's samples are.
 class PlanDirectory {
  public:
   virtual ~PlanDirectory() = default;
   // The sample at plan position `position`, whose id is `id` (plan.order[position]).
   virtual SampleInfo at(std::uint64_t position, SampleId id) const = 0;
+  // The storage location of the cold sample at `position` (its size, label and file, as the
+  // scan found them), when this node holds no catalog to look it up in (the sharded form);
+  // none in the global form, whose storage readers read by id from the catalog, and none
+  // for a sample resident on its owner (its location is known only there).
+  virtual std::optional<CatalogEntry> storage_location(std::uint64_t /*position*/) const { return std::nullopt; }
   // Bytes this object holds (part of the scheduler's metadata figure).
   virtual std::uint64_t memory_bytes() const = 0;
 };
@@ -110,6 +144,8 @@ class OwnerShard {
                                  std::uint64_t seed);
 
   std::uint64_t size() const { return bytes_.size(); }
+  // Every sample's bytes, by local index.
+  const std::vector<std::uint64_t>& sizes() const { return bytes_; }
   SampleInfo at(std::uint64_t local) const {
     return SampleInfo{bytes_[local], arena_offset_[local], node_, labels_[local]};
   }
@@ -158,11 +194,13 @@ class OwnerShard {
 };
 
 // One owner's part of a plan: `local[i]` is an index in `owner`'s share; out[i] receives
-// its entry (out.size() == local.size()).
+// its entry (out.size() == local.size()), and `cold`, when given, receives the storage
+// location of every i whose sample is cold, with index i, in ascending i.
 struct DescribeRequest {
   std::uint32_t owner = 0;
   std::span<const std::uint64_t> local;
   std::span<SampleInfo> out;
+  ColdLocations* cold = nullptr;
 };
 
 // How a node asks owners for the entries of samples they own. One call per plan, with one
@@ -175,10 +213,11 @@ class DirectoryExchange {
   virtual Status describe(std::span<const DescribeRequest> requests) const = 0;
 };
 
-// An owner's answer from its shard: out[i] = shard.at(local[i]), or an error naming
-// `asker` and the first index outside the share. Every exchange answers through it.
+// An owner's answer from its shard: out[i] = shard.at(local[i]) and, with `cold`, the
+// locations of the cold ones appended with index i; or an error naming `asker` and the
+// first index outside the share. Every exchange answers through it.
 Status describe_from(const OwnerShard& shard, std::span<const std::uint64_t> local, std::span<SampleInfo> out,
-                     std::string_view asker);
+                     std::string_view asker, ColdLocations* cold = nullptr);
 
 // An exchange inside one process: the owners' shards are at hand (the simulator's).
 class InProcessExchange : public DirectoryExchange {

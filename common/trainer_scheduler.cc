@@ -400,7 +400,7 @@ bool TrainerScheduler::stage_next(const std::shared_ptr<Pass>& pass) {
         slot.state = SlotState::kFetching;
         const std::uint32_t group = cold ? kStorageGroup : context_.window > 0 ? owner : 0;
         if (cold) {
-          cold_reads.push_back({id, length, d.offset});
+          cold_reads.push_back({id, length, d.offset, p.where->storage_location(i)});
         } else {
           reads[group].push_back({owner, source.offset, length, d.offset});
           if (source.pin) pins[group].push_back(std::move(source.pin));
@@ -748,7 +748,8 @@ void TrainerScheduler::reroute_to_storage(const std::shared_ptr<Pass>& pass,
     slot.peer = kNoPeer;
     slot.state = SlotState::kFetching;
     slot.descriptor.tier = static_cast<std::uint8_t>(proto::Tier::kStorage);
-    reads.push_back({slot.descriptor.sample_id, slot.descriptor.length, slot.descriptor.offset});
+    reads.push_back({slot.descriptor.sample_id, slot.descriptor.length, slot.descriptor.offset,
+                     pass->where->storage_location(position)});
   }
   if (rerouted) {
     rerouted_samples_ += positions.size();

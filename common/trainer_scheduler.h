@@ -101,6 +101,9 @@ struct StorageRead {
   SampleId sample;
   std::uint64_t length;
   std::uint64_t staging_offset;
+  // Where the sample is on storage when the reader has no catalog to look `sample` up in
+  // (owner-side metadata: PlanDirectory::storage_location); empty = by id from the catalog.
+  std::optional<CatalogEntry> location = std::nullopt;
 };
 
 // What a group of storage reads reports: each read that failed, as its index in the

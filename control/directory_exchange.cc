@@ -8,6 +8,7 @@
 #include "proto/directory_exchange.h"
 
 namespace shardmix {
+static_assert(proto::kDirectoryNotResident == kNotResident);
 namespace {
 
 // Hands each message waiting with `tag` to `handle` (which returns a Status) until none is
@@ -20,6 +21,29 @@ Status for_each_waiting(const MpiSession& mpi, int tag, Handle&& handle) {
     if (!m->has_value()) return Status::ok_status();
     if (Status s = handle(**m); !s.ok()) return s;
   }
+}
+
+// An owner's answer from describe_from's entries and cold locations (indices ascending).
+Status fill_answer(std::span<const SampleInfo> entries, ColdLocations cold, proto::DirectoryAnswer& answer) {
+  if (cold.paths.size() > proto::kMaxDirectoryPathBytes) {
+    return make_error(StatusCode::kResourceExhausted,
+                      "the paths of the {} cold samples asked for come to {} bytes, over the {} one answer carries",
+                      cold.size(), cold.paths.size(), proto::kMaxDirectoryPathBytes);
+  }
+  answer.bytes.reserve(entries.size());
+  answer.arena_offset.reserve(entries.size());
+  answer.labels.reserve(entries.size());
+  for (const SampleInfo& e : entries) {
+    answer.bytes.push_back(e.bytes);
+    answer.arena_offset.push_back(e.arena_offset);
+    answer.labels.push_back(e.label);
+  }
+  answer.cold_entry.assign(cold.index.begin(), cold.index.end());  // < the ask's 2^24 indices
+  answer.cold_shard = std::move(cold.shard);
+  answer.cold_offset = std::move(cold.offset);
+  answer.cold_path_end = std::move(cold.path_end);
+  answer.cold_paths = std::move(cold.paths);
+  return Status::ok_status();
 }
 
 }  // namespace
@@ -52,7 +76,7 @@ Status MpiDirectoryExchange::describe(std::span<const DescribeRequest> requests)
       ask.request = next_request_++;
       ask.indices.assign(r.local.begin() + static_cast<std::ptrdiff_t>(begin),
                          r.local.begin() + static_cast<std::ptrdiff_t>(begin + n));
-      pending_[ask.request] = Pending{&call, r.owner, r.out.subspan(begin, n)};
+      pending_[ask.request] = Pending{&call, r.owner, r.out.subspan(begin, n), r.cold, begin};
       outgoing_.push_back(Outgoing{r.owner, proto::encode_directory_ask(ask)});
       mine.push_back(ask.request);
       ++call.remaining;
@@ -122,19 +146,10 @@ Status MpiDirectoryExchange::answer_asks() {
     answer.request = ask.request;
     if (error.empty()) {
       std::vector<SampleInfo> entries(ask.indices.size());
-      Status s = describe_from(own_, ask.indices, entries, asker);
-      if (s.ok()) {
-        answer.bytes.reserve(entries.size());
-        answer.arena_offset.reserve(entries.size());
-        answer.labels.reserve(entries.size());
-        for (const SampleInfo& e : entries) {
-          answer.bytes.push_back(e.bytes);
-          answer.arena_offset.push_back(e.arena_offset);
-          answer.labels.push_back(e.label);
-        }
-      } else {
-        error = s.message();
-      }
+      ColdLocations cold;
+      Status s = describe_from(own_, ask.indices, entries, asker, &cold);
+      if (s.ok()) s = fill_answer(entries, std::move(cold), answer);
+      if (!s.ok()) error = s.message();
     }
     answer.error = error.empty() ? std::string() : fmt::format("owner daemon rank {}: {}", mpi_.rank(), error);
     const std::size_t sent = answer.size();
@@ -171,6 +186,12 @@ Status MpiDirectoryExchange::take_answers() {
     } else {
       for (std::size_t i = 0; i < answer.size(); ++i) {
         p.out[i] = SampleInfo{answer.bytes[i], answer.arena_offset[i], p.owner, answer.labels[i]};
+      }
+      if (p.cold != nullptr) {
+        for (std::size_t k = 0; k < answer.cold_entry.size(); ++k) {
+          p.cold->add(p.first + answer.cold_entry[k], answer.cold_shard[k], answer.cold_offset[k],
+                      answer.cold_path(k));
+        }
       }
       counters_.entries_received += answer.size();
       finish_locked(answer.request, Status::ok_status());

@@ -73,6 +73,8 @@ class MpiDirectoryExchange : public DirectoryExchange {
     Call* call = nullptr;
     std::uint32_t owner = 0;
     std::span<SampleInfo> out;
+    ColdLocations* cold = nullptr;  // the request's, or null
+    std::uint64_t first = 0;                     // out[0]'s index in the request (asks are cut)
   };
   struct Outgoing {
     std::uint32_t owner = 0;

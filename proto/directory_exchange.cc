@@ -33,11 +33,36 @@ std::string decode_directory_answer(std::span<const std::uint8_t> bytes, std::st
     return what + ": request " + std::to_string(out.request) + " carries an error and " + std::to_string(out.size()) +
            " entries";
   }
+  const std::string of_request = " of request " + std::to_string(out.request);
+  std::size_t k = 0;  // the next cold location
   for (std::size_t i = 0; i < out.size(); ++i) {
     if (out.labels[i] < 0) {
-      return what + ": entry " + std::to_string(i) + " of request " + std::to_string(out.request) +
-             " has negative label " + std::to_string(out.labels[i]);
+      return what + ": entry " + std::to_string(i) + of_request + " has negative label " + std::to_string(out.labels[i]);
     }
+    const bool cold = out.arena_offset[i] == kDirectoryNotResident;
+    const bool located = k < out.cold_entry.size() && out.cold_entry[k] == i;
+    if (cold != located) {
+      return what + ": entry " + std::to_string(i) + of_request + (cold ? " is cold but has no storage location"
+                                                                         : " is resident but has a storage location");
+    }
+    if (located) {
+      const std::uint64_t begin = k == 0 ? 0 : out.cold_path_end[k - 1];
+      if (out.cold_path_end[k] < begin || out.cold_path_end[k] > out.cold_paths.size()) {
+        return what + ": cold entry " + std::to_string(i) + of_request + " has its path at [" + std::to_string(begin) +
+               ", " + std::to_string(out.cold_path_end[k]) + ") of " + std::to_string(out.cold_paths.size()) +
+               " path bytes";
+      }
+      ++k;
+    }
+  }
+  if (k != out.cold_entry.size()) {
+    return what + ": cold location " + std::to_string(k) + of_request + " names entry " +
+           std::to_string(out.cold_entry[k]) + " out of order or beyond the " + std::to_string(out.size()) +
+           " entries";
+  }
+  if (!out.cold_entry.empty() && out.cold_path_end.back() != out.cold_paths.size()) {
+    return what + ": request " + std::to_string(out.request) + " carries " +
+           std::to_string(out.cold_paths.size() - out.cold_path_end.back()) + " path bytes past its last path";
   }
   return {};
 }

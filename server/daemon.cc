@@ -12,6 +12,7 @@
 #include <boost/asio.hpp>
 
 #include <algorithm>
+#include <numeric>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -571,6 +572,12 @@ class Daemon {
   // Rank 0's summary of dataset_ (and the damage the scan skipped); `form` follows "catalog".
   void log_catalog(std::size_t class_names, std::size_t shards, std::string_view form) const;
   Status place_owner_side(const JobShape& job);
+  // This node's residency split (when it has cold samples) and rank 0's storage-tier summary,
+  // for either form of metadata. Exact figures: tests/e2e/check_storage.py checks them.
+  struct Residency {
+    std::uint64_t resident = 0, owned = 0, resident_bytes = 0, owned_bytes = 0, cold = 0, cold_bytes = 0;
+  };
+  void log_residency(const Residency& mine, std::uint64_t total_cold, std::uint64_t total_cold_bytes) const;
   Status make_unloaded_samples_cold(const LoadStats& loaded);
   Status place();
   Status create_regions();
@@ -641,6 +648,7 @@ class Daemon {
   OwnerEntries share_;
   Ownership ownership_;
   OwnerShard own_;
+  Catalog storage_files_;  // owner-side: the shard table the cold readers resolve locations in
   std::vector<std::uint64_t> cached_bytes_per_node_;  // resident bytes by rank (load progress)
   PlanShape shape_;
   std::uint64_t capacity_ = kNoCapacityLimit;  // this node's cache.capacity in bytes
@@ -786,6 +794,24 @@ Status Daemon::build_catalog() {
   return Status::ok_status();
 }
 
+void Daemon::log_residency(const Residency& mine, std::uint64_t total_cold, std::uint64_t total_cold_bytes) const {
+  if (mine.cold > 0) {
+    log_->info("cache: {} of {} owned samples resident ({} of {} bytes, arena {} bytes; cache.capacity {} = {} "
+               "bytes); {} cold samples ({} bytes) are read from storage when a trainer needs them{}",
+               mine.resident, mine.owned, mine.resident_bytes, mine.owned_bytes, arena_bytes_,
+               config_.cache.capacity_text, config_.cache.capacity_bytes, mine.cold, mine.cold_bytes,
+               owner_side_ ? " (by whichever daemon serves it: the owner's directory answer carries their locations)"
+                           : "");
+  }
+  if (rank_ == 0 && total_cold > 0) {
+    log_->info("storage tier: {} of {} samples ({:.1f}%, {:.1f} MB) fit in no node's cache.capacity and are read "
+               "from storage every epoch; service.cold_readahead_batches {}, {} storage readers per node",
+               total_cold, dataset_.samples,
+               100.0 * static_cast<double>(total_cold) / static_cast<double>(dataset_.samples),
+               total_cold_bytes / 1e6, config_.service.cold_readahead_batches, config_.service.loader_threads);
+  }
+}
+
 void Daemon::log_catalog(std::size_t class_names, std::size_t shards, std::string_view form) const {
   if (rank_ != 0) return;
   log_->info("catalog{}: {} samples, {} classes, {:.1f} MB{}", form, dataset_.samples, class_names,
@@ -868,31 +894,25 @@ Status Daemon::place_owner_side(const JobShape& job) {
     std::uint64_t samples = 0;
     std::uint64_t cold = 0;
     std::uint64_t cached_bytes = 0;
+    std::uint64_t cold_bytes = 0;
   };
-  auto shares = allgather_values(mpi_, ShareSummary{own_.size(), own_.cold_samples(), own_.cached_bytes()},
-                                 "owner-side share summary");
+  const std::uint64_t share_bytes = std::accumulate(own_.sizes().begin(), own_.sizes().end(), std::uint64_t{0});
+  auto shares = allgather_values(
+      mpi_, ShareSummary{own_.size(), own_.cold_samples(), own_.cached_bytes(), share_bytes - own_.cached_bytes()},
+      "owner-side share summary");
   if (!shares.ok()) return shares.status();
   std::vector<std::uint64_t> cold;
-  Status limits;
+  std::uint64_t total_cold = 0, total_cold_bytes = 0;
   for (int r = 0; r < nodes_; ++r) {
     const ShareSummary& k = (*shares)[static_cast<std::size_t>(r)];
     cold.push_back(k.cold);
+    total_cold += k.cold;
+    total_cold_bytes += k.cold_bytes;
     cached_bytes_per_node_.push_back(k.cached_bytes);
-    if (k.cold > 0 && limits.ok()) {
-      // Every rank sees the same table, so every rank fails alike, naming the first node.
-      limits = make_error(StatusCode::kInvalidArgument,
-                          "dataset.metadata = \"owner\" needs every sample resident for now (a non-owner cannot "
-                          "read a cold sample from storage without its path): daemon rank {} keeps {} of its {} "
-                          "samples cold within cache.capacity {} ({} bytes); raise cache.capacity, add nodes, or "
-                          "set dataset.metadata = \"global\"",
-                          r, k.cold, k.samples, config_.cache.capacity_text,
-                          node_capacities_[static_cast<std::size_t>(r)]);
-    }
   }
+  Status limits;
   // The job's largest batch from every node's batch.size largest samples (O(P x batch)).
-  std::vector<std::uint64_t> sizes(own_.size());
-  for (std::uint64_t i = 0; i < own_.size(); ++i) sizes[i] = own_.at(i).bytes;
-  std::vector<std::uint64_t> mine = largest(std::move(sizes), config_.batch.size);
+  std::vector<std::uint64_t> mine = largest(own_.sizes(), config_.batch.size);
   auto gathered = mpi_.allgather(
       std::span(reinterpret_cast<const std::uint8_t*>(mine.data()), mine.size() * sizeof(std::uint64_t)));
   if (!gathered.ok()) return gathered.status();
@@ -918,17 +938,17 @@ Status Daemon::place_owner_side(const JobShape& job) {
   // declare an owner dead, so a dead owner stops the job with the detector's message.
   exchange_ = std::make_unique<MpiDirectoryExchange>(
       mpi_, own_, std::chrono::duration_cast<std::chrono::milliseconds>(3 * config_.fault.peer_timeout));
-  // The shard table and class names every node keeps (O(files)), counted as the catalog
-  // counts its own (Catalog::file_table_bytes: heap buffers beyond the small-string one).
-  std::uint64_t file_table_bytes = 0;
-  for (const auto* table : {&share_.tables.shards, &share_.tables.class_names}) {
-    file_table_bytes += table->capacity() * sizeof(std::string);
-    for (const std::string& t : *table) file_table_bytes += t.capacity() > 15 ? t.capacity() + 1 : 0;
-  }
+  // The shard table and class names every node keeps (O(files)), as a catalog without
+  // samples: the cold readers resolve a location's shard index in it (reads carry their
+  // locations). The routed copy of the table goes with the routed entries after the load.
+  storage_files_ = Catalog::of_share(share_.tables.shards, {}, share_.tables.class_names);
   directory_ = std::make_unique<ShardedDirectory>(static_cast<std::uint32_t>(rank_), ownership_, own_, *exchange_,
-                                                  std::move(cold), file_table_bytes);
+                                                  std::move(cold), storage_files_.file_table_bytes());
   digest_ = plan_digest(dataset_.digest, dataset_.samples, job, config_.shuffle, config_.dataset.placement);
   arena_bytes_ = own_.arena_bytes();
+  log_residency(Residency{own_.cached_samples(), own_.size(), own_.cached_bytes(), share_bytes, own_.cold_samples(),
+                          share_bytes - own_.cached_bytes()},
+                total_cold, total_cold_bytes);
   phases_.mark("placement");
   return Status::ok_status();
 }
@@ -1008,23 +1028,11 @@ Status Daemon::place() {
   arena_bytes_ = rotating_ ? rotating_arena_bytes(catalog_.sizes(), placement_, static_cast<std::uint32_t>(rank_),
                                                   capacity_)
                            : placement_.arena_bytes[me];
-  if (placement_.cold_samples[me] > 0) {
-    // Exact figures: tests/e2e/check_storage.py checks them against the traces.
-    log_->info("cache: {} of {} owned samples resident ({} of {} bytes, arena {} bytes; cache.capacity {} = {} "
-               "bytes); {} cold samples ({} bytes) are read from storage when a trainer needs them",
-               placement_.cached[me].size(), placement_.owned[me].size(), placement_.cached_bytes[me],
-               placement_.sample_bytes[me], arena_bytes_, config_.cache.capacity_text, config_.cache.capacity_bytes,
-               placement_.cold_samples[me], placement_.cold_bytes[me]);
-  }
-  if (rank_ == 0 && placement_.total_cold_samples() > 0) {
-    std::uint64_t cold_bytes = 0;
-    for (std::uint64_t b : placement_.cold_bytes) cold_bytes += b;
-    log_->info("storage tier: {} of {} samples ({:.1f}%, {:.1f} MB) fit in no node's cache.capacity and are read "
-               "from storage every epoch; service.cold_readahead_batches {}, {} storage readers per node",
-               placement_.total_cold_samples(), catalog_.size(),
-               100.0 * static_cast<double>(placement_.total_cold_samples()) / static_cast<double>(catalog_.size()),
-               cold_bytes / 1e6, config_.service.cold_readahead_batches, config_.service.loader_threads);
-  }
+  std::uint64_t total_cold_bytes = 0;
+  for (std::uint64_t b : placement_.cold_bytes) total_cold_bytes += b;
+  log_residency(Residency{placement_.cached[me].size(), placement_.owned[me].size(), placement_.cached_bytes[me],
+                          placement_.sample_bytes[me], placement_.cold_samples[me], placement_.cold_bytes[me]},
+                placement_.total_cold_samples(), total_cold_bytes);
   // Staging holds every non-local sample of a staged batch (peer or cold): it must hold the
   // largest possible batch, or a trainer could never be served.
   Status limits;
@@ -1145,8 +1153,7 @@ Status Daemon::load() {
     loaded = load_samples(share, std::move(targets), static_cast<std::uint32_t>(rank_), config_.dataset,
                           config_.service.loader_threads, arena_->data(), std::ref(load_reporter),
                           [this] { return stop_.requested(); }, config_.inject.load_delay, open_shards_.get());
-    share_.entries = {};
-    share_.ids = {};
+    share_ = {};
   } else {
     loaded = load_owned_samples(catalog_, placement_, static_cast<std::uint32_t>(rank_), config_.dataset,
                                 config_.service.loader_threads, arena_->data(), std::ref(load_reporter),
@@ -1260,7 +1267,7 @@ Status Daemon::start_service() {
   degrade_ = config_.fault.peer_death == "degrade";
   if (directory_->has_cold_samples() || degrade_) {
     storage_readers_ = std::make_unique<StorageReaderPool>(
-        catalog_, config_.dataset, staging_->data(), config_.service.loader_threads,
+        owner_side_ ? storage_files_ : catalog_, config_.dataset, staging_->data(), config_.service.loader_threads,
         [this](std::function<void()> f) { boost::asio::post(io_, std::move(f)); }, config_.inject.storage_delay,
         open_shards_.get());
     if (config_.inject.storage_delay.count() > 0) {
@@ -1420,9 +1427,7 @@ Status Daemon::publish_ready() {
     job_record.trainers_per_node = config_.service.trainers_per_node;
     if (owner_side_) {
       // Rank 0's share stands for the dataset: under spread it is a uniform random sample.
-      std::vector<std::uint64_t> sizes(own_.size());
-      for (std::uint64_t i = 0; i < own_.size(); ++i) sizes[i] = own_.at(i).bytes;
-      set_dataset_figures(job_record, sizes);
+      set_dataset_figures(job_record, own_.sizes());
     } else {
       set_dataset_figures(job_record, catalog_.sizes());
     }

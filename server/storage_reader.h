@@ -44,7 +44,10 @@ class StorageReaderPool : public StorageFetcher {
   using Post = std::function<void(std::function<void()>)>;
 
   // Reads land at `staging_base + StorageRead::staging_offset`; the region, the catalog
-  // and the dataset config must outlive the pool. `threads` >= 1.
+  // and the dataset config must outlive the pool. `threads` >= 1. Under owner-side
+  // metadata `catalog` holds only the job's shard table (Catalog::of_share with no
+  // entries) and every read carries its location (StorageRead::location), shard formats'
+  // as an index into that table.
   // `delay` (inject.storage_delay) holds each reader that much longer per read, emulating
   // a parallel file system's latency. `open_shards` (null = open per read) supplies shard
   // descriptors and must outlive the pool.
@@ -67,12 +70,14 @@ class StorageReaderPool : public StorageFetcher {
     std::mutex mutex;  // guards outcome
     StorageOutcome outcome;
     std::function<void(const StorageOutcome&)> done;
+    // Reads that carry their locations: read i is sample i of this catalog of their own.
+    std::shared_ptr<const Catalog> located;
   };
   struct Job {
     StorageRead read;
     std::size_t index = 0;  // in its group's reads
     std::shared_ptr<Group> group;
-    trace::Key traced;  // the batch it belongs to (the trace's sampling key)
+    trace::Key traced{};  // the batch it belongs to (the trace's sampling key)
   };
   void run();
   // S3 datasets: the group's reads go to the S3 client at once (storage.s3.concurrency in
@@ -80,6 +85,10 @@ class StorageReaderPool : public StorageFetcher {
   void fetch_s3(std::vector<StorageRead> reads, std::shared_ptr<Group> group);
   // kInternal unless the read's length is its sample's in the catalog.
   Status check_against_catalog(const StorageRead& r) const;
+  // What job reads: its group's catalog and id there (located reads) or the pool's.
+  std::pair<const Catalog*, SampleId> source_of(const Job& job) const;
+  // Fails every read of `group` with `why` (posted like any completion).
+  void fail_all(const std::vector<StorageRead>& reads, const std::shared_ptr<Group>& group, const Status& why);
   // Counts one finished read and records it in its group.
   void record(const Job& job, const Status& s);
   // Records one finished read of `group`; the last one posts the group's completion.

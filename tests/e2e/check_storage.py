@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks the storage tier of an end-to-end run (tests/e2e/run_e2e.sh with
 SHARDMIX_E2E_CAPACITY_FACTOR): what the daemons say they keep resident and cold, against
-the traces the trainers wrote and the files on disk.
+the traces the trainers wrote (whose bytes check_traces.py has checked against the files),
+for any format: a shard format's sample is its "<shard>@<offset>" row.
 
  - every daemon logged its residency split; resident bytes (the arena) fit cache.capacity,
    and first fit left less room than the largest sample (nothing cold would still fit);
@@ -42,7 +43,6 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--log", required=True)
     p.add_argument("--trace", required=True)
-    p.add_argument("--dataset", required=True)
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--epochs", type=int, required=True)
     p.add_argument("--capacity", type=int, required=True, help="cache.capacity per node, bytes")
@@ -55,13 +55,17 @@ def main() -> int:
     p.add_argument("--reuse-rounds", type=int, default=0)
     a = p.parse_args()
 
-    sizes = {}
-    for d, dirs, files in os.walk(a.dataset):
-        dirs[:] = [x for x in dirs if not x.startswith(".")]
-        for f in files:
-            if not f.startswith("."):
-                full = os.path.join(d, f)
-                sizes[os.path.relpath(full, a.dataset).replace(os.sep, "/")] = os.path.getsize(full)
+    # The dataset as the trainers received it (check_traces.py has checked every sample once
+    # per epoch against the files): its samples and their bytes, from epoch 0. For shard
+    # formats a sample is "<shard>@<offset>" and its bytes are the sample's, not the shard's.
+    rows = []
+    for path in glob.glob(os.path.join(a.trace, "rank-*.csv")):
+        with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
+            rows.extend(csv.DictReader(f))
+    sizes = {r["path"]: int(r["bytes"]) for r in rows if int(r["epoch"]) == 0}
+    if not sizes:
+        print(f"storage check: FAIL\n  no epoch-0 rows in {a.trace}")
+        return 1
     total = sum(sizes.values())
     largest = max(sizes.values())
     n = len(sizes)
@@ -91,14 +95,10 @@ def main() -> int:
     if len(cache) == a.nodes and owned_total != n:
         problems.append(f"daemons own {owned_total} samples, the dataset has {n}")
 
-    storage_sets = []
-    for e in range(a.epochs):
-        storage_sets.append(set())
-    for path in glob.glob(os.path.join(a.trace, "rank-*.csv")):
-        with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
-            for r in csv.DictReader(f):
-                if r["tier"] == "storage":
-                    storage_sets[int(r["epoch"])].add(r["path"])
+    storage_sets = [set() for _ in range(a.epochs)]
+    for r in rows:
+        if r["tier"] == "storage":
+            storage_sets[int(r["epoch"])].add(r["path"])
     lo = total - a.nodes * a.capacity
     hi = lo + a.nodes * align(largest) + padding
     reusing = a.reuse_rounds > 0

@@ -33,7 +33,8 @@
 # decision 0063): the job runs owner-side, then once more with the global catalog; the two
 # traces must be identical but for the path column (the owner-side daemons hold no catalog
 # to name paths with), check_traces.py judges the global run's against the files, and each
-# owner-side daemon must report less catalog than a global one).
+# owner-side daemon must report less catalog than a global one). With a capacity factor the
+# storage tier's checks read the owner-side daemons' log against the global run's trace.
 # SHARDMIX_E2E_UNEVEN_CAPACITY=1 (with a capacity factor: daemon rank r gets cache.capacity
 # x (2 + r) / 2 through SHARDMIX_CACHE_CAPACITY, as nodes with different RAM would under
 # the default "0.8"; delivery must stay byte-identical to the files; check_storage.py,
@@ -237,20 +238,6 @@ finish("owner-side against global", text, problems,
        f"{compared} rows identical in {len(files)} files but for the path; owner-side catalog bytes "
        + ", ".join(f"{o[r][0]}/{g[r][0]}" for r in sorted(o) if r in g) + " (owner-side/global)")
 PY
-  sm_section "owner-side with samples that fit no cache: every daemon refuses, naming a rank"
-  # A capacity of a quarter of a node's share: cold samples, which owner-side cannot serve yet.
-  dataset_bytes=$(du -sb --apparent-size "$data" | cut -f1)
-  sm_write_config "$tmp/e2e-cold.toml" "${settings[@]}" dataset.metadata=owner \
-    cache.capacity=$((dataset_bytes / nodes / 4))
-  cold_rc=0
-  e2e_launch "$timeout_s" "$tmp/daemons-cold.log" --nodes "$nodes" --config "$tmp/e2e-cold.toml" \
-    --trainers-per-node "$per_node" -- "$consume" --epochs 1 >"$tmp/cold.out" 2>&1 || cold_rc=$?
-  ((cold_rc != 0)) || sm_die "owner-side metadata with cold samples started anyway" 1
-  refusals=$(grep -c 'needs every sample resident for now (.*): daemon rank [0-9]* keeps [0-9]* of its' \
-    "$tmp/daemons-cold.log" || true)
-  ((refusals >= nodes)) || sm_die "$refusals of $nodes daemons named the rank with cold samples (log $tmp/daemons-cold.log)" 1
-  echo "refused on every daemon: $(grep -o 'daemon rank [0-9]* keeps [0-9]* of its [0-9]* samples cold' \
-    "$tmp/daemons-cold.log" | sort -u | head -1)"
   # check_traces.py judges the global run, whose paths name the files; the owner-side run
   # delivered the same samples with the same xxh64.
   trace=$tmp/trace-global
@@ -299,7 +286,7 @@ fi
 
 if ((capacity > 0 && uneven_capacity == 0)); then
   sm_section "storage tier"
-  "$python" "$SM_E2E/check_storage.py" --log "$tmp/daemons.log" --trace "$trace" --dataset "$data" \
+  "$python" "$SM_E2E/check_storage.py" --log "$tmp/daemons.log" --trace "$trace" \
     --nodes "$nodes" --epochs "$epochs" --capacity "$capacity" --trainers "$trainers" --batch-size "$batch" \
     --prefetch 4 --readahead "$readahead" --window "$window" --rotation-epochs "$rotation" \
     --reuse-rounds "$reuse_rounds"

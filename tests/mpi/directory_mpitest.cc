@@ -3,7 +3,8 @@
 // resolves its trainers' plans through a ShardedDirectory over MpiDirectoryExchange from
 // several threads at once, while its main thread moves the asks and answers the other
 // ranks'. Each resolved entry must equal what the global catalog and the tabulated
-// placement say (GlobalDirectory), cold samples included. Then the failures: an index
+// placement say (GlobalDirectory), cold samples included, and each cold sample's storage
+// location (its file) must come with it. Then the failures: an index
 // outside an owner's share, an owner declared dead, and an owner that does not answer in
 // time, each an error naming the owner's rank, with no rank hanging.
 // Prints PASS/FAIL on rank 0; exits non-zero on every rank on failure.
@@ -91,7 +92,7 @@ void check_plans(Checker& c, const Job& j) {
   const GlobalDirectory global(j.catalog, j.placement);
   const EpochPlanner planner(j.shape, j.ownership, ShuffleConfig{.seed = kSeed});
   std::atomic<bool> done{false};
-  std::atomic<std::uint64_t> resolved{0}, foreign{0}, cold_seen{0};
+  std::atomic<std::uint64_t> resolved{0}, foreign{0}, cold_seen{0}, foreign_cold{0};
   std::vector<std::thread> trainers;
   for (std::uint32_t t = 0; t < kTrainersPerNode; ++t) {
     trainers.emplace_back([&, t] {
@@ -113,8 +114,21 @@ void check_plans(Checker& c, const Job& j) {
                                        reference->at(p, id).bytes));
             break;
           }
+          // A cold sample's file comes with it, from whichever node owns it.
+          const std::optional<CatalogEntry> stored = (*where)->storage_location(p);
+          if (got.resident() == stored.has_value() ||
+              (stored && (stored->path != j.catalog.path(id) || stored->size != got.bytes ||
+                                     stored->label != got.label))) {
+            c.check(false, fmt::format("epoch {} trainer {} position {} (sample {}, owner {}, {}): storage location "
+                                       "'{}', expected {}",
+                                       epoch, t, p, id, got.owner, got.resident() ? "resident" : "cold",
+                                       stored ? stored->path : "(none)",
+                                       got.resident() ? "none" : std::string(j.catalog.path(id))));
+            break;
+          }
           foreign += got.owner != me;
           cold_seen += !got.resident();
+          foreign_cold += !got.resident() && got.owner != me;
         }
         ++resolved;
       }
@@ -129,6 +143,7 @@ void check_plans(Checker& c, const Job& j) {
   c.check(resolved == 3 * kTrainersPerNode, fmt::format("{} plans resolved", resolved.load()));
   if (c.mpi.size() > 1) c.check(foreign > 0, "no plan held a foreign sample: the exchange was not exercised");
   c.check(cold_seen > 0, "no cold sample in any plan");
+  if (c.mpi.size() > 1) c.check(foreign_cold > 0, "no foreign cold sample in any plan: no location crossed the wire");
   const auto n = exchange.counters();
   if (c.mpi.size() > 1) {
     c.check(n.asks_sent == 3 * kTrainersPerNode * (c.mpi.size() - 1),

@@ -298,11 +298,72 @@ TEST(DirectoryExchangeWire, RoundTripsAndNamesWhatIsWrong) {
   answer.bytes = {10, 20, 30};
   answer.arena_offset = {0, kNotResident, 64};
   answer.labels = {2, 0, 1};
+  // Entry 1 is cold: its storage location travels with it (a whole-file format's path).
+  answer.cold_entry = {1};
+  answer.cold_shard = {0};
+  answer.cold_offset = {0};
+  answer.cold_paths = "cat/0001.jpg";
+  answer.cold_path_end = {answer.cold_paths.size()};
   const std::vector<std::uint8_t> bytes = proto::encode_directory_answer(answer);
   proto::DirectoryAnswer back;
   ASSERT_EQ(proto::decode_directory_answer(bytes, "daemon rank 1", back), "");
   EXPECT_EQ(back.arena_offset, answer.arena_offset);
   EXPECT_EQ(back.labels, answer.labels);
+  EXPECT_EQ(back.cold_entry, answer.cold_entry);
+  EXPECT_EQ(back.cold_path(0), "cat/0001.jpg");
+
+  // The cold list must name exactly the cold entries, with paths inside cold_paths.
+  auto refusal = [](proto::DirectoryAnswer a) {
+    proto::DirectoryAnswer out;
+    return proto::decode_directory_answer(proto::encode_directory_answer(a), "daemon rank 5", out);
+  };
+  {
+    proto::DirectoryAnswer a = answer;
+    a.cold_entry = {};
+    a.cold_shard = {};
+    a.cold_offset = {};
+    a.cold_path_end = {};
+    a.cold_paths.clear();
+    const std::string why = refusal(a);
+    EXPECT_NE(why.find("daemon rank 5: entry 1 of request 12 is cold but has no storage location"), std::string::npos)
+        << why;
+  }
+  {
+    proto::DirectoryAnswer a = answer;
+    a.cold_entry = {2};
+    const std::string why = refusal(a);
+    EXPECT_NE(why.find("entry 1 of request 12 is cold but has no storage location"), std::string::npos) << why;
+  }
+  {
+    proto::DirectoryAnswer a = answer;
+    a.arena_offset[1] = 128;
+    const std::string why = refusal(a);
+    EXPECT_NE(why.find("entry 1 of request 12 is resident but has a storage location"), std::string::npos) << why;
+  }
+  {
+    proto::DirectoryAnswer a = answer;
+    a.cold_path_end = {a.cold_paths.size() + 4};
+    const std::string why = refusal(a);
+    EXPECT_NE(why.find("cold entry 1 of request 12 has its path at [0, 16) of 12 path bytes"), std::string::npos)
+        << why;
+  }
+  {
+    proto::DirectoryAnswer a = answer;
+    a.cold_paths += "xyz";
+    const std::string why = refusal(a);
+    EXPECT_NE(why.find("request 12 carries 3 path bytes past its last path"), std::string::npos) << why;
+  }
+  {
+    proto::DirectoryAnswer a = answer;
+    a.cold_entry = {1, 7};
+    a.cold_shard = {0, 0};
+    a.cold_offset = {0, 0};
+    a.cold_path_end = {12, 12};
+    const std::string why = refusal(a);
+    EXPECT_NE(why.find("cold location 1 of request 12 names entry 7 out of order or beyond the 3 entries"),
+              std::string::npos)
+        << why;
+  }
 
   proto::DirectoryAnswer cut;
   const std::string truncated = proto::decode_directory_answer(std::span(bytes).first(bytes.size() - 3), "daemon rank 1", cut);

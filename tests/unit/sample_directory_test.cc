@@ -9,6 +9,8 @@
 #include <numeric>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "common/catalog.h"
 #include "common/epoch_plan.h"
 #include "common/metadata_footprint.h"
@@ -26,12 +28,17 @@ struct DirectoryCase {
   JobShape job;
   ShuffleConfig shuffle;
   double share = 1.0;  // of the dataset the nodes' arenas hold together
+  // How samples are stored: 0 no files (synthetic), 1 in shards of shard_size samples,
+  // 2 one file each (a whole-file format's paths).
+  int layout = 0;
+  std::uint64_t shard_size = 1;
 };
 
 std::ostream& operator<<(std::ostream& os, const DirectoryCase& c) {
   return os << "N=" << c.sizes.size() << " C=" << c.classes << " nodes=" << c.job.nodes
             << " tpn=" << c.job.trainers_per_node << " B=" << c.job.batch_size << " drop_last=" << c.job.drop_last
-            << " Q=" << c.shuffle.exchange_fraction << " seed=" << c.shuffle.seed << " share=" << c.share;
+            << " Q=" << c.shuffle.exchange_fraction << " seed=" << c.shuffle.seed << " share=" << c.share
+            << " layout=" << c.layout << " shard_size=" << c.shard_size;
 }
 
 rc::Gen<DirectoryCase> gen_case() {
@@ -47,6 +54,8 @@ rc::Gen<DirectoryCase> gen_case() {
     c.shuffle.seed = *rc::gen::arbitrary<std::uint64_t>();
     c.shuffle.exchange_fraction = *test_support::gen_exchange_fraction();
     c.share = *rc::gen::element(0.0, 0.3, 0.7, 1.0, 2.0);
+    c.layout = *rc::gen::element(0, 1, 2);
+    c.shard_size = *rc::gen::inRange<std::uint64_t>(1, 50);
     return c;
   });
 }
@@ -57,7 +66,15 @@ Catalog catalog_of(const DirectoryCase& c) {
   for (std::size_t i = 0; i < labels.size(); ++i) {
     labels[i] = static_cast<std::int32_t>(i * c.classes / labels.size());
   }
-  return std::move(Catalog::synthetic(c.sizes, labels).value());
+  if (c.layout != 2) return std::move(Catalog::synthetic(c.sizes, labels, c.layout == 1 ? c.shard_size : 0).value());
+  // One file per sample, named so that (label, path) order is id order.
+  std::vector<CatalogEntry> entries;
+  for (std::size_t i = 0; i < labels.size(); ++i) {
+    entries.push_back(CatalogEntry{fmt::format("class{}/sample-{:06}.bin", labels[i], i), c.sizes[i], labels[i]});
+  }
+  std::vector<std::string> classes;
+  for (std::uint32_t k = 0; k < c.classes; ++k) classes.push_back(fmt::format("class{}", k));
+  return std::move(Catalog::from_entries(std::move(entries), std::move(classes)).value());
 }
 
 bool same(const SampleInfo& a, const SampleInfo& b) {
@@ -133,6 +150,20 @@ RC_GTEST_PROP(ShardedDirectory, TellsTheSchedulerWhatTheGlobalDirectoryTells, ()
       for (std::uint64_t i = 0; i < plans[t].order.size(); ++i) {
         const SampleId id = plans[t].order[i];
         RC_ASSERT(same((*resolved)->at(i, id), (*looked_up)->at(i, id)));
+        // A cold sample's storage location comes with it (the reader has no catalog);
+        // a resident one's stays with its owner.
+        const std::optional<CatalogEntry> stored = (*resolved)->storage_location(i);
+        RC_ASSERT(!(*looked_up)->storage_location(i).has_value());
+        if (p.is_resident(id)) {
+          RC_ASSERT(!stored.has_value());
+        } else {
+          RC_ASSERT(stored.has_value());
+          RC_ASSERT(stored->size == catalog.sample_bytes(id));
+          RC_ASSERT(stored->label == catalog.label(id));
+          RC_ASSERT(stored->shard == catalog.shard(id));
+          RC_ASSERT(stored->offset == catalog.offset(id));
+          RC_ASSERT(stored->path == (catalog.sharded() ? std::string() : std::string(catalog.path(id))));
+        }
       }
     }
     // What the node holds: its shard and O(P) tables, never the other shards.
@@ -140,6 +171,7 @@ RC_GTEST_PROP(ShardedDirectory, TellsTheSchedulerWhatTheGlobalDirectoryTells, ()
     RC_ASSERT(held.catalog == shards[k].memory_bytes());
     RC_ASSERT(held.placement == ownership.memory_bytes() + cold.size() * sizeof(std::uint64_t));
   }
+  RC_TAG(c.layout, p.total_cold_samples() > 0);  // layout, and whether cold samples were there
 }
 
 // A resident sample whose bytes could not be loaded (decision 0058): cold from then on, in

@@ -311,6 +311,62 @@ TEST_F(ShardFileCacheTest, TheLoaderReadsShardsInStorageOrderSoEachIsOpenedOnce)
   EXPECT_EQ(reload_cache.stats().opens, 6u);
 }
 
+// Owner-side metadata (decision 0062): the reader has no catalog of the samples, only the
+// job's shard table, and every read carries its location (shard index, offset). The pool
+// reads the right bytes whichever order the table lists the shards in, and a location
+// that names no shard fails its batch, naming the sample.
+TEST_F(ShardFileCacheTest, TheStorageReadersReadByTheLocationsTheReadsCarry) {
+  for (int s = 0; s < 3; ++s) write(fmt::format("t/s{}.tfrecord", s), tfrecord_shard(s, 10));
+  const DatasetConfig d = dataset(DatasetFormat::kTfRecord, "t");
+  auto c = test_support::scan_all(d, 1);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  ASSERT_EQ(c->file_count(), 3u);
+  // The table in reverse: a location's shard index is into this table, not the catalog's.
+  const std::vector<std::string> table = {std::string(c->file_path(2)), std::string(c->file_path(1)),
+                                          std::string(c->file_path(0))};
+  const Catalog files = Catalog::of_share(table, {}, {});
+  std::vector<StorageRead> reads;
+  std::uint64_t offset = 0;
+  for (SampleId id = 0; id < c->size(); id += 2) {
+    const CatalogEntry where{"", c->sample_bytes(id), c->label(id), 2 - c->shard(id), c->offset(id)};
+    reads.push_back({id + 1000, c->sample_bytes(id), offset, where});
+    offset += c->sample_bytes(id);
+  }
+  std::vector<std::uint8_t> staging(offset);
+  auto run = [&](std::vector<StorageRead> group) {
+    std::promise<StorageOutcome> done;
+    StorageReaderPool pool(files, d, staging.data(), 2, [](std::function<void()> f) { f(); });
+    pool.fetch(std::move(group), [&done](const StorageOutcome& o) { done.set_value(o); });
+    auto finished = done.get_future();
+    EXPECT_EQ(finished.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+    return finished.get();
+  };
+  const StorageOutcome outcome = run(reads);
+  ASSERT_TRUE(outcome.ok()) << outcome.first_error().to_string();
+  for (const StorageRead& r : reads) {
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(staging.data() + r.staging_offset), r.length),
+              bytes_on_disk(*c, d, r.sample - 1000))
+        << "sample " << r.sample;
+  }
+
+  std::vector<StorageRead> nowhere = {reads[0], reads[1]};
+  nowhere[1].location->shard = 3;
+  const StorageOutcome bad = run(nowhere);
+  ASSERT_EQ(bad.failed.size(), 2u);  // the batch's group fails as one
+  const std::string why = bad.first_error().to_string();
+  EXPECT_NE(why.find("cold sample 1002 is in shard 3 of a table of 3 shards"), std::string::npos) << why;
+
+  // A read without a location on a node without the catalog (a resident sample's read
+  // rerouted to storage): an error saying the location is only its owner's.
+  std::vector<StorageRead> unlocated = {reads[0]};
+  unlocated[0].location.reset();
+  const StorageOutcome lost = run(unlocated);
+  ASSERT_EQ(lost.failed.size(), 1u);
+  const std::string missing = lost.first_error().to_string();
+  EXPECT_NE(missing.find("cold read of sample 1000: this node has no storage location for it"), std::string::npos)
+      << missing;
+}
+
 TEST_F(ShardFileCacheTest, TheStorageReadersReadColdShardSamplesThroughTheCache) {
   for (int s = 0; s < 3; ++s) write(fmt::format("t/s{}.tfrecord", s), tfrecord_shard(s, 10));
   const DatasetConfig d = dataset(DatasetFormat::kTfRecord, "t");

@@ -982,6 +982,40 @@ TEST_F(StorageReaderPoolTest, ReadsEachGroupIntoStagingAndCompletesItOnce) {
   EXPECT_EQ(pool.stats().reads_failed, 0u);
 }
 
+// Owner-side metadata, a whole-file format: each read carries its file's path; the pool
+// holds no catalog of the samples. Errors name the job's sample id and the file.
+TEST_F(StorageReaderPoolTest, ReadsWithoutACatalogByThePathsTheReadsCarry) {
+  const Catalog files = Catalog::of_share({}, {}, {"c"});
+  std::vector<std::uint8_t> staging(1 << 20, 0xee);
+  std::vector<StorageRead> reads;
+  std::uint64_t offset = 64;
+  for (SampleId id = 1; id < catalog_.size(); id += 3) {
+    const CatalogEntry where{std::string(catalog_.path(id)), catalog_.sample_bytes(id), catalog_.label(id)};
+    reads.push_back({id + 500, catalog_.sample_bytes(id), offset, where});
+    offset += align_to_arena(catalog_.sample_bytes(id));
+  }
+  const SampleId victim = 10;  // id 510, the fourth read
+  ASSERT_EQ(reads[3].sample, victim + 500);
+  std::filesystem::resize_file(root_ / std::string(catalog_.path(victim)), 5);
+  StorageReaderPool pool(files, dataset_, staging.data(), 2, post());
+  std::optional<StorageOutcome> outcome;
+  pool.fetch(reads, [&](const StorageOutcome& o) { outcome = o; });
+  run_until([&] { return outcome.has_value(); });
+  ASSERT_EQ(outcome->failed.size(), 1u);
+  EXPECT_EQ(outcome->failed[0].first, 3u);
+  const std::string message = outcome->failed[0].second.to_string();
+  EXPECT_NE(message.find("cold sample 510"), std::string::npos) << message;
+  EXPECT_NE(message.find(std::string(catalog_.path(victim))), std::string::npos) << message;
+  for (std::size_t k = 0; k < reads.size(); ++k) {
+    if (k == 3) continue;
+    const std::string& want = contents_[reads[k].sample - 500];
+    EXPECT_EQ(0, std::memcmp(want.data(), staging.data() + reads[k].staging_offset, want.size()))
+        << "sample " << reads[k].sample;
+  }
+  EXPECT_EQ(staging[0], 0xee);
+  EXPECT_EQ(pool.stats().reads_completed, reads.size() - 1);
+}
+
 TEST_F(StorageReaderPoolTest, AFileThatShrankIsAnErrorNamingTheFileAndOffset) {
   const SampleId victim = 10;
   std::filesystem::resize_file(root_ / std::string(catalog_.path(victim)), 5);
