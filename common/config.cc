@@ -112,7 +112,7 @@ const KeySpec kKeys[] = {
    [](Config& c, const Value& v) { c.dataset.placement = placement_policy_from_name(as_str(v)); },
    [](const Config& c) -> Value { return std::string(placement_policy_name(c.dataset.placement)); }},
   {"dataset.metadata", KeyType::kEnum, "global",
-   "What each daemon holds of the catalog: \"global\" = every sample's entry and every node's layout on every daemon (O(N) per node); \"owner\" = only its own share's entries plus O(nodes) tables, the rest asked of the owners once per trainer plan, cold samples' storage locations included (owner-side metadata, docs/decisions/0063). \"owner\" needs dataset.placement = \"spread\" and, for now, a POSIX dataset.path, shuffle.min_entropy = 0, no cache rotation or slot reuse, fault.peer_death = \"stop\" and no resume.checkpoint_dir; trainers cannot fetch the catalog (sample paths) from the daemons.",
+   "What each daemon holds of the catalog: \"global\" = every sample's entry and every node's layout on every daemon (O(N) per node); \"owner\" = only its own share's entries plus O(nodes) tables, the rest asked of the owners once per trainer plan, cold samples' storage locations included (owner-side metadata, docs/decisions/0063). \"owner\" needs dataset.placement = \"spread\" and, for now, a POSIX dataset.path, no cache rotation or slot reuse, fault.peer_death = \"stop\" and no resume.checkpoint_dir; trainers cannot fetch the catalog (sample paths) from the daemons.",
    "\"global\" supports every feature but costs about 50 bytes a sample on every node (5 GB at 100 M samples); \"owner\" costs about 20-30 bytes per sample of the node's share, so metadata shrinks as nodes are added, at one control-plane round trip per trainer plan.",
    "global|owner", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(dataset.metadata)},
   {"dataset.max_sample_bytes", KeyType::kSize, "64MiB",
@@ -1180,10 +1180,6 @@ Status validate(const Config& config, const Origins& origins) {
     }
     if (config.dataset.path.starts_with("s3://")) {  // is_s3_path (common/s3_client.h)
       return refuse("dataset.path", fmt::format("\"{}\"", config.dataset.path), "S3 datasets need the global catalog");
-    }
-    if (config.shuffle.min_entropy > 0) {
-      return refuse("shuffle.min_entropy", fmt::format("{}", config.shuffle.min_entropy),
-                    "the entropy floor scores batches by every sample's label");
     }
     if (config.cache.rotation_epochs > 0 || config.cache.reuse_rounds > 0) {
       return refuse(config.cache.rotation_epochs > 0 ? "cache.rotation_epochs" : "cache.reuse_rounds",

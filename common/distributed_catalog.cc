@@ -266,6 +266,42 @@ Result<CatalogSlice> sort_scans(const DatasetConfig& dataset, ScanResult mine, C
   return slice;
 }
 
+Result<std::vector<SampleId>> class_runs(const CatalogSlice& slice, Collectives& group) {
+  // (id, label) of every label change in the slice, its first entry included: a run may
+  // begin on one rank and go on over the next ones.
+  std::vector<std::uint64_t> starts;
+  for (std::size_t i = 0; i < slice.entries.size(); ++i) {
+    if (i == 0 || slice.entries[i].label != slice.entries[i - 1].label) {
+      starts.push_back(slice.first + i);
+      starts.push_back(static_cast<std::uint64_t>(slice.entries[i].label));
+    }
+  }
+  SHARDMIX_ASSIGN_OR_RETURN(RankBytes gathered, group.allgather(encode_u64s(starts)));
+  std::vector<SampleId> runs;
+  std::uint64_t last_label = 0;
+  for (int r = 0; r < group.size(); ++r) {
+    const auto& bytes = gathered[static_cast<std::size_t>(r)];
+    const std::size_t count = bytes.size() / sizeof(std::uint64_t);
+    if (count % 2 != 0) {
+      return make_error(StatusCode::kCorrupt, "class runs from daemon rank {}: {} values, not (id, label) pairs", r,
+                        count);
+    }
+    SHARDMIX_ASSIGN_OR_RETURN(auto theirs, decode_u64s(bytes, count, r, "class runs"));
+    for (std::size_t k = 0; k < theirs.size(); k += 2) {
+      if (!runs.empty() && theirs[k + 1] == last_label) continue;  // the previous rank's run goes on
+      if ((!runs.empty() && theirs[k] <= runs.back()) || theirs[k] >= slice.tables.samples ||
+          (!runs.empty() && theirs[k + 1] < last_label)) {
+        return make_error(StatusCode::kInternal,
+                          "class runs from daemon rank {}: a run of label {} at id {} out of the canonical order",
+                          r, theirs[k + 1], theirs[k]);
+      }
+      runs.push_back(static_cast<SampleId>(theirs[k]));
+      last_label = theirs[k + 1];
+    }
+  }
+  return runs;
+}
+
 Result<OwnerEntries> route_to_owners(CatalogSlice slice, const Ownership& ownership, Collectives& group) {
   const auto ranks = static_cast<std::size_t>(group.size());
   if (!ownership.is_spread() || ownership.nodes() != ranks) {

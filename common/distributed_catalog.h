@@ -61,6 +61,12 @@ struct OwnerEntries {
 };
 
 Result<CatalogSlice> sort_scans(const DatasetConfig& dataset, ScanResult mine, Collectives& group);
+// Where each class's run of ids starts (ascending, the first is 0): ids follow the labels,
+// so class r is the ids [runs[r], runs[r + 1]). What the entropy-aware planner needs of the
+// labels (EpochPlanner::with_class_runs), O(C + P): each rank allgathers the run starts in
+// its slice. Every rank gets the same list. Call before route_to_owners (which takes the
+// slice).
+Result<std::vector<SampleId>> class_runs(const CatalogSlice& slice, Collectives& group);
 // `ownership` must be over slice.tables.samples ids and group.size() nodes.
 Result<OwnerEntries> route_to_owners(CatalogSlice slice, const Ownership& ownership, Collectives& group);
 

@@ -118,6 +118,24 @@ EpochPlanner::EpochPlanner(const PlanShape& shape, Ownership ownership, const Sh
   }
 }
 
+Result<std::unique_ptr<EpochPlanner>> EpochPlanner::with_class_runs(const PlanShape& shape, Ownership ownership,
+                                                                    const ShuffleConfig& shuffle,
+                                                                    std::vector<SampleId> runs) {
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    if ((r == 0 && runs[r] != 0) || (r > 0 && runs[r] <= runs[r - 1]) || runs[r] >= shape.num_samples) {
+      return make_error(StatusCode::kInternal, "class run {} of {} starts at id {}: not an ascending list of run "
+                        "starts from 0 below {} samples", r, runs.size(), runs[r], shape.num_samples);
+    }
+  }
+  auto planner = std::make_unique<EpochPlanner>(shape, std::move(ownership), shuffle);
+  if (shuffle.min_entropy > 0 && !runs.empty()) {
+    planner->have_labels_ = true;
+    planner->num_classes_ = runs.size();
+    planner->class_first_ = std::move(runs);
+  }
+  return planner;
+}
+
 std::shared_ptr<const EpochPlanner::EpochTables> EpochPlanner::make_tables(std::uint64_t epoch, double q) const {
   const std::uint32_t nodes = shape_.job.nodes;
   auto t = std::make_shared<EpochTables>();

@@ -170,6 +170,14 @@ class EpochPlanner {
   // outlive the planner.
   EpochPlanner(const PlanShape& shape, Ownership ownership, const ShuffleConfig& shuffle,
                std::span<const std::int32_t> labels = {});
+  // The same with the labels given as their class runs: where each class's ids start,
+  // ascending from 0 (class_runs() in common/distributed_catalog.h), all that a node with
+  // owner-side metadata knows of the labels, O(C). Equal, choice for choice, to the
+  // constructor given the labels the runs come from (property-tested). An error naming the
+  // run when the list is not such a list of starts below shape.num_samples.
+  static Result<std::unique_ptr<EpochPlanner>> with_class_runs(const PlanShape& shape, Ownership ownership,
+                                                               const ShuffleConfig& shuffle,
+                                                               std::vector<SampleId> runs);
   EpochPlanner(const EpochPlanner&) = delete;
   EpochPlanner& operator=(const EpochPlanner&) = delete;
 

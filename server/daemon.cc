@@ -649,6 +649,7 @@ class Daemon {
   Ownership ownership_;
   OwnerShard own_;
   Catalog storage_files_;  // owner-side: the shard table the cold readers resolve locations in
+  std::vector<SampleId> class_runs_;  // owner-side, shuffle.min_entropy > 0: where each class's ids start
   std::vector<std::uint64_t> cached_bytes_per_node_;  // resident bytes by rank (load progress)
   PlanShape shape_;
   std::uint64_t capacity_ = kNoCapacityLimit;  // this node's cache.capacity in bytes
@@ -874,6 +875,13 @@ Status Daemon::sort_catalog_owner_side(ScanResult scan) {
   }
   dataset_.digest = h;
   slice_ = std::move(*slice);
+  if (config_.shuffle.min_entropy > 0) {
+    // The entropy floor scores planned batches by class, and ids follow the labels: where
+    // each class's run of ids starts is all it needs of them (O(C), decision 0065).
+    auto runs = class_runs(*slice_, group);
+    if (!runs.ok()) return runs.status();
+    class_runs_ = std::move(*runs);
+  }
   phases_.mark("catalog_exchange");
   log_catalog(slice_->tables.class_names.size(), slice_->tables.shards.size(),
               " (owner-side, dataset.metadata = owner: no daemon holds it whole)");
@@ -933,7 +941,9 @@ Status Daemon::place_owner_side(const JobShape& job) {
   }
   if (Status s = agree(mpi_, limits, "checking memory limits"); !s.ok()) return s;
 
-  planner_ = std::make_unique<EpochPlanner>(shape_, ownership_, config_.shuffle);
+  auto planner = EpochPlanner::with_class_runs(shape_, ownership_, config_.shuffle, std::move(class_runs_));
+  if (!planner.ok()) return planner.status();
+  planner_ = std::move(*planner);
   // A describe() waits this long for its owners: longer than the failure detector needs to
   // declare an owner dead, so a dead owner stops the job with the detector's message.
   exchange_ = std::make_unique<MpiDirectoryExchange>(

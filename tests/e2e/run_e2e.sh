@@ -11,7 +11,8 @@
 # temp dir, removed at the end (SHARDMIX_E2E_KEEP=1 keeps it for a post-mortem).
 # Knobs: SHARDMIX_E2E_SAMPLES (default 1000), SHARDMIX_E2E_TRAINERS_PER_NODE (default 2),
 # SHARDMIX_E2E_TIMEOUT (seconds for the whole run, default 240; stays under ctest's 300),
-# SHARDMIX_E2E_WINDOW (shuffle.window, default 0), SHARDMIX_E2E_SLOW_PEER (a daemon rank
+# SHARDMIX_E2E_WINDOW (shuffle.window, default 0), SHARDMIX_E2E_MIN_ENTROPY (shuffle.min_entropy,
+# default 0), SHARDMIX_E2E_SLOW_PEER (a daemon rank
 # whose fetches are delayed 5 ms, so that a window has stragglers to overtake; default none),
 # SHARDMIX_E2E_REPEAT=1 (run the job twice and require byte-identical traces: W = 0 only),
 # SHARDMIX_E2E_CAPACITY_FACTOR=F (storage tier: cache.capacity per node = dataset bytes /
@@ -66,6 +67,7 @@ reuse_rounds=${SHARDMIX_E2E_REUSE_ROUNDS:-0}
 seed=20240611
 timeout_s=${SHARDMIX_E2E_TIMEOUT:-240}
 window=${SHARDMIX_E2E_WINDOW:-0}
+min_entropy=${SHARDMIX_E2E_MIN_ENTROPY:-0}
 slow_peer=${SHARDMIX_E2E_SLOW_PEER:--1}
 repeat=${SHARDMIX_E2E_REPEAT:-0}
 metadata=${SHARDMIX_E2E_METADATA:-global}
@@ -174,7 +176,7 @@ config=$tmp/e2e.toml
 settings=(dataset.path="$data" dataset.format="$format" dataset.placement="${SHARDMIX_E2E_PLACEMENT:-balanced}")
 if [[ $format == tfrecord ]]; then settings+=(dataset.label_feature=label); fi
 settings+=(batch.size="$batch" batch.drop_last=false shuffle.seed="$seed" shuffle.exchange_fraction=1.0
-           shuffle.window="$window")
+           shuffle.window="$window" shuffle.min_entropy="$min_entropy")
 if ((capacity > 0)); then
   settings+=(cache.capacity="$capacity" cache.rotation_epochs="$rotation" cache.reuse_rounds="$reuse_rounds")
 fi
@@ -208,10 +210,11 @@ fi
 if [[ $metadata == owner ]]; then
   sm_section "run again with the global catalog: the same deliveries, paths aside"
   run_job "$tmp/trace-global" "$tmp/daemons-global.log" "$global_config"
-  e2e_python - "$trace" "$tmp/trace-global" "$tmp/daemons.log" "$tmp/daemons-global.log" "$nodes" <<'PY'
+  e2e_python - "$trace" "$tmp/trace-global" "$tmp/daemons.log" "$tmp/daemons-global.log" "$nodes" "$min_entropy" <<'PY'
 import csv, glob, os, re, sys
 from e2e_verdict import finish
 owner, global_, owner_log, global_log, nodes = sys.argv[1:6]
+floor = float(sys.argv[6])
 problems = []
 def rows(path):
     with open(path, newline="", encoding="utf-8") as f:
@@ -234,9 +237,24 @@ for r in o:
     # A share of 1/nodes of the entries (plus the shard table and class names) against all of them.
     if r in g and not o[r][0] < g[r][0] / 2:
         problems.append(f"daemon {r}: owner-side catalog {o[r][0]} bytes, global {g[r][0]}: not below half")
+# The entropy floor: every daemon's choice of each epoch, with the planned entropy it scored
+# (owner-side from the class runs, decision 0065), as the global daemons' from every label.
+choice = r"\[rank (\d+)\]\[service\] (epoch \d+: (?:shuffle\.min_entropy chose|no exchange_fraction).*)"
+oc = sorted(re.findall(choice, text))
+gc = sorted(re.findall(choice, open(global_log, encoding="utf-8", errors="replace").read()))
+floor_note = ""
+if floor > 0:
+    if not gc:
+        problems.append(f"shuffle.min_entropy = {floor}: no daemon of the global run logged its epoch choice")
+    elif oc != gc:
+        only = [c for c in oc if c not in gc] or [c for c in gc if c not in oc]
+        problems.append(f"the entropy floor chose differently owner-side ({len(oc)} vs {len(gc)} choices): "
+                        f"rank {only[0][0]}: {only[0][1]}")
+    else:
+        floor_note = f"; the floor's {len(oc)} epoch choices identical ({oc[0][1][:90]}...)"
 finish("owner-side against global", text, problems,
        f"{compared} rows identical in {len(files)} files but for the path; owner-side catalog bytes "
-       + ", ".join(f"{o[r][0]}/{g[r][0]}" for r in sorted(o) if r in g) + " (owner-side/global)")
+       + ", ".join(f"{o[r][0]}/{g[r][0]}" for r in sorted(o) if r in g) + " (owner-side/global)" + floor_note)
 PY
   # check_traces.py judges the global run, whose paths name the files; the owner-side run
   # delivered the same samples with the same xxh64.

@@ -547,7 +547,6 @@ TEST(OwnerSideConfig, RefusesWhatItCannotServeYetNamingTheKey) {
   const std::vector<std::pair<std::string, std::string>> refused{
       {"dataset.placement=balanced", "'dataset.placement' = \"balanced\""},
       {"dataset.path=s3://bucket/train", "'dataset.path' = \"s3://bucket/train\""},
-      {"shuffle.min_entropy=0.5", "'shuffle.min_entropy' = 0.5"},
       {"cache.rotation_epochs=1", "'cache.rotation_epochs' = 1"},
       {"cache.reuse_rounds=2", "'cache.reuse_rounds' = 2"},
       {"fault.peer_death=degrade", "'fault.peer_death' = \"degrade\""},
@@ -561,6 +560,10 @@ TEST(OwnerSideConfig, RefusesWhatItCannotServeYetNamingTheKey) {
     EXPECT_NE(c.status().message().find("'dataset.metadata' = \"owner\""), std::string::npos) << c.status().message();
     EXPECT_NE(c.status().message().find(named), std::string::npos) << c.status().message();
   }
+  // What it serves since: the entropy floor (decision 0065).
+  std::vector<std::string> floor = base;
+  floor.push_back("shuffle.min_entropy=0.5");
+  EXPECT_TRUE(load_config("", {}, floor).ok());
   auto unknown = load_config("", {}, {"dataset.path=/d", "dataset.metadata=sharded"});
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.status().message().find("dataset.metadata"), std::string::npos) << unknown.status().message();

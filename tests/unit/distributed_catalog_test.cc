@@ -101,6 +101,7 @@ std::vector<std::uint64_t> random_counts(std::uint64_t n, std::size_t nodes, std
 struct RankOutcome {
   std::optional<Status> sort_error;
   CatalogSlice slice;
+  Result<std::vector<SampleId>> runs = std::vector<SampleId>{};
   std::optional<Status> route_error;
   OwnerEntries owned;
 };
@@ -120,6 +121,7 @@ std::vector<RankOutcome> run_ranks(const Case& c) {
         return;
       }
       mine.slice = *slice;
+      mine.runs = class_runs(*slice, group.member(r));
       const std::uint64_t n = slice->tables.samples;
       const Ownership ownership = Ownership::spread(n, random_counts(n, c.parts.size(), c.seed), c.seed);
       auto owned = route_to_owners(std::move(*slice), ownership, group.member(r));
@@ -174,6 +176,15 @@ RC_GTEST_PROP(DistributedCatalog, SlicesAreTheGlobalOrderAndOwnersGetTheirShares
     next_id += r.slice.entries.size();
   }
   RC_ASSERT(next_id == catalog.size());
+  // Every rank knows where each class's run of ids starts, as the catalog's labels say.
+  std::vector<SampleId> runs;
+  for (SampleId id = 0; id < catalog.size(); ++id) {
+    if (id == 0 || catalog.label(id) != catalog.label(id - 1)) runs.push_back(id);
+  }
+  for (const RankOutcome& r : ranks) {
+    RC_ASSERT(r.runs.ok());
+    RC_ASSERT(*r.runs == runs);
+  }
   // Each node holds exactly its share, in share order, and lays out the same arena from it
   // as from the global catalog.
   const Ownership ownership =

@@ -135,6 +135,37 @@ RC_GTEST_PROP(EntropyAware, ClassRunsChooseAsAClassPerSampleDoes, ()) {
   for (std::uint64_t epoch = 0; epoch < 3; ++epoch) RC_ASSERT(same_choice(runs.choice(epoch), per_sample.choice(epoch)));
 }
 
+// Owner-side metadata (decision 0065): a node knows the labels only as their class runs
+// (where each class's ids start), and a planner given those runs chooses and plans exactly
+// as one given every label. Runs that are no list of starts are an error, not a planner.
+RC_GTEST_PROP(EntropyAware, APlannerGivenTheClassRunsChoosesAndPlansAsOneGivenTheLabels, ()) {
+  const Case c = *gen_case();
+  const Built b = build_plan(c);
+  std::vector<SampleId> runs;
+  for (std::size_t i = 0; i < c.labels.size(); ++i) {
+    if (i == 0 || c.labels[i] != c.labels[i - 1]) runs.push_back(static_cast<SampleId>(i));
+  }
+  const Ownership ownership = ownership_of(b.placement);
+  const EpochPlanner labelled(b.shape, ownership, c.shuffle, c.labels);
+  auto from_runs = EpochPlanner::with_class_runs(b.shape, ownership, c.shuffle, runs);
+  RC_ASSERT(from_runs.ok());
+  RC_ASSERT((*from_runs)->num_classes() == labelled.num_classes());
+  for (std::uint64_t epoch = 0; epoch < 3; ++epoch) {
+    RC_ASSERT(same_choice((*from_runs)->choice(epoch), labelled.choice(epoch)));
+    const std::vector<TrainerPlan> a = (*from_runs)->plan_all(epoch), want = labelled.plan_all(epoch);
+    for (std::size_t t = 0; t < a.size(); ++t) RC_ASSERT(a[t].order == want[t].order);
+  }
+  if (runs.size() >= 2) {
+    std::vector<SampleId> unordered = runs;
+    std::swap(unordered[0], unordered[1]);
+    RC_ASSERT(!EpochPlanner::with_class_runs(b.shape, ownership, c.shuffle, unordered).ok());
+  }
+  if (!c.sizes.empty()) {
+    RC_ASSERT(!EpochPlanner::with_class_runs(b.shape, ownership, c.shuffle, {0, static_cast<SampleId>(c.sizes.size())})
+                   .ok());
+  }
+}
+
 RC_GTEST_PROP(EntropyAware, PlansDeliverEverySampleExactlyOnceWithEqualBatchCounts, ()) {
   const Case c = *gen_case();
   const Built b = build_plan(c);
