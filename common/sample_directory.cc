@@ -149,7 +149,7 @@ std::uint64_t ColdLocations::memory_bytes() const {
 }
 
 Status describe_from(const OwnerShard& shard, std::span<const std::uint64_t> local, std::span<SampleInfo> out,
-                     std::string_view asker, ColdLocations* cold) {
+                     std::string_view asker, ColdLocations* located, bool every_location) {
   if (out.size() != local.size()) {
     return make_error(StatusCode::kInternal, "{} asked for {} entries with room for {}", asker, local.size(),
                       out.size());
@@ -161,8 +161,8 @@ Status describe_from(const OwnerShard& shard, std::span<const std::uint64_t> loc
                         shard.size());
     }
     out[i] = shard.at(local[i]);
-    if (cold != nullptr && !out[i].resident()) {
-      cold->add(i, shard.shard(local[i]), shard.offset(local[i]), shard.path(local[i]));
+    if (located != nullptr && (every_location || !out[i].resident())) {
+      located->add(i, shard.shard(local[i]), shard.offset(local[i]), shard.path(local[i]));
     }
   }
   return Status::ok_status();
@@ -173,7 +173,7 @@ Status InProcessExchange::describe(std::span<const DescribeRequest> requests) co
     if (r.owner >= shards_.size()) {
       return make_error(StatusCode::kInternal, "no owner {} among {} nodes", r.owner, shards_.size());
     }
-    Status s = describe_from(shards_[r.owner], r.local, r.out, "an in-process reader", r.cold);
+    Status s = describe_from(shards_[r.owner], r.local, r.out, "an in-process reader", r.located, r.every_location);
     if (!s.ok()) return s.with_context(fmt::format("owner node {}", r.owner));
   }
   return Status::ok_status();
@@ -230,7 +230,7 @@ Result<std::unique_ptr<const PlanDirectory>> ShardedDirectory::resolve(std::span
   }
   if (any_cold_) {
     cold.resize(requests.size());
-    for (std::size_t k = 0; k < requests.size(); ++k) requests[k].cold = &cold[k];
+    for (std::size_t k = 0; k < requests.size(); ++k) requests[k].located = &cold[k];
   }
   if (!requests.empty()) {
     Status s = exchange_.describe(requests);
@@ -263,6 +263,54 @@ Result<std::unique_ptr<const PlanDirectory>> ShardedDirectory::resolve(std::span
   }
   return std::unique_ptr<const PlanDirectory>(
       std::make_unique<ResolvedPlanDirectory>(std::move(entries), std::move(located)));
+}
+
+Result<Catalog> assemble_catalog(std::uint32_t node, const Ownership& ownership, const OwnerShard& own,
+                                 const DirectoryExchange& exchange, const Catalog& files) {
+  const std::uint32_t nodes = ownership.nodes();
+  std::vector<std::vector<std::uint64_t>> local(nodes);
+  std::vector<std::vector<SampleInfo>> info(nodes);
+  std::vector<ColdLocations> where(nodes);
+  std::vector<DescribeRequest> requests;
+  for (std::uint32_t k = 0; k < nodes; ++k) {
+    local[k].resize(ownership.owned_count(k));
+    std::iota(local[k].begin(), local[k].end(), std::uint64_t{0});
+    info[k].resize(local[k].size());
+    if (k == node) {
+      SHARDMIX_RETURN_IF_ERROR(describe_from(own, local[k], info[k], "this node", &where[k], true));
+    } else if (!local[k].empty()) {
+      requests.push_back(DescribeRequest{k, local[k], info[k], &where[k], true});
+    }
+  }
+  if (!requests.empty()) {
+    Status s = exchange.describe(requests);
+    if (!s.ok()) return s.with_context(fmt::format("assembling the catalog on node {}", node));
+  }
+  std::uint64_t samples = 0;
+  for (std::uint32_t k = 0; k < nodes; ++k) samples += info[k].size();
+  std::vector<CatalogEntry> entries(samples);
+  for (std::uint32_t k = 0; k < nodes; ++k) {
+    if (where[k].size() != info[k].size()) {
+      return make_error(StatusCode::kInternal, "owner node {} located {} of its {} samples", k, where[k].size(),
+                        info[k].size());
+    }
+    for (std::size_t i = 0; i < info[k].size(); ++i) {
+      const SampleId id = ownership.owned_at(k, i);
+      entries[id] = CatalogEntry{std::string(where[k].path(i)), info[k][i].bytes, info[k][i].label, where[k].shard[i],
+                                 where[k].offset[i]};
+    }
+    local[k] = {};
+    info[k] = {};
+    where[k] = {};
+  }
+  std::vector<std::string> shards;
+  if (files.sharded()) {
+    shards.reserve(files.file_count());
+    for (std::size_t f = 0; f < files.file_count(); ++f) shards.emplace_back(files.file_path(f));
+  }
+  Catalog catalog = Catalog::of_share(shards, entries, files.class_names());
+  catalog.set_invalid_counts(files.invalid_samples(), files.invalid_shards());
+  return catalog;
 }
 
 DirectoryBytes ShardedDirectory::memory_bytes() const {

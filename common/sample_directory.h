@@ -194,13 +194,15 @@ class OwnerShard {
 };
 
 // One owner's part of a plan: `local[i]` is an index in `owner`'s share; out[i] receives
-// its entry (out.size() == local.size()), and `cold`, when given, receives the storage
-// location of every i whose sample is cold, with index i, in ascending i.
+// its entry (out.size() == local.size()), and `located`, when given, receives the storage
+// location of every i whose sample is cold (of every i with every_location), with index i,
+// in ascending i.
 struct DescribeRequest {
   std::uint32_t owner = 0;
   std::span<const std::uint64_t> local;
   std::span<SampleInfo> out;
-  ColdLocations* cold = nullptr;
+  ColdLocations* located = nullptr;
+  bool every_location = false;
 };
 
 // How a node asks owners for the entries of samples they own. One call per plan, with one
@@ -213,11 +215,22 @@ class DirectoryExchange {
   virtual Status describe(std::span<const DescribeRequest> requests) const = 0;
 };
 
-// An owner's answer from its shard: out[i] = shard.at(local[i]) and, with `cold`, the
-// locations of the cold ones appended with index i; or an error naming `asker` and the
-// first index outside the share. Every exchange answers through it.
+// An owner's answer from its shard: out[i] = shard.at(local[i]) and, with `located`, the
+// locations of the cold ones (of all with `every_location`) appended with index i; or an
+// error naming `asker` and the first index outside the share. Every exchange answers
+// through it.
 Status describe_from(const OwnerShard& shard, std::span<const std::uint64_t> local, std::span<SampleInfo> out,
-                     std::string_view asker, ColdLocations* cold = nullptr);
+                     std::string_view asker, ColdLocations* located = nullptr, bool every_location = false);
+
+// The whole catalog, assembled on node `node` from every owner's share (its own from `own`,
+// the others' through `exchange`, one request per owner for its whole share with every
+// location): what a trainer that asks for sample paths gets under owner-side metadata
+// (decision 0066). `files` is the node's file table (Catalog::of_share of the job's shard
+// table and class names, no samples). Equal, byte for byte once serialized, to the global
+// catalog of the same scan (property-tested). O(N) on this node while it runs; nothing is
+// kept.
+Result<Catalog> assemble_catalog(std::uint32_t node, const Ownership& ownership, const OwnerShard& own,
+                                 const DirectoryExchange& exchange, const Catalog& files);
 
 // An exchange inside one process: the owners' shards are at hand (the simulator's).
 class InProcessExchange : public DirectoryExchange {

@@ -23,11 +23,11 @@ Status for_each_waiting(const MpiSession& mpi, int tag, Handle&& handle) {
   }
 }
 
-// An owner's answer from describe_from's entries and cold locations (indices ascending).
+// An owner's answer from describe_from's entries and locations (indices ascending).
 Status fill_answer(std::span<const SampleInfo> entries, ColdLocations cold, proto::DirectoryAnswer& answer) {
   if (cold.paths.size() > proto::kMaxDirectoryPathBytes) {
     return make_error(StatusCode::kResourceExhausted,
-                      "the paths of the {} cold samples asked for come to {} bytes, over the {} one answer carries",
+                      "the paths of the {} samples located come to {} bytes, over the {} one answer carries",
                       cold.size(), cold.paths.size(), proto::kMaxDirectoryPathBytes);
   }
   answer.bytes.reserve(entries.size());
@@ -38,11 +38,11 @@ Status fill_answer(std::span<const SampleInfo> entries, ColdLocations cold, prot
     answer.arena_offset.push_back(e.arena_offset);
     answer.labels.push_back(e.label);
   }
-  answer.cold_entry.assign(cold.index.begin(), cold.index.end());  // < the ask's 2^24 indices
-  answer.cold_shard = std::move(cold.shard);
-  answer.cold_offset = std::move(cold.offset);
-  answer.cold_path_end = std::move(cold.path_end);
-  answer.cold_paths = std::move(cold.paths);
+  answer.located_entry.assign(cold.index.begin(), cold.index.end());  // < the ask's 2^24 indices
+  answer.located_shard = std::move(cold.shard);
+  answer.located_offset = std::move(cold.offset);
+  answer.located_path_end = std::move(cold.path_end);
+  answer.located_paths = std::move(cold.paths);
   return Status::ok_status();
 }
 
@@ -76,7 +76,8 @@ Status MpiDirectoryExchange::describe(std::span<const DescribeRequest> requests)
       ask.request = next_request_++;
       ask.indices.assign(r.local.begin() + static_cast<std::ptrdiff_t>(begin),
                          r.local.begin() + static_cast<std::ptrdiff_t>(begin + n));
-      pending_[ask.request] = Pending{&call, r.owner, r.out.subspan(begin, n), r.cold, begin};
+      ask.flags = r.every_location ? proto::kAskEveryLocation : 0;
+      pending_[ask.request] = Pending{&call, r.owner, r.out.subspan(begin, n), r.located, begin, r.every_location};
       outgoing_.push_back(Outgoing{r.owner, proto::encode_directory_ask(ask)});
       mine.push_back(ask.request);
       ++call.remaining;
@@ -146,9 +147,11 @@ Status MpiDirectoryExchange::answer_asks() {
     answer.request = ask.request;
     if (error.empty()) {
       std::vector<SampleInfo> entries(ask.indices.size());
-      ColdLocations cold;
-      Status s = describe_from(own_, ask.indices, entries, asker, &cold);
-      if (s.ok()) s = fill_answer(entries, std::move(cold), answer);
+      ColdLocations located;
+      const bool every = (ask.flags & proto::kAskEveryLocation) != 0;
+      Status s = describe_from(own_, ask.indices, entries, asker, &located, every);
+      answer.every_entry = every;
+      if (s.ok()) s = fill_answer(entries, std::move(located), answer);
       if (!s.ok()) error = s.message();
     }
     answer.error = error.empty() ? std::string() : fmt::format("owner daemon rank {}: {}", mpi_.rank(), error);
@@ -179,6 +182,11 @@ Status MpiDirectoryExchange::take_answers() {
                                                msg.source, answer.request, p.owner));
     } else if (!answer.error.empty()) {
       finish_locked(answer.request, Status(StatusCode::kUnavailable, answer.error));
+    } else if (answer.every_entry != p.every_location) {
+      finish_locked(answer.request, make_error(StatusCode::kProtocol,
+                                               "owner daemon rank {} answered request {} with {} locations, asked for {}",
+                                               msg.source, answer.request, answer.every_entry ? "every entry's" : "the cold "
+                                               "entries'", p.every_location ? "every entry's" : "the cold ones'"));
     } else if (answer.size() != p.out.size()) {
       finish_locked(answer.request, make_error(StatusCode::kProtocol,
                                                "owner daemon rank {} answered {} entries for a request of {}",
@@ -187,10 +195,10 @@ Status MpiDirectoryExchange::take_answers() {
       for (std::size_t i = 0; i < answer.size(); ++i) {
         p.out[i] = SampleInfo{answer.bytes[i], answer.arena_offset[i], p.owner, answer.labels[i]};
       }
-      if (p.cold != nullptr) {
-        for (std::size_t k = 0; k < answer.cold_entry.size(); ++k) {
-          p.cold->add(p.first + answer.cold_entry[k], answer.cold_shard[k], answer.cold_offset[k],
-                      answer.cold_path(k));
+      if (p.located != nullptr) {
+        for (std::size_t k = 0; k < answer.located_entry.size(); ++k) {
+          p.located->add(p.first + answer.located_entry[k], answer.located_shard[k], answer.located_offset[k],
+                      answer.located_path(k));
         }
       }
       counters_.entries_received += answer.size();

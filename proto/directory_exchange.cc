@@ -20,7 +20,11 @@ std::vector<std::uint8_t> encode_directory_answer(const DirectoryAnswer& answer)
 std::string decode_directory_ask(std::span<const std::uint8_t> bytes, std::string_view from, DirectoryAsk& out) {
   const std::string what = "directory request from " + std::string(from);
   FieldReader r(bytes, what, "message");
-  return decode_enveloped(r, kDirectoryAskMagic, kDirectoryExchangeVersion, what, "directory request", out);
+  std::string err = decode_enveloped(r, kDirectoryAskMagic, kDirectoryExchangeVersion, what, "directory request", out);
+  if (err.empty() && (out.flags & ~kAskEveryLocation) != 0) {
+    err = what + ": request " + std::to_string(out.request) + " sets unknown flags " + std::to_string(out.flags);
+  }
+  return err;
 }
 
 std::string decode_directory_answer(std::span<const std::uint8_t> bytes, std::string_view from,
@@ -34,35 +38,37 @@ std::string decode_directory_answer(std::span<const std::uint8_t> bytes, std::st
            " entries";
   }
   const std::string of_request = " of request " + std::to_string(out.request);
-  std::size_t k = 0;  // the next cold location
+  std::size_t k = 0;  // the next location
   for (std::size_t i = 0; i < out.size(); ++i) {
     if (out.labels[i] < 0) {
       return what + ": entry " + std::to_string(i) + of_request + " has negative label " + std::to_string(out.labels[i]);
     }
-    const bool cold = out.arena_offset[i] == kDirectoryNotResident;
-    const bool located = k < out.cold_entry.size() && out.cold_entry[k] == i;
-    if (cold != located) {
-      return what + ": entry " + std::to_string(i) + of_request + (cold ? " is cold but has no storage location"
-                                                                         : " is resident but has a storage location");
+    const bool wanted = out.every_entry || out.arena_offset[i] == kDirectoryNotResident;
+    const bool located = k < out.located_entry.size() && out.located_entry[k] == i;
+    if (wanted != located) {
+      return what + ": entry " + std::to_string(i) + of_request +
+             (wanted ? (out.every_entry ? " has no storage location in an answer of every location"
+                                        : " is cold but has no storage location")
+                     : " is resident but has a storage location");
     }
     if (located) {
-      const std::uint64_t begin = k == 0 ? 0 : out.cold_path_end[k - 1];
-      if (out.cold_path_end[k] < begin || out.cold_path_end[k] > out.cold_paths.size()) {
-        return what + ": cold entry " + std::to_string(i) + of_request + " has its path at [" + std::to_string(begin) +
-               ", " + std::to_string(out.cold_path_end[k]) + ") of " + std::to_string(out.cold_paths.size()) +
+      const std::uint64_t begin = k == 0 ? 0 : out.located_path_end[k - 1];
+      if (out.located_path_end[k] < begin || out.located_path_end[k] > out.located_paths.size()) {
+        return what + ": located entry " + std::to_string(i) + of_request + " has its path at [" + std::to_string(begin) +
+               ", " + std::to_string(out.located_path_end[k]) + ") of " + std::to_string(out.located_paths.size()) +
                " path bytes";
       }
       ++k;
     }
   }
-  if (k != out.cold_entry.size()) {
-    return what + ": cold location " + std::to_string(k) + of_request + " names entry " +
-           std::to_string(out.cold_entry[k]) + " out of order or beyond the " + std::to_string(out.size()) +
+  if (k != out.located_entry.size()) {
+    return what + ": location " + std::to_string(k) + of_request + " names entry " +
+           std::to_string(out.located_entry[k]) + " out of order or beyond the " + std::to_string(out.size()) +
            " entries";
   }
-  if (!out.cold_entry.empty() && out.cold_path_end.back() != out.cold_paths.size()) {
+  if (!out.located_entry.empty() && out.located_path_end.back() != out.located_paths.size()) {
     return what + ": request " + std::to_string(out.request) + " carries " +
-           std::to_string(out.cold_paths.size() - out.cold_path_end.back()) + " path bytes past its last path";
+           std::to_string(out.located_paths.size() - out.located_path_end.back()) + " path bytes past its last path";
   }
   return {};
 }

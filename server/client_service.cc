@@ -374,22 +374,30 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
       }
       case proto::FrameType::kGetCatalog: {
         if (!payload_.empty()) return protocol_error("get-catalog frame has a payload"), false;
+        // Owner-side metadata (decisions 0063, 0066): no daemon holds the catalog, so it is
+        // assembled from every owner's share for this request and dropped after it. A
+        // failure (an owner that does not answer) is the trainer's answer, and its connection
+        // goes on (send_error would close it: that is for errors that end the connection).
+        std::optional<Catalog> assembled;
         if (service_.job_.catalog == nullptr) {
-          // Owner-side metadata (decision 0063): no daemon holds the catalog. The trainer
-          // gets the reason as the answer, and its connection goes on (send_error would
-          // close it: that is for errors that end the connection).
-          std::vector<std::uint8_t> out;
-          proto::encode(out, proto::ErrorFrame{static_cast<std::uint16_t>(StatusCode::kInvalidArgument),
-                                               "no daemon holds the whole catalog under dataset.metadata = \"owner\" "
-                                               "(each holds its own share only); read sample paths from the dataset, "
-                                               "or run with dataset.metadata = \"global\""});
-          write(std::move(out));
-          return true;
+          Result<Catalog> c = service_.job_.assemble_catalog
+                                  ? service_.job_.assemble_catalog()
+                                  : Result<Catalog>(make_error(StatusCode::kInvalidArgument,
+                                                               "this daemon holds no catalog to serve"));
+          if (!c.ok()) {
+            std::vector<std::uint8_t> out;
+            proto::encode(out, proto::ErrorFrame{static_cast<std::uint16_t>(c.status().code()),
+                                                 "the catalog: " + c.status().message()});
+            write(std::move(out));
+            return true;
+          }
+          assembled = std::move(*c);
         }
+        const Catalog& catalog = assembled ? *assembled : *service_.job_.catalog;
         // Serialized per request, not kept: trainers fetch the catalog rarely (sample_path),
         // and a kept copy cost every daemon ~94 bytes a sample for the whole job. Straight
         // into the reply frame: no second copy.
-        std::vector<std::uint8_t> out = service_.job_.catalog->serialize(sizeof(proto::FrameHeader));
+        std::vector<std::uint8_t> out = catalog.serialize(sizeof(proto::FrameHeader));
         if (out.size() - sizeof(proto::FrameHeader) > proto::kMaxPayloadBytes) {
           send_error(make_error(StatusCode::kResourceExhausted,
                                 "the catalog is {} bytes serialized, more than one frame carries ({} bytes): "

@@ -22,6 +22,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <functional>
 #include <vector>
 
 #include "common/checkpoint_node.h"
@@ -38,6 +39,9 @@ namespace shardmix {
 struct ServedJob {
   SchedulerContext context;
   const Catalog* catalog = nullptr;  // served whole to clients that ask (GetCatalog); null: none held
+  // With no catalog held (owner-side metadata): builds one per GetCatalog from the owners
+  // (assemble_catalog in common/sample_directory.h). Runs on the service's thread.
+  std::function<Result<Catalog>()> assemble_catalog;
   const PlanShape* shape = nullptr;
   std::uint32_t nodes = 1;
   std::uint32_t trainers_per_node = 1;

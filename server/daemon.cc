@@ -952,6 +952,7 @@ Status Daemon::place_owner_side(const JobShape& job) {
   // samples: the cold readers resolve a location's shard index in it (reads carry their
   // locations). The routed copy of the table goes with the routed entries after the load.
   storage_files_ = Catalog::of_share(share_.tables.shards, {}, share_.tables.class_names);
+  storage_files_.set_invalid_counts(dataset_.invalid_samples, dataset_.invalid_shards);
   directory_ = std::make_unique<ShardedDirectory>(static_cast<std::uint32_t>(rank_), ownership_, own_, *exchange_,
                                                   std::move(cold), storage_files_.file_table_bytes());
   digest_ = plan_digest(dataset_.digest, dataset_.samples, job, config_.shuffle, config_.dataset.placement);
@@ -1307,6 +1308,11 @@ Status Daemon::start_service() {
   }
   ServedJob served;
   served.catalog = owner_side_ ? nullptr : &catalog_;  // owner-side: no daemon holds it
+  if (owner_side_) {
+    served.assemble_catalog = [this] {
+      return assemble_catalog(static_cast<std::uint32_t>(rank_), ownership_, own_, *exchange_, storage_files_);
+    };
+  }
   served.context = SchedulerContext{directory_.get(), planner_.get(), static_cast<std::uint32_t>(rank_),
                                     config_.service.prefetch, config_.shuffle.window, dataset_.classes,
                                     storage_readers_.get(), config_.service.cold_readahead_batches};

@@ -236,8 +236,8 @@ int main(int argc, char** argv) {
       try {
         catalog = &client.catalog();
       } catch (const shardmix::Error& e) {
-        // Under dataset.metadata = "owner" no daemon holds the catalog: the traces keep
-        // every column but the path, which stays empty.
+        // A daemon that cannot serve the catalog (an owner that did not answer while its
+        // daemon assembled it): the traces keep every column but the path, left empty.
         std::fprintf(stderr, "shardmix-consume: trace paths left empty: %s\n", e.what());
       }
     }

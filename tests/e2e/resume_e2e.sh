@@ -8,6 +8,8 @@
 #           daemons re-deal the rest of epoch 1 to the 6 trainers, which then run epoch 2.
 # Judged by check_resume.py from the traces of both halves: every sample of epoch 1 exactly
 # once, equal batch counts, bytes verified on disk; epoch 2 exactly once.
+# SHARDMIX_E2E_METADATA=owner (same only): both jobs with dataset.metadata = "owner" (spread
+# placement): the daemons resume the trainers' blobs without a global catalog.
 #   tests/e2e/resume_e2e.sh same|redeal [tcp|shm]
 set -euo pipefail
 SM_PROG=resume_e2e
@@ -17,11 +19,15 @@ source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 mode=${1:-same}
 provider=${2:-tcp}
 [[ $mode == same || $mode == redeal ]] || sm_die "mode must be same or redeal, got '$mode'" 2
+metadata=${SHARDMIX_E2E_METADATA:-global}
+[[ $metadata == global || $mode == same ]] || sm_die "SHARDMIX_E2E_METADATA=owner resumes at the same world size only" 2
+metadata_settings=()
+if [[ $metadata == owner ]]; then metadata_settings=(dataset.placement=spread dataset.metadata=owner); fi
 batch=8 epoch=1
 e2e_init resume
 e2e_gen_dataset 800 8 16 5
 sm_write_config "$tmp/c.toml" dataset.path="$tmp/data" batch.size="$batch" shuffle.seed=91 \
-  shuffle.exchange_fraction=0.5 shuffle.window=4 fabric.provider="$provider" service.prefetch=3
+  shuffle.exchange_fraction=0.5 shuffle.window=4 fabric.provider="$provider" service.prefetch=3 "${metadata_settings[@]}"
 
 # Each trainer checkpoints after 2 + rank batches, so the old ranks stop at different points.
 cat >"$tmp/first.sh" <<'FIRST'

@@ -32,10 +32,10 @@
 # function of the sample id, decision 0055).
 # SHARDMIX_E2E_METADATA=owner (dataset.metadata, with spread and W = 0: owner-side metadata,
 # decision 0063): the job runs owner-side, then once more with the global catalog; the two
-# traces must be identical but for the path column (the owner-side daemons hold no catalog
-# to name paths with), check_traces.py judges the global run's against the files, and each
-# owner-side daemon must report less catalog than a global one). With a capacity factor the
-# storage tier's checks read the owner-side daemons' log against the global run's trace.
+# traces must be identical row for row, paths included (the owner-side daemons assemble the
+# catalog the trainers ask for from the owners' shares, decision 0066), check_traces.py
+# judges the owner-side run's against the files, and each owner-side daemon must report less
+# catalog than a global one).
 # SHARDMIX_E2E_UNEVEN_CAPACITY=1 (with a capacity factor: daemon rank r gets cache.capacity
 # x (2 + r) / 2 through SHARDMIX_CACHE_CAPACITY, as nodes with different RAM would under
 # the default "0.8"; delivery must stay byte-identical to the files; check_storage.py,
@@ -208,7 +208,7 @@ if ((repeat == 1)); then
   echo "traces identical: $(find "$trace" -name 'rank-*.csv' | wc -l) rank files"
 fi
 if [[ $metadata == owner ]]; then
-  sm_section "run again with the global catalog: the same deliveries, paths aside"
+  sm_section "run again with the global catalog: the same deliveries"
   run_job "$tmp/trace-global" "$tmp/daemons-global.log" "$global_config"
   e2e_python - "$trace" "$tmp/trace-global" "$tmp/daemons.log" "$tmp/daemons-global.log" "$nodes" "$min_entropy" <<'PY'
 import csv, glob, os, re, sys
@@ -218,7 +218,7 @@ floor = float(sys.argv[6])
 problems = []
 def rows(path):
     with open(path, newline="", encoding="utf-8") as f:
-        return [{k: v for k, v in r.items() if k != "path"} for r in csv.DictReader(f)]
+        return list(csv.DictReader(f))
 files = sorted(os.path.basename(p) for p in glob.glob(global_ + "/*.csv") if not os.path.basename(p).startswith("batch-"))
 compared = 0
 for name in files:
@@ -253,12 +253,11 @@ if floor > 0:
     else:
         floor_note = f"; the floor's {len(oc)} epoch choices identical ({oc[0][1][:90]}...)"
 finish("owner-side against global", text, problems,
-       f"{compared} rows identical in {len(files)} files but for the path; owner-side catalog bytes "
+       f"{compared} rows identical in {len(files)} files, paths included; owner-side catalog bytes "
        + ", ".join(f"{o[r][0]}/{g[r][0]}" for r in sorted(o) if r in g) + " (owner-side/global)" + floor_note)
 PY
-  # check_traces.py judges the global run, whose paths name the files; the owner-side run
-  # delivered the same samples with the same xxh64.
-  trace=$tmp/trace-global
+  # check_traces.py then judges the owner-side run's traces against the files: their paths
+  # come from the catalog the owner-side daemons assemble for GetCatalog (decision 0066).
 fi
 
 # ---------------------------------------------------------------- verdict

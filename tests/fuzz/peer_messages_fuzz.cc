@@ -48,16 +48,17 @@ void directory_answer(Span input) {
   if (!err.empty()) return check_named(err);
   FUZZ_CHECK(answer.error.empty() || answer.size() == 0, "an answer with an error carries entries");
   for (std::int32_t label : answer.labels) FUZZ_CHECK(label >= 0, "negative label accepted");
-  // Every cold entry has exactly one storage location, and every location's path is inside.
-  std::size_t cold = 0;
-  for (std::uint64_t at : answer.arena_offset) cold += at == proto::kDirectoryNotResident;
-  FUZZ_CHECK(cold == answer.cold_entry.size(), "cold entries and storage locations differ in number");
-  for (std::size_t k = 0; k < answer.cold_entry.size(); ++k) {
-    FUZZ_CHECK(answer.cold_entry[k] < answer.size(), "a location names no entry");
-    FUZZ_CHECK(answer.arena_offset[answer.cold_entry[k]] == proto::kDirectoryNotResident,
+  // Every cold entry (every entry with every_entry) has exactly one storage location, and
+  // every location's path is inside.
+  std::size_t wanted = 0;
+  for (std::uint64_t at : answer.arena_offset) wanted += answer.every_entry || at == proto::kDirectoryNotResident;
+  FUZZ_CHECK(wanted == answer.located_entry.size(), "located entries and storage locations differ in number");
+  for (std::size_t k = 0; k < answer.located_entry.size(); ++k) {
+    FUZZ_CHECK(answer.located_entry[k] < answer.size(), "a location names no entry");
+    FUZZ_CHECK(answer.every_entry || answer.arena_offset[answer.located_entry[k]] == proto::kDirectoryNotResident,
                "a location for a resident entry accepted");
-    FUZZ_CHECK(answer.cold_path_end[k] <= answer.cold_paths.size(), "a path outside cold_paths accepted");
-    (void)answer.cold_path(k);
+    FUZZ_CHECK(answer.located_path_end[k] <= answer.located_paths.size(), "a path outside located_paths accepted");
+    (void)answer.located_path(k);
   }
   FUZZ_CHECK(proto::encode_directory_answer(answer) == std::vector<std::uint8_t>(input.begin(), input.end()),
              "directory answer: encode(decode(x)) != x");
@@ -89,15 +90,24 @@ Seeds seeds() {
   answer.bytes = {100, 200, 300};
   answer.arena_offset = {0, ~std::uint64_t{0}, 4096};
   answer.labels = {1, 0, 2};
-  answer.cold_entry = {1};  // a shard format's location: shard 3, offset 1536
-  answer.cold_shard = {3};
-  answer.cold_offset = {1536};
-  answer.cold_path_end = {0};
+  answer.located_entry = {1};  // a shard format's location: shard 3, offset 1536
+  answer.located_shard = {3};
+  answer.located_offset = {1536};
+  answer.located_path_end = {0};
   proto::DirectoryAnswer files_answer = answer;  // a whole-file format's: a path
-  files_answer.cold_shard = {0};
-  files_answer.cold_offset = {0};
-  files_answer.cold_paths = "emu/2.jpg";
-  files_answer.cold_path_end = {9};
+  files_answer.located_shard = {0};
+  files_answer.located_offset = {0};
+  files_answer.located_paths = "emu/2.jpg";
+  files_answer.located_path_end = {9};
+  proto::DirectoryAnswer every = files_answer;  // every entry located (a GetCatalog's ask)
+  every.every_entry = true;
+  every.located_entry = {0, 1, 2};
+  every.located_shard = {0, 0, 0};
+  every.located_offset = {0, 0, 0};
+  every.located_paths = "dog/1.jpgemu/2.jpgemu/3.jpg";
+  every.located_path_end = {9, 18, 27};
+  proto::DirectoryAsk ask_every = ask;
+  ask_every.flags = proto::kAskEveryLocation;
   proto::DirectoryAnswer refused;
   refused.request = 10;
   refused.error = "owner daemon rank 2: daemon rank 0 asked for index 99 (request entry 0) of a share of 10 samples";
@@ -106,6 +116,8 @@ Seeds seeds() {
           {"ask", proto::encode_directory_ask(ask)},
           {"answer", proto::encode_directory_answer(answer)},
           {"answer-paths", proto::encode_directory_answer(files_answer)},
+          {"answer-every", proto::encode_directory_answer(every)},
+          {"ask-every", proto::encode_directory_ask(ask_every)},
           {"answer-error", proto::encode_directory_answer(refused)}};
 }
 

@@ -4,7 +4,8 @@
 // several threads at once, while its main thread moves the asks and answers the other
 // ranks'. Each resolved entry must equal what the global catalog and the tabulated
 // placement say (GlobalDirectory), cold samples included, and each cold sample's storage
-// location (its file) must come with it. Then the failures: an index
+// location (its file) must come with it. Every rank assembles the whole catalog from the
+// shares, as a trainer's GetCatalog does, and it must equal the global one. Then the failures: an index
 // outside an owner's share, an owner declared dead, and an owner that does not answer in
 // time, each an error naming the owner's rank, with no rank hanging.
 // Prints PASS/FAIL on rank 0; exits non-zero on every rank on failure.
@@ -167,6 +168,22 @@ void with_worker(Checker& c, const Job& j, std::chrono::milliseconds timeout,
   worker.join();
 }
 
+// A trainer's GetCatalog under owner-side metadata (decision 0066): every rank assembles the
+// whole catalog from the shares at once, over the wire, and it serializes to the global
+// catalog's bytes.
+void check_catalog(Checker& c, const Job& j) {
+  const Catalog files = Catalog::of_share({}, {}, j.catalog.class_names());
+  with_worker(c, j, 60s, [&](MpiDirectoryExchange& exchange) {
+    auto assembled = assemble_catalog(static_cast<std::uint32_t>(c.mpi.rank()), j.ownership, j.own, exchange, files);
+    c.check(assembled.ok(), "assemble_catalog: " + (assembled.ok() ? std::string() : assembled.status().to_string()));
+    if (assembled.ok()) {
+      c.check(assembled->serialize() == j.catalog.serialize(),
+              fmt::format("the assembled catalog of {} samples differs from the global one of {}", assembled->size(),
+                          j.catalog.size()));
+    }
+  });
+}
+
 void check_failures(Checker& c, const Job& j) {
   const int me = c.mpi.rank(), n = c.mpi.size();
   if (n < 2) return;
@@ -218,6 +235,7 @@ int main(int argc, char** argv) {
   Checker c{mpi};
   const Job job = make_job(mpi.size(), mpi.rank());
   check_plans(c, job);
+  check_catalog(c, job);
   check_failures(c, job);
   return mpi_check::verdict(c, "directory_mpitest");
 }

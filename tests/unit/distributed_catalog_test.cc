@@ -299,9 +299,11 @@ TEST(DirectoryExchangeWire, RoundTripsAndNamesWhatIsWrong) {
   proto::DirectoryAsk ask;
   ask.request = 12;
   ask.indices = {4, 0, 9};
+  ask.flags = proto::kAskEveryLocation;
   proto::DirectoryAsk ask_back;
   ASSERT_EQ(proto::decode_directory_ask(proto::encode_directory_ask(ask), "daemon rank 2", ask_back), "");
   EXPECT_EQ(ask_back.request, 12u);
+  EXPECT_EQ(ask_back.flags, proto::kAskEveryLocation);
   EXPECT_EQ(ask_back.indices, ask.indices);
 
   proto::DirectoryAnswer answer;
@@ -310,38 +312,52 @@ TEST(DirectoryExchangeWire, RoundTripsAndNamesWhatIsWrong) {
   answer.arena_offset = {0, kNotResident, 64};
   answer.labels = {2, 0, 1};
   // Entry 1 is cold: its storage location travels with it (a whole-file format's path).
-  answer.cold_entry = {1};
-  answer.cold_shard = {0};
-  answer.cold_offset = {0};
-  answer.cold_paths = "cat/0001.jpg";
-  answer.cold_path_end = {answer.cold_paths.size()};
+  answer.located_entry = {1};
+  answer.located_shard = {0};
+  answer.located_offset = {0};
+  answer.located_paths = "cat/0001.jpg";
+  answer.located_path_end = {answer.located_paths.size()};
   const std::vector<std::uint8_t> bytes = proto::encode_directory_answer(answer);
   proto::DirectoryAnswer back;
   ASSERT_EQ(proto::decode_directory_answer(bytes, "daemon rank 1", back), "");
   EXPECT_EQ(back.arena_offset, answer.arena_offset);
   EXPECT_EQ(back.labels, answer.labels);
-  EXPECT_EQ(back.cold_entry, answer.cold_entry);
-  EXPECT_EQ(back.cold_path(0), "cat/0001.jpg");
+  EXPECT_EQ(back.located_entry, answer.located_entry);
+  EXPECT_EQ(back.located_path(0), "cat/0001.jpg");
+  {
+    // Every entry located (the catalog a trainer asks for), resident ones too.
+    proto::DirectoryAnswer every = answer;
+    every.every_entry = true;
+    every.located_entry = {0, 1, 2};
+    every.located_shard = {0, 0, 0};
+    every.located_offset = {0, 0, 0};
+    every.located_paths = "a/1b/2c/3";
+    every.located_path_end = {3, 6, 9};
+    proto::DirectoryAnswer out;
+    ASSERT_EQ(proto::decode_directory_answer(proto::encode_directory_answer(every), "daemon rank 1", out), "");
+    EXPECT_TRUE(out.every_entry);
+    EXPECT_EQ(out.located_path(2), "c/3");
+  }
 
-  // The cold list must name exactly the cold entries, with paths inside cold_paths.
+  // The cold list must name exactly the cold entries, with paths inside located_paths.
   auto refusal = [](proto::DirectoryAnswer a) {
     proto::DirectoryAnswer out;
     return proto::decode_directory_answer(proto::encode_directory_answer(a), "daemon rank 5", out);
   };
   {
     proto::DirectoryAnswer a = answer;
-    a.cold_entry = {};
-    a.cold_shard = {};
-    a.cold_offset = {};
-    a.cold_path_end = {};
-    a.cold_paths.clear();
+    a.located_entry = {};
+    a.located_shard = {};
+    a.located_offset = {};
+    a.located_path_end = {};
+    a.located_paths.clear();
     const std::string why = refusal(a);
     EXPECT_NE(why.find("daemon rank 5: entry 1 of request 12 is cold but has no storage location"), std::string::npos)
         << why;
   }
   {
     proto::DirectoryAnswer a = answer;
-    a.cold_entry = {2};
+    a.located_entry = {2};
     const std::string why = refusal(a);
     EXPECT_NE(why.find("entry 1 of request 12 is cold but has no storage location"), std::string::npos) << why;
   }
@@ -353,25 +369,41 @@ TEST(DirectoryExchangeWire, RoundTripsAndNamesWhatIsWrong) {
   }
   {
     proto::DirectoryAnswer a = answer;
-    a.cold_path_end = {a.cold_paths.size() + 4};
+    a.located_path_end = {a.located_paths.size() + 4};
     const std::string why = refusal(a);
-    EXPECT_NE(why.find("cold entry 1 of request 12 has its path at [0, 16) of 12 path bytes"), std::string::npos)
+    EXPECT_NE(why.find("located entry 1 of request 12 has its path at [0, 16) of 12 path bytes"), std::string::npos)
         << why;
   }
   {
+    // An answer of every location must locate the resident entries too.
     proto::DirectoryAnswer a = answer;
-    a.cold_paths += "xyz";
+    a.every_entry = true;
+    const std::string why = refusal(a);
+    EXPECT_NE(why.find("entry 0 of request 12 has no storage location in an answer of every location"),
+              std::string::npos)
+        << why;
+  }
+  {
+    proto::DirectoryAsk flagged = ask;
+    flagged.flags = 6;
+    proto::DirectoryAsk out;
+    const std::string why = proto::decode_directory_ask(proto::encode_directory_ask(flagged), "daemon rank 2", out);
+    EXPECT_NE(why.find("request 12 sets unknown flags 6"), std::string::npos) << why;
+  }
+  {
+    proto::DirectoryAnswer a = answer;
+    a.located_paths += "xyz";
     const std::string why = refusal(a);
     EXPECT_NE(why.find("request 12 carries 3 path bytes past its last path"), std::string::npos) << why;
   }
   {
     proto::DirectoryAnswer a = answer;
-    a.cold_entry = {1, 7};
-    a.cold_shard = {0, 0};
-    a.cold_offset = {0, 0};
-    a.cold_path_end = {12, 12};
+    a.located_entry = {1, 7};
+    a.located_shard = {0, 0};
+    a.located_offset = {0, 0};
+    a.located_path_end = {12, 12};
     const std::string why = refusal(a);
-    EXPECT_NE(why.find("cold location 1 of request 12 names entry 7 out of order or beyond the 3 entries"),
+    EXPECT_NE(why.find("location 1 of request 12 names entry 7 out of order or beyond the 3 entries"),
               std::string::npos)
         << why;
   }

@@ -174,6 +174,33 @@ RC_GTEST_PROP(ShardedDirectory, TellsTheSchedulerWhatTheGlobalDirectoryTells, ()
   RC_TAG(c.layout, p.total_cold_samples() > 0);  // layout, and whether cold samples were there
 }
 
+// The catalog a trainer asks for under owner-side metadata (decision 0066): assembled from
+// every owner's share with every location, it serializes to the very bytes of the global
+// catalog, for shard and whole-file layouts, whatever the capacity.
+RC_GTEST_PROP(ShardedDirectory, AssemblesTheGlobalCatalogFromTheOwnersShares, ()) {
+  DirectoryCase c = *gen_case();
+  c.layout = *rc::gen::element(1, 2);  // a catalog with files (the synthetic one has none to name)
+  const Catalog catalog = catalog_of(c);
+  const PlanShape shape = make_plan_shape(c.sizes.size(), c.job);
+  const std::uint64_t capacity = c.share >= 2.0 ? kNoCapacityLimit
+                                                : test_support::capacity_for_share(c.sizes, c.job.nodes, c.share);
+  const Ownership ownership = Ownership::spread(c.sizes.size(), shape.node_owned, c.shuffle.seed);
+  std::vector<OwnerShard> shards;
+  for (std::uint32_t k = 0; k < c.job.nodes; ++k) {
+    shards.push_back(OwnerShard::build(catalog, ownership, k, capacity, c.shuffle.seed));
+  }
+  std::vector<std::string> table;
+  if (catalog.sharded()) {
+    for (std::size_t f = 0; f < catalog.file_count(); ++f) table.emplace_back(catalog.file_path(f));
+  }
+  Catalog files = Catalog::of_share(table, {}, catalog.class_names());
+  const InProcessExchange exchange(shards);
+  const auto node = *rc::gen::inRange<std::uint32_t>(0, c.job.nodes);
+  auto assembled = assemble_catalog(node, ownership, shards[node], exchange, files);
+  RC_ASSERT(assembled.ok());
+  RC_ASSERT(assembled->serialize() == catalog.serialize());
+}
+
 // A resident sample whose bytes could not be loaded (decision 0058): cold from then on, in
 // the placement's lists and counts and in what the directory tells the scheduler.
 TEST(MakeCold, AResidentSampleLeavesItsOwnersArenaAndNothingElseMoves) {
