@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "common/status.h"
 
 namespace shardmix {
@@ -39,6 +41,11 @@ std::uint32_t Ownership::owner(SampleId id) const {
 
 Ownership::Share Ownership::locate(SampleId id) const {
   if (!is_spread()) invariant_failed("Ownership::locate needs dataset.placement = spread");
+  // The permutation's cycle walk is undefined past its range (it can loop for ever): a bug
+  // in the caller, stopped with its name rather than a hang.
+  if (id >= layout_.size()) {
+    invariant_failed(fmt::format("Ownership::locate: sample id {} of a dataset of {} samples", id, layout_.size()));
+  }
   const std::uint64_t position = layout_(id);
   // The last node whose range starts at or before `position` (empty ranges are skipped).
   const auto node = static_cast<std::uint32_t>(std::upper_bound(first_.begin(), first_.end(), position) -

@@ -108,6 +108,13 @@ RC_GTEST_PROP(Ownership, SpreadIsAPartitionThatThePlacementTabulates, ()) {
   RC_ASSERT(ownership_of(p).is_spread());
 }
 
+// An id past the dataset is a caller's bug: named and stopped, not a cycle walk for ever.
+TEST(Ownership, LocatingAnIdPastTheDatasetStopsNamingIt) {
+  const Ownership spread = Ownership::spread(10, {4, 6}, 3);
+  EXPECT_EQ(spread.owner(9), spread.locate(9).node);
+  EXPECT_DEATH((void)spread.locate(10), "sample id 10 of a dataset of 10 samples");
+}
+
 RC_GTEST_PROP(ShardedDirectory, TellsTheSchedulerWhatTheGlobalDirectoryTells, ()) {
   const DirectoryCase c = *gen_case();
   const Catalog catalog = catalog_of(c);
