@@ -112,7 +112,7 @@ const KeySpec kKeys[] = {
    [](Config& c, const Value& v) { c.dataset.placement = placement_policy_from_name(as_str(v)); },
    [](const Config& c) -> Value { return std::string(placement_policy_name(c.dataset.placement)); }},
   {"dataset.metadata", KeyType::kEnum, "global",
-   "What each daemon holds of the catalog: \"global\" = every sample's entry and every node's layout on every daemon (O(N) per node); \"owner\" = only its own share's entries plus O(nodes) tables, the rest asked of the owners once per trainer plan, cold samples' storage locations included (owner-side metadata, docs/decisions/0063). \"owner\" needs dataset.placement = \"spread\" and, for now, a POSIX dataset.path, no cache rotation or slot reuse, fault.peer_death = \"stop\" and no resume.checkpoint_dir; a trainer that asks for the catalog (sample paths) gets one assembled from the owners for that request.",
+   "What each daemon holds of the catalog: \"global\" = every sample's entry and every node's layout on every daemon (O(N) per node); \"owner\" = only its own share's entries plus O(nodes) tables, the rest asked of the owners once per trainer plan, cold samples' storage locations included (owner-side metadata, docs/decisions/0063). \"owner\" needs dataset.placement = \"spread\" and, for now, a POSIX dataset.path, no cache rotation or slot reuse, and fault.peer_death = \"stop\"; a trainer that asks for the catalog (sample paths) gets one assembled from the owners for that request.",
    "\"global\" supports every feature but costs about 50 bytes a sample on every node (5 GB at 100 M samples); \"owner\" costs about 20-30 bytes per sample of the node's share, so metadata shrinks as nodes are added, at one control-plane round trip per trainer plan.",
    "global|owner", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(dataset.metadata)},
   {"dataset.max_sample_bytes", KeyType::kSize, "64MiB",
@@ -1189,10 +1189,6 @@ Status validate(const Config& config, const Origins& origins) {
     if (config.fault.peer_death != "stop") {
       return refuse("fault.peer_death", fmt::format("\"{}\"", config.fault.peer_death),
                     "a dead peer's samples are read from storage by path");
-    }
-    if (!config.resume.checkpoint_dir.empty()) {
-      return refuse("resume.checkpoint_dir", fmt::format("\"{}\"", config.resume.checkpoint_dir),
-                    "re-dealing an epoch reads the global catalog");
     }
   }
   if (!config.checkpoint.dir.empty() && config.cache.capacity_bytes != 0 &&

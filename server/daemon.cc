@@ -579,6 +579,8 @@ class Daemon {
   };
   void log_residency(const Residency& mine, std::uint64_t total_cold, std::uint64_t total_cold_bytes) const;
   Status make_unloaded_samples_cold(const LoadStats& loaded);
+  // resume.checkpoint_dir: every daemon's re-deal agreed on, kept and logged (rank 0).
+  Status adopt_redeal(Result<RedealtEpoch> loaded);
   Status place();
   Status create_regions();
   Status open_fabric();
@@ -841,15 +843,21 @@ Status Daemon::sort_catalog_owner_side(ScanResult scan) {
     std::int64_t last_label = -1;
     std::uint64_t digest = 0;
   } mine;
-  std::uint64_t digest = 0xcbf29ce484222325ull;
-  for (const CatalogEntry& e : slice->entries) {
+  // The dataset's digest must not depend on how the ids are sliced over the ranks (a job
+  // re-dealt to another world size checks its checkpoints' plan digest with it): each
+  // entry is hashed with its id, and the slices' sums add up to the same total for any P.
+  std::uint64_t digest = 0;
+  for (std::size_t i = 0; i < slice->entries.size(); ++i) {
+    const CatalogEntry& e = slice->entries[i];
     mine.bytes += e.size;
     if (mine.last_label != e.label) ++mine.distinct_labels;
     if (mine.first_label < 0) mine.first_label = e.label;
     mine.last_label = e.label;
-    const std::uint64_t fields[] = {static_cast<std::uint64_t>(e.label), e.size, e.shard, e.offset, e.path.size()};
-    digest = proto::fnv1a64(std::span(reinterpret_cast<const std::uint8_t*>(fields), sizeof fields), digest);
-    digest = proto::fnv1a64(std::span(reinterpret_cast<const std::uint8_t*>(e.path.data()), e.path.size()), digest);
+    const std::uint64_t fields[] = {slice->first + i, static_cast<std::uint64_t>(e.label), e.size, e.shard, e.offset,
+                                    e.path.size()};
+    std::uint64_t h = proto::fnv1a64(std::span(reinterpret_cast<const std::uint8_t*>(fields), sizeof fields));
+    h = proto::fnv1a64(std::span(reinterpret_cast<const std::uint8_t*>(e.path.data()), e.path.size()), h);
+    digest += h;
   }
   mine.digest = digest;
   auto summaries = allgather_values(mpi_, mine, "catalog slice summary");
@@ -866,14 +874,16 @@ Status Daemon::sort_catalog_owner_side(ScanResult scan) {
     h = proto::fnv1a64(std::span(reinterpret_cast<const std::uint8_t*>(t.data()), t.size()), h);
   }
   std::int64_t previous_last = -1;
+  std::uint64_t entries_digest = 0;
   for (const SliceSummary& r : *summaries) {
     dataset_.total_bytes += r.bytes;
-    h = proto::fnv1a64(std::span(reinterpret_cast<const std::uint8_t*>(&r.digest), sizeof r.digest), h);
+    entries_digest += r.digest;
     if (r.first_label < 0) continue;
     dataset_.classes += r.distinct_labels - (r.first_label == previous_last ? 1 : 0);
     previous_last = r.last_label;
   }
-  dataset_.digest = h;
+  dataset_.digest = proto::fnv1a64(std::span(reinterpret_cast<const std::uint8_t*>(&entries_digest),
+                                              sizeof entries_digest), h);
   slice_ = std::move(*slice);
   if (config_.shuffle.min_entropy > 0) {
     // The entropy floor scores planned batches by class, and ids follow the labels: where
@@ -885,6 +895,20 @@ Status Daemon::sort_catalog_owner_side(ScanResult scan) {
   phases_.mark("catalog_exchange");
   log_catalog(slice_->tables.class_names.size(), slice_->tables.shards.size(),
               " (owner-side, dataset.metadata = owner: no daemon holds it whole)");
+  return Status::ok_status();
+}
+
+Status Daemon::adopt_redeal(Result<RedealtEpoch> loaded) {
+  Status s = agree(mpi_, loaded.status(), "re-dealing the checkpointed epoch (resume.checkpoint_dir)");
+  if (!s.ok()) return s;
+  redealt_ = std::move(*loaded);
+  if (rank_ == 0) {
+    log_->info("resume: epoch {} re-dealt from {} checkpoints of {} trainers: {} samples left, {} batches per "
+               "trainer{}",
+               redealt_->epoch, redealt_->old_world_size, redealt_->old_world_size, redealt_->samples,
+               redealt_->batches_per_trainer,
+               redealt_->skipped > 0 ? fmt::format(", {} skipped (batch.drop_last)", redealt_->skipped) : "");
+  }
   return Status::ok_status();
 }
 
@@ -941,7 +965,7 @@ Status Daemon::place_owner_side(const JobShape& job) {
   }
   if (Status s = agree(mpi_, limits, "checking memory limits"); !s.ok()) return s;
 
-  auto planner = EpochPlanner::with_class_runs(shape_, ownership_, config_.shuffle, std::move(class_runs_));
+  auto planner = EpochPlanner::with_class_runs(shape_, ownership_, config_.shuffle, class_runs_);
   if (!planner.ok()) return planner.status();
   planner_ = std::move(*planner);
   // A describe() waits this long for its owners: longer than the failure detector needs to
@@ -956,6 +980,15 @@ Status Daemon::place_owner_side(const JobShape& job) {
   directory_ = std::make_unique<ShardedDirectory>(static_cast<std::uint32_t>(rank_), ownership_, own_, *exchange_,
                                                   std::move(cold), storage_files_.file_table_bytes());
   digest_ = plan_digest(dataset_.digest, dataset_.samples, job, config_.shuffle, config_.dataset.placement);
+  if (!config_.resume.checkpoint_dir.empty()) {
+    // The old job's plans come from the spread ownership and the class runs: no catalog
+    // needed, but the re-deal itself holds O(N) while it runs (decision 0067).
+    if (Status s = adopt_redeal(load_redealt_epoch(config_.resume.checkpoint_dir, config_, dataset_.digest,
+                                                   dataset_.samples, class_runs_, job, digest_));
+        !s.ok()) {
+      return s;
+    }
+  }
   arena_bytes_ = own_.arena_bytes();
   log_residency(Residency{own_.cached_samples(), own_.size(), own_.cached_bytes(), share_bytes, own_.cold_samples(),
                           share_bytes - own_.cached_bytes()},
@@ -1005,16 +1038,9 @@ Status Daemon::place() {
   // from another world size's checkpoints.
   digest_ = plan_digest(dataset_.digest, dataset_.samples, job, config_.shuffle, config_.dataset.placement);
   if (!config_.resume.checkpoint_dir.empty()) {
-    auto loaded_redeal = load_redealt_epoch(config_.resume.checkpoint_dir, config_, catalog_, job, digest_);
-    Status s = agree(mpi_, loaded_redeal.status(), "re-dealing the checkpointed epoch (resume.checkpoint_dir)");
-    if (!s.ok()) return s;
-    redealt_ = std::move(*loaded_redeal);
-    if (rank_ == 0) {
-      log_->info("resume: epoch {} re-dealt from {} checkpoints of {} trainers: {} samples left, {} batches per "
-                 "trainer{}",
-                 redealt_->epoch, redealt_->old_world_size, redealt_->old_world_size, redealt_->samples,
-                 redealt_->batches_per_trainer,
-                 redealt_->skipped > 0 ? fmt::format(", {} skipped (batch.drop_last)", redealt_->skipped) : "");
+    if (Status s = adopt_redeal(load_redealt_epoch(config_.resume.checkpoint_dir, config_, catalog_, job, digest_));
+        !s.ok()) {
+      return s;
     }
   }
 

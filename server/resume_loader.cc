@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 
@@ -12,8 +13,16 @@
 namespace shardmix {
 namespace fs = std::filesystem;
 
-Result<RedealtEpoch> load_redealt_epoch(const std::string& dir, const Config& config, const Catalog& catalog,
-                                        const JobShape& job, std::uint64_t new_plan_digest) {
+namespace {
+
+// The old job's plans of an epoch, for its shape (all trainers, index = trainer rank).
+using OldPlans = std::function<Result<std::vector<TrainerPlan>>(const PlanShape& shape, std::uint64_t epoch)>;
+
+// Both forms: the checkpoints are checked against `dataset_digest` over `samples` ids, and
+// `old_plans` gives what the old job planned.
+Result<RedealtEpoch> redeal_from(const std::string& dir, const Config& config, std::uint64_t dataset_digest,
+                                 std::uint64_t samples, const OldPlans& old_plans_of, const JobShape& job,
+                                 std::uint64_t new_plan_digest) {
   const std::string key = "resume.checkpoint_dir";
   std::error_code ec;
   std::vector<fs::path> files;
@@ -69,7 +78,7 @@ Result<RedealtEpoch> load_redealt_epoch(const std::string& dir, const Config& co
   }
   const JobShape old_job{any.nodes, any.trainers_per_node, any.batch_size, any.drop_last};
   const std::uint64_t expected =
-      plan_digest(catalog_digest(catalog), catalog.size(), old_job, config.shuffle, config.dataset.placement);
+      plan_digest(dataset_digest, samples, old_job, config.shuffle, config.dataset.placement);
   if (any.plan_digest != expected) {
     return make_error(StatusCode::kInvalidArgument,
                       "{}: {} was taken with another plan: the dataset (catalog), shuffle.seed ({} then, {} now), "
@@ -78,12 +87,9 @@ Result<RedealtEpoch> load_redealt_epoch(const std::string& dir, const Config& co
   }
 
   // The old job's plan of that epoch, and what each old trainer was given.
-  const PlanShape old_shape = make_plan_shape(catalog.size(), old_job);
-  const Placement old_placement =
-      make_placement(catalog.sizes(), old_shape, config.dataset.placement, config.shuffle.seed);
-  const EpochPlanner old_planner(old_shape, old_placement, config.shuffle, catalog.labels());
-  const std::vector<TrainerPlan> old_plans = old_planner.plan_all(any.epoch);
-  std::vector<std::uint8_t> state(catalog.size(), 0);  // 1 dealt, 2 delivered
+  const PlanShape old_shape = make_plan_shape(samples, old_job);
+  SHARDMIX_ASSIGN_OR_RETURN(const std::vector<TrainerPlan> old_plans, old_plans_of(old_shape, any.epoch));
+  std::vector<std::uint8_t> state(samples, 0);  // 1 dealt, 2 delivered
   for (const TrainerPlan& plan : old_plans) {
     for (SampleId id : plan.order) state[id] = 1;
   }
@@ -109,6 +115,33 @@ Result<RedealtEpoch> load_redealt_epoch(const std::string& dir, const Config& co
   out.skipped = new_shape.dropped_per_epoch;
   out.plans = redeal_epoch(std::move(remaining), job, config.shuffle.seed, any.epoch);
   return out;
+}
+
+}  // namespace
+
+Result<RedealtEpoch> load_redealt_epoch(const std::string& dir, const Config& config, const Catalog& catalog,
+                                        const JobShape& job, std::uint64_t new_plan_digest) {
+  const OldPlans old_plans = [&](const PlanShape& shape, std::uint64_t epoch) -> Result<std::vector<TrainerPlan>> {
+    const Placement placement = make_placement(catalog.sizes(), shape, config.dataset.placement, config.shuffle.seed);
+    return EpochPlanner(shape, placement, config.shuffle, catalog.labels()).plan_all(epoch);
+  };
+  return redeal_from(dir, config, catalog_digest(catalog), catalog.size(), old_plans, job, new_plan_digest);
+}
+
+Result<RedealtEpoch> load_redealt_epoch(const std::string& dir, const Config& config, std::uint64_t dataset_digest,
+                                        std::uint64_t samples, std::span<const SampleId> class_runs,
+                                        const JobShape& job, std::uint64_t new_plan_digest) {
+  if (config.dataset.placement != PlacementPolicy::kSpread) {
+    return make_error(StatusCode::kInvalidArgument, "re-dealing without the catalog needs dataset.placement = spread");
+  }
+  const OldPlans old_plans = [&](const PlanShape& shape, std::uint64_t epoch) -> Result<std::vector<TrainerPlan>> {
+    SHARDMIX_ASSIGN_OR_RETURN(
+        auto planner,
+        EpochPlanner::with_class_runs(shape, Ownership::spread(samples, shape.node_owned, config.shuffle.seed),
+                                      config.shuffle, std::vector<SampleId>(class_runs.begin(), class_runs.end())));
+    return planner->plan_all(epoch);
+  };
+  return redeal_from(dir, config, dataset_digest, samples, old_plans, job, new_plan_digest);
 }
 
 }  // namespace shardmix

@@ -9,6 +9,7 @@
 // Thread-safety: a pure function apart from reading the directory.
 #pragma once
 
+#include <span>
 #include <string>
 
 #include "common/catalog.h"
@@ -22,6 +23,14 @@ namespace shardmix {
 // `job`: this job's shape; `new_plan_digest`: this job's plan_digest (the re-dealt epoch's
 // digest derives from it).
 Result<RedealtEpoch> load_redealt_epoch(const std::string& dir, const Config& config, const Catalog& catalog,
+                                        const JobShape& job, std::uint64_t new_plan_digest);
+// The same on a node without the catalog (owner-side metadata, dataset.placement = spread,
+// decision 0067): the old job's plans from the spread ownership of `samples` ids and, with
+// the entropy floor, the class runs; `dataset_digest` is what the plan digests were made
+// from (the owner-side dataset digest). Equal to the catalog form for the same job
+// (tested). Like it, it holds O(N) while it runs: the re-deal deals every remaining sample.
+Result<RedealtEpoch> load_redealt_epoch(const std::string& dir, const Config& config, std::uint64_t dataset_digest,
+                                        std::uint64_t samples, std::span<const SampleId> class_runs,
                                         const JobShape& job, std::uint64_t new_plan_digest);
 
 }  // namespace shardmix

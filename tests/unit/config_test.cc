@@ -550,7 +550,6 @@ TEST(OwnerSideConfig, RefusesWhatItCannotServeYetNamingTheKey) {
       {"cache.rotation_epochs=1", "'cache.rotation_epochs' = 1"},
       {"cache.reuse_rounds=2", "'cache.reuse_rounds' = 2"},
       {"fault.peer_death=degrade", "'fault.peer_death' = \"degrade\""},
-      {"resume.checkpoint_dir=/ckpt", "'resume.checkpoint_dir' = \"/ckpt\""},
   };
   for (const auto& [setting, named] : refused) {
     std::vector<std::string> sets = base;
@@ -560,10 +559,12 @@ TEST(OwnerSideConfig, RefusesWhatItCannotServeYetNamingTheKey) {
     EXPECT_NE(c.status().message().find("'dataset.metadata' = \"owner\""), std::string::npos) << c.status().message();
     EXPECT_NE(c.status().message().find(named), std::string::npos) << c.status().message();
   }
-  // What it serves since: the entropy floor (decision 0065).
-  std::vector<std::string> floor = base;
-  floor.push_back("shuffle.min_entropy=0.5");
-  EXPECT_TRUE(load_config("", {}, floor).ok());
+  // What it serves since: the entropy floor (decision 0065), a re-dealt resume (0067).
+  for (const std::string setting : {"shuffle.min_entropy=0.5", "resume.checkpoint_dir=/ckpt"}) {
+    std::vector<std::string> sets = base;
+    sets.push_back(setting);
+    EXPECT_TRUE(load_config("", {}, sets).ok()) << setting;
+  }
   auto unknown = load_config("", {}, {"dataset.path=/d", "dataset.metadata=sharded"});
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.status().message().find("dataset.metadata"), std::string::npos) << unknown.status().message();

@@ -236,7 +236,7 @@ class RedealLoaderTest : public ::testing::Test {
   void write_checkpoints(const JobShape& old_job, std::uint64_t epoch, std::uint64_t k, int skip = -1) {
     const PlanShape shape = make_plan_shape(catalog_.size(), old_job);
     const Placement placement = make_placement(catalog_.sizes(), shape, config_.dataset.placement, config_.shuffle.seed);
-    const EpochPlanner planner(shape, placement, config_.shuffle);
+    const EpochPlanner planner(shape, placement, config_.shuffle, catalog_.labels());
     old_plans_ = planner.plan_all(epoch);
     for (std::uint32_t t = 0; t < old_job.trainers(); ++t) {
       if (static_cast<int>(t) == skip) continue;
@@ -283,6 +283,36 @@ TEST_F(RedealLoaderTest, ReDealsTheRestOfTheEpochToTheNewTrainers) {
   }
   EXPECT_EQ(seen.size(), catalog_.size());
   for (SampleId id = 0; id < catalog_.size(); ++id) EXPECT_EQ(seen.count(id), 1u) << id;
+}
+
+// Owner-side metadata (decision 0067): with the spread ownership and the class runs instead
+// of the catalog, the re-deal is the catalog form's, plan for plan, entropy floor on.
+TEST_F(RedealLoaderTest, WithoutTheCatalogItReDealsAsTheCatalogFormDoes) {
+  config_.dataset.placement = PlacementPolicy::kSpread;
+  config_.shuffle.min_entropy = 0.5;
+  const JobShape old_job{2, 2, 5, false}, new_job{3, 1, 5, false};
+  write_checkpoints(old_job, 2, 2);
+  std::vector<SampleId> runs;
+  for (SampleId id = 0; id < catalog_.size(); ++id) {
+    if (id == 0 || catalog_.label(id) != catalog_.label(id - 1)) runs.push_back(id);
+  }
+  ASSERT_EQ(runs.size(), 3u);
+  auto with = load_redealt_epoch(dir_.string(), config_, catalog_, new_job, 99);
+  auto without = load_redealt_epoch(dir_.string(), config_, catalog_digest(catalog_), catalog_.size(), runs, new_job, 99);
+  ASSERT_TRUE(with.ok()) << with.status().to_string();
+  ASSERT_TRUE(without.ok()) << without.status().to_string();
+  EXPECT_EQ(without->digest, with->digest);
+  EXPECT_EQ(without->samples, with->samples);
+  EXPECT_EQ(without->batches_per_trainer, with->batches_per_trainer);
+  ASSERT_EQ(without->plans.size(), with->plans.size());
+  for (std::size_t t = 0; t < with->plans.size(); ++t) {
+    EXPECT_EQ(without->plans[t].order, with->plans[t].order) << "trainer " << t;
+    EXPECT_EQ(without->plans[t].batch_begin, with->plans[t].batch_begin) << "trainer " << t;
+  }
+  // Another dataset digest: the checkpoints are refused as another plan's.
+  auto other = load_redealt_epoch(dir_.string(), config_, catalog_digest(catalog_) + 1, catalog_.size(), runs, new_job, 99);
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("was taken with another plan"), std::string::npos) << other.status().message();
 }
 
 TEST_F(RedealLoaderTest, AMissingRankAMixedDirectoryOrAnotherSeedAreErrorsNamingTheProblem) {
