@@ -23,7 +23,7 @@ class GlobalPlanDirectory : public PlanDirectory {
 // the cold positions' storage locations in ascending position.
 class ResolvedPlanDirectory : public PlanDirectory {
  public:
-  ResolvedPlanDirectory(std::vector<SampleInfo> entries, ColdLocations cold)
+  ResolvedPlanDirectory(std::vector<SampleInfo> entries, StorageLocations cold)
       : entries_(std::move(entries)), cold_(std::move(cold)) {}
   SampleInfo at(std::uint64_t position, SampleId /*id*/) const override { return entries_[position]; }
   std::optional<CatalogEntry> storage_location(std::uint64_t position) const override {
@@ -39,7 +39,7 @@ class ResolvedPlanDirectory : public PlanDirectory {
 
  private:
   std::vector<SampleInfo> entries_;
-  ColdLocations cold_;
+  StorageLocations cold_;
 };
 
 }  // namespace
@@ -144,12 +144,12 @@ std::uint64_t OwnerShard::memory_bytes() const {
          vector_bytes(shard_) + vector_bytes(offset_) + paths_.capacity() + vector_bytes(path_offsets_);
 }
 
-std::uint64_t ColdLocations::memory_bytes() const {
+std::uint64_t StorageLocations::memory_bytes() const {
   return vector_bytes(index) + vector_bytes(shard) + vector_bytes(offset) + vector_bytes(path_end) + paths.capacity();
 }
 
 Status describe_from(const OwnerShard& shard, std::span<const std::uint64_t> local, std::span<SampleInfo> out,
-                     std::string_view asker, ColdLocations* located, bool every_location) {
+                     std::string_view asker, StorageLocations* located, bool every_location) {
   if (out.size() != local.size()) {
     return make_error(StatusCode::kInternal, "{} asked for {} entries with room for {}", asker, local.size(),
                       out.size());
@@ -209,8 +209,8 @@ Result<std::unique_ptr<const PlanDirectory>> ShardedDirectory::resolve(std::span
   // owner's request), only when some node has cold samples.
   std::vector<DescribeRequest> requests;
   std::vector<std::size_t> request_begin;  // requests[k] covers by_owner[request_begin[k]...]
-  std::vector<ColdLocations> cold;
-  ColdLocations own_cold;
+  std::vector<StorageLocations> cold;
+  StorageLocations own_cold;
   std::size_t own_begin = 0;
   for (std::size_t begin = 0; begin < by_owner.size();) {
     const std::uint32_t owner = where[by_owner[begin]].node;
@@ -239,8 +239,8 @@ Result<std::unique_ptr<const PlanDirectory>> ShardedDirectory::resolve(std::span
   for (std::size_t j = 0; j < by_owner.size(); ++j) entries[by_owner[j]] = answer[j];
   // Each list's indices, from its request's numbering to plan positions, then all of them
   // in ascending position (the scheduler looks them up by position).
-  std::vector<std::pair<std::uint64_t, std::pair<const ColdLocations*, std::size_t>>> by_position;
-  auto take = [&](const ColdLocations& of_owner, std::size_t begin) {
+  std::vector<std::pair<std::uint64_t, std::pair<const StorageLocations*, std::size_t>>> by_position;
+  auto take = [&](const StorageLocations& of_owner, std::size_t begin) {
     for (std::size_t k = 0; k < of_owner.size(); ++k) {
       by_position.push_back({by_owner[begin + of_owner.index[k]], {&of_owner, k}});
     }
@@ -249,7 +249,7 @@ Result<std::unique_ptr<const PlanDirectory>> ShardedDirectory::resolve(std::span
   take(own_cold, own_begin);
   std::sort(by_position.begin(), by_position.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
-  ColdLocations located;
+  StorageLocations located;
   located.index.reserve(by_position.size());
   located.shard.reserve(by_position.size());
   located.offset.reserve(by_position.size());
@@ -270,7 +270,7 @@ Result<Catalog> assemble_catalog(std::uint32_t node, const Ownership& ownership,
   const std::uint32_t nodes = ownership.nodes();
   std::vector<std::vector<std::uint64_t>> local(nodes);
   std::vector<std::vector<SampleInfo>> info(nodes);
-  std::vector<ColdLocations> where(nodes);
+  std::vector<StorageLocations> where(nodes);
   std::vector<DescribeRequest> requests;
   for (std::uint32_t k = 0; k < nodes; ++k) {
     local[k].resize(ownership.owned_count(k));

@@ -46,12 +46,13 @@ struct SampleInfo {
   bool resident() const { return arena_offset != kNotResident; }
 };
 
-// The storage locations of cold samples, for a node that holds no catalog to look them up
-// in (owner-side metadata), as parallel lists: sample k is at index[k] (a plan position, or
+// The storage locations of samples (a plan's cold ones, or a whole share's for the catalog a
+// trainer asks for), for a node that holds no catalog to look them up in (owner-side
+// metadata), as parallel lists: sample k is at index[k] (a plan position, or
 // an index in an owner's request), in shard[k] at offset[k] for shard formats (the shard an
 // index into the job's shard table) or at path(k) for whole-file formats (0 and 0 then).
 // About 28 bytes a sample and its path; sizes and labels travel in the SampleInfo.
-struct ColdLocations {
+struct StorageLocations {
   std::vector<std::uint64_t> index;
   std::vector<std::uint32_t> shard;
   std::vector<std::uint64_t> offset;
@@ -201,7 +202,7 @@ struct DescribeRequest {
   std::uint32_t owner = 0;
   std::span<const std::uint64_t> local;
   std::span<SampleInfo> out;
-  ColdLocations* located = nullptr;
+  StorageLocations* located = nullptr;
   bool every_location = false;
 };
 
@@ -220,7 +221,7 @@ class DirectoryExchange {
 // error naming `asker` and the first index outside the share. Every exchange answers
 // through it.
 Status describe_from(const OwnerShard& shard, std::span<const std::uint64_t> local, std::span<SampleInfo> out,
-                     std::string_view asker, ColdLocations* located = nullptr, bool every_location = false);
+                     std::string_view asker, StorageLocations* located = nullptr, bool every_location = false);
 
 // The whole catalog, assembled on node `node` from every owner's share (its own from `own`,
 // the others' through `exchange`, one request per owner for its whole share with every

@@ -24,7 +24,7 @@ Status for_each_waiting(const MpiSession& mpi, int tag, Handle&& handle) {
 }
 
 // An owner's answer from describe_from's entries and locations (indices ascending).
-Status fill_answer(std::span<const SampleInfo> entries, ColdLocations cold, proto::DirectoryAnswer& answer) {
+Status fill_answer(std::span<const SampleInfo> entries, StorageLocations cold, proto::DirectoryAnswer& answer) {
   if (cold.paths.size() > proto::kMaxDirectoryPathBytes) {
     return make_error(StatusCode::kResourceExhausted,
                       "the paths of the {} samples located come to {} bytes, over the {} one answer carries",
@@ -147,7 +147,7 @@ Status MpiDirectoryExchange::answer_asks() {
     answer.request = ask.request;
     if (error.empty()) {
       std::vector<SampleInfo> entries(ask.indices.size());
-      ColdLocations located;
+      StorageLocations located;
       const bool every = (ask.flags & proto::kAskEveryLocation) != 0;
       Status s = describe_from(own_, ask.indices, entries, asker, &located, every);
       answer.every_entry = every;

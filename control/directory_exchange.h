@@ -73,7 +73,7 @@ class MpiDirectoryExchange : public DirectoryExchange {
     Call* call = nullptr;
     std::uint32_t owner = 0;
     std::span<SampleInfo> out;
-    ColdLocations* located = nullptr;  // the request's, or null
+    StorageLocations* located = nullptr;  // the request's, or null
     std::uint64_t first = 0;           // out[0]'s index in the request (asks are cut)
     bool every_location = false;       // the ask's kAskEveryLocation
   };
