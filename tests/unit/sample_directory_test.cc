@@ -111,7 +111,8 @@ RC_GTEST_PROP(Ownership, SpreadIsAPartitionThatThePlacementTabulates, ()) {
 // An id past the dataset is a caller's bug: named and stopped, not a cycle walk for ever.
 TEST(Ownership, LocatingAnIdPastTheDatasetStopsNamingIt) {
   const Ownership spread = Ownership::spread(10, {4, 6}, 3);
-  EXPECT_EQ(spread.owner(9), spread.locate(9).node);
+  const Ownership::Share last = spread.locate(9);  // the last id is still located
+  EXPECT_EQ(spread.owned_at(last.node, last.index), 9u);
   EXPECT_DEATH((void)spread.locate(10), "sample id 10 of a dataset of 10 samples");
 }
 
