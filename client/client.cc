@@ -446,10 +446,33 @@ class DaemonConnection {
                                         const std::function<void(std::span<std::uint8_t>)>& write) {
     SHARDMIX_RETURN_IF_ERROR(validate_checkpoint_name(name));  // before any memory is taken for it
     SHARDMIX_ASSIGN_OR_RETURN(DaemonConnection * channel, checkpoint_channel());
-    SHARDMIX_ASSIGN_OR_RETURN(CheckpointMemfd memfd, CheckpointMemfd::create(name, size));
-    write(memfd.data());
-    SHARDMIX_RETURN_IF_ERROR(memfd.seal());
-    return hand_over_checkpoint(*channel, name, size, memfd.fd());
+    SHARDMIX_ASSIGN_OR_RETURN(CheckpointSaveBuffer * buffer, save_buffer());
+    SHARDMIX_ASSIGN_OR_RETURN(std::span<std::uint8_t> into, buffer->writable(size));
+    write(into);
+    return hand_over_checkpoint(*channel, name, size, buffer->fd());
+  }
+
+  // This client's save buffer (decision 0068), made on first use and kept: its pages are
+  // allocated once, not once a save.
+  Result<CheckpointSaveBuffer*> save_buffer() {
+    if (!save_buffer_) {
+      SHARDMIX_ASSIGN_OR_RETURN(CheckpointSaveBuffer made, CheckpointSaveBuffer::create());
+      save_buffer_.emplace(std::move(made));
+    }
+    return &*save_buffer_;
+  }
+
+  // The first `size` bytes the caller wrote into the save buffer's descriptor.
+  Result<std::uint64_t> save_checkpoint_buffer(std::string_view name, std::uint64_t size) {
+    SHARDMIX_RETURN_IF_ERROR(validate_checkpoint_name(name));
+    SHARDMIX_ASSIGN_OR_RETURN(DaemonConnection * channel, checkpoint_channel());
+    SHARDMIX_ASSIGN_OR_RETURN(CheckpointSaveBuffer * buffer, save_buffer());
+    struct stat st {};
+    if (::fstat(buffer->fd(), &st) != 0 || static_cast<std::uint64_t>(st.st_size) < size) {
+      return make_error(StatusCode::kInvalidArgument, "checkpoint {}: the save buffer holds {} bytes, not the {} to save",
+                        name, st.st_size, size);
+    }
+    return hand_over_checkpoint(*channel, name, size, buffer->fd());
   }
 
   // A memfd the caller filled (e.g. a serializer wrote to it as a file): sealed here and
@@ -782,6 +805,7 @@ class DaemonConnection {
   Mapping staging_;
   std::vector<std::uint8_t> payload_;
   std::optional<Catalog> catalog_;
+  std::optional<CheckpointSaveBuffer> save_buffer_;  // made on the first save
   bool in_epoch_ = false;
   std::uint64_t next_stream_ = 1;
   std::uint64_t current_stream_ = 0;
@@ -1169,6 +1193,16 @@ std::uint64_t Client::save(std::string_view name, std::span<const std::uint8_t> 
 std::uint64_t Client::save(std::string_view name, std::uint64_t size,
                            const std::function<void(std::span<std::uint8_t>)>& write) {
   return value_or_throw(connection_->save_checkpoint(name, size, write));
+}
+
+int Client::checkpoint_buffer_fd() {
+  Result<CheckpointSaveBuffer*> buffer = connection_->save_buffer();
+  if (!buffer.ok()) throw Error(buffer.status());
+  return (*buffer)->fd();
+}
+
+std::uint64_t Client::save_buffer(std::string_view name, std::uint64_t size) {
+  return value_or_throw(connection_->save_checkpoint_buffer(name, size));
 }
 
 std::uint64_t Client::save_memfd(std::string_view name, int fd) {

@@ -291,15 +291,24 @@ class Client {
   // checkpoint, and checkpoint.dir for file system errors).
   // Saves `bytes` as the next version of `name` (letters, digits, '.', '_', '-'; at most
   // 200 bytes) and returns its version number once the node holds it and, with two or more
-  // daemons, a peer daemon holds a copy: the bytes are copied once here, into a sealed memfd
-  // the daemon keeps, so they survive this process (and the copy survives this node's daemon).
+  // daemons, a peer daemon holds a copy, so they survive this process (and the copy
+  // survives this node's daemon). The bytes go into this client's save buffer, a memfd it
+  // keeps and reuses, and the daemon copies them into its checkpoint pool, pages it reuses
+  // too (docs/decisions/0068): two copies into memory already there, which costs less than
+  // one into fresh pages. The buffer holds as much as the largest checkpoint saved.
   std::uint64_t save(std::string_view name, std::span<const std::uint8_t> bytes);
-  // The same without the copy: `write` fills the `size` bytes of the memfd itself (e.g. a
-  // serializer writing straight into it).
+  // The same without the first copy: `write` fills the `size` bytes of the save buffer
+  // itself (e.g. a serializer writing straight into it).
   std::uint64_t save(std::string_view name, std::uint64_t size,
                      const std::function<void(std::span<std::uint8_t>)>& write);
+  // The save buffer's descriptor, for a serializer that writes to a file: write the
+  // checkpoint from offset 0 (it grows as needed), then save_buffer(name, bytes written).
+  // Owned by the client; do not close it, or write to it while a save is in progress.
+  int checkpoint_buffer_fd();
+  std::uint64_t save_buffer(std::string_view name, std::uint64_t size);
   // The same for a memfd the caller created (memfd_create with MFD_ALLOW_SEALING) and
-  // filled, e.g. a serializer writing to it as a file: no copy at all. Its whole size is the
+  // filled: no copy at all, the daemon keeps the memfd (its pages are new, though: on most
+  // machines save_buffer, which copies into pages reused, is faster). Its whole size is the
   // checkpoint. The client seals it against writes and resizing (so no writable mapping of
   // it may be left) and the daemon keeps its pages; the caller still owns and closes `fd`.
   std::uint64_t save_memfd(std::string_view name, int fd);

@@ -20,18 +20,21 @@ constexpr int kRequiredSeals = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW;
 // A read-only mapping of a sealed memfd; unmapped and closed with the last reference.
 class MappedCheckpointBytes final : public CheckpointBytes {
  public:
-  MappedCheckpointBytes(int fd, const std::uint8_t* data, std::uint64_t size) : fd_(fd), data_(data), size_(size) {}
+  // `sealed`: the memfd is sealed against writes, so a load may hand it on as it is.
+  MappedCheckpointBytes(int fd, const std::uint8_t* data, std::uint64_t size, bool sealed = true)
+      : fd_(fd), data_(data), size_(size), sealed_(sealed) {}
   ~MappedCheckpointBytes() override {
     if (size_ > 0) munmap(const_cast<std::uint8_t*>(data_), size_);
     ::close(fd_);
   }
   std::span<const std::uint8_t> bytes() const override { return {data_, size_}; }
-  int memfd() const override { return fd_; }
+  int memfd() const override { return sealed_ ? fd_ : -1; }
 
  private:
   int fd_;
   const std::uint8_t* data_;
   std::uint64_t size_;
+  bool sealed_;
 };
 
 }  // namespace
@@ -83,6 +86,101 @@ Status CheckpointMemfd::seal() {
   data_ = nullptr;
   sealed_ = true;
   return seal_checkpoint_memfd(fd_, "");
+}
+
+Result<CheckpointSaveBuffer> CheckpointSaveBuffer::create() {
+  const int fd = memfd_create("shardmix-checkpoint-save-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return make_error(StatusCode::kIoError, "the checkpoint save buffer: memfd_create: {}", std::strerror(errno));
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return make_error(StatusCode::kIoError, "the checkpoint save buffer: sealing it against shrinking: {}",
+                      std::strerror(err));
+  }
+  return CheckpointSaveBuffer(fd);
+}
+
+CheckpointSaveBuffer::CheckpointSaveBuffer(CheckpointSaveBuffer&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)),
+      data_(std::exchange(other.data_, nullptr)),
+      mapped_(std::exchange(other.mapped_, 0)) {}
+
+CheckpointSaveBuffer& CheckpointSaveBuffer::operator=(CheckpointSaveBuffer&& other) noexcept {
+  std::swap(fd_, other.fd_);
+  std::swap(data_, other.data_);
+  std::swap(mapped_, other.mapped_);
+  return *this;
+}
+
+CheckpointSaveBuffer::~CheckpointSaveBuffer() {
+  if (data_ != nullptr) munmap(data_, mapped_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<std::span<std::uint8_t>> CheckpointSaveBuffer::writable(std::uint64_t size) {
+  if (size == 0) return std::span<std::uint8_t>{};
+  if (size > mapped_) {
+    struct stat st {};
+    if (fstat(fd_, &st) != 0) {
+      return make_error(StatusCode::kIoError, "the checkpoint save buffer: fstat: {}", std::strerror(errno));
+    }
+    // Grows only: a writer through fd() may have made it larger already.
+    if (static_cast<std::uint64_t>(st.st_size) < size && ftruncate(fd_, static_cast<off_t>(size)) != 0) {
+      return make_error(StatusCode::kResourceExhausted, "the checkpoint save buffer: growing it to {} bytes: {}", size,
+                        std::strerror(errno));
+    }
+    if (data_ != nullptr) munmap(data_, mapped_);
+    data_ = nullptr;
+    mapped_ = 0;
+    void* mapped = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (mapped == MAP_FAILED) {
+      return make_error(StatusCode::kResourceExhausted, "the checkpoint save buffer: mapping {} bytes: {}", size,
+                        std::strerror(errno));
+    }
+    data_ = static_cast<std::uint8_t*>(mapped);
+    mapped_ = size;
+  }
+  return std::span<std::uint8_t>{data_, size};
+}
+
+bool checkpoint_memfd_is_sealed(int fd) {
+  const int seals = fcntl(fd, F_GET_SEALS);
+  return seals >= 0 && (seals & F_SEAL_WRITE) != 0;
+}
+
+Result<CheckpointBytesPtr> map_checkpoint_buffer(int fd, std::uint64_t length, std::string_view checkpoint) {
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    return make_error(StatusCode::kInvalidArgument,
+                      "checkpoint {}: the save buffer is not a memfd sealed against shrinking (a trainer could "
+                      "shrink it under the daemon's copy)",
+                      checkpoint);
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    return make_error(StatusCode::kIoError, "checkpoint {}: fstat of its save buffer: {}", checkpoint, std::strerror(errno));
+  }
+  if (static_cast<std::uint64_t>(st.st_size) < length) {
+    return make_error(StatusCode::kInvalidArgument, "checkpoint {}: its save buffer holds {} bytes, the save says {}",
+                      checkpoint, st.st_size, length);
+  }
+  const int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) {
+    return make_error(StatusCode::kIoError, "checkpoint {}: dup of its save buffer: {}", checkpoint, std::strerror(errno));
+  }
+  const std::uint8_t* data = nullptr;
+  if (length > 0) {
+    // MAP_POPULATE: the copy that follows reads every page; fill the page tables at once.
+    void* mapped = mmap(nullptr, length, PROT_READ, MAP_SHARED | MAP_POPULATE, own, 0);
+    if (mapped == MAP_FAILED) {
+      const int err = errno;
+      ::close(own);
+      return make_error(StatusCode::kResourceExhausted, "checkpoint {}: mapping its save buffer ({} bytes): {}",
+                        checkpoint, length, std::strerror(err));
+    }
+    data = static_cast<const std::uint8_t*>(mapped);
+  }
+  return CheckpointBytesPtr(std::make_shared<MappedCheckpointBytes>(own, data, length, /*sealed=*/false));
 }
 
 Status seal_checkpoint_memfd(int fd, std::string_view checkpoint) {

@@ -44,6 +44,41 @@ class CheckpointMemfd {
   bool sealed_ = false;
 };
 
+// The trainer's reusable save buffer (docs/decisions/0068): one memfd a client writes each
+// checkpoint into, from offset 0, and keeps for the next. The daemon copies the bytes out
+// into its checkpoint pool before the save returns, so the buffer's pages serve every save
+// and are allocated once, not once a save. Sealed against shrinking from the start, so
+// that the daemon's read-only mapping of it can never lose its pages (SIGBUS); it grows
+// to the largest checkpoint saved.
+class CheckpointSaveBuffer {
+ public:
+  static Result<CheckpointSaveBuffer> create();
+  CheckpointSaveBuffer(CheckpointSaveBuffer&& other) noexcept;
+  CheckpointSaveBuffer& operator=(CheckpointSaveBuffer&& other) noexcept;
+  ~CheckpointSaveBuffer();
+
+  // The first `size` bytes, writable (the buffer grows to hold them).
+  Result<std::span<std::uint8_t>> writable(std::uint64_t size);
+  // For a serializer that writes to it as a file: it may write at any offset; the memfd
+  // grows as it does. Owned by this object.
+  int fd() const { return fd_; }
+
+ private:
+  explicit CheckpointSaveBuffer(int fd) : fd_(fd) {}
+  int fd_ = -1;
+  std::uint8_t* data_ = nullptr;
+  std::uint64_t mapped_ = 0;
+};
+
+// Whether memfd `fd` is sealed against writes (a checkpoint the daemon keeps as it is)
+// rather than a save buffer whose bytes it copies out.
+bool checkpoint_memfd_is_sealed(int fd);
+
+// The daemon's side of a save buffer: the first `length` bytes of memfd `fd`, mapped
+// read-only for as long as the copy into the pool takes. kInvalidArgument, naming
+// `checkpoint`, if the memfd is not sealed against shrinking or holds fewer bytes.
+Result<CheckpointBytesPtr> map_checkpoint_buffer(int fd, std::uint64_t length, std::string_view checkpoint);
+
 // Seals memfd `fd` for handing over as checkpoint `checkpoint` (named in errors): no write,
 // no resize, no new seal. A descriptor that is not a memfd created with MFD_ALLOW_SEALING,
 // one already sealed, or one with a writable shared mapping left is an error saying which.

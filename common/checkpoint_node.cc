@@ -41,7 +41,14 @@ Result<std::unique_ptr<CheckpointNode>> CheckpointNode::start(CheckpointNodeOpti
   }
   Result<std::vector<CheckpointId>> on_disk = list_checkpoint_files(options.dir);
   if (!on_disk.ok()) return on_disk.status();
+  // The store's budget in the pool's whole chunks, with a few to spare for the chunk a
+  // version rounds up to: short of them, a buffer overflows into a memfd of its own.
+  constexpr std::uint64_t kSpareChunks = 8;
+  SHARDMIX_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointPool> pool,
+                            CheckpointPool::create(options.capacity_bytes + kSpareChunks * CheckpointPool::kDefaultChunkBytes,
+                                                   options.prefault_pool));
   std::unique_ptr<CheckpointNode> node(new CheckpointNode(std::move(options), replicator));
+  node->pool_ = std::move(pool);
   for (const CheckpointId& id : *on_disk) node->store_.note_durable_on_disk(id);
   node->drain_thread_ = std::thread([raw = node.get()] { raw->drain_loop(); });
   return node;
@@ -150,7 +157,7 @@ void CheckpointNode::replicate(const CheckpointId& id, Callbacks& out) {
     return;
   }
   const std::int32_t holder =
-      choose_replica_holder(options_.rank, id.name, options_.domains, alive_, replication.excluded);
+      choose_replica_holder(options_.rank, slot_of(id.name), options_.domains, alive_, replication.excluded);
   if (holder != kNoRank) {
     replication.holder = holder;
     out.push_back([this, holder, id, bytes = entry->bytes] {
@@ -336,9 +343,28 @@ std::vector<std::string> CheckpointNode::owned_names() const {
   return names;
 }
 
+std::uint32_t CheckpointNode::slot_of(const std::string& name) {
+  return name_slots_.try_emplace(name, static_cast<std::uint32_t>(name_slots_.size())).first->second;
+}
+
+Result<std::shared_ptr<CheckpointBuffer>> CheckpointNode::allocate(std::uint64_t size, std::string_view checkpoint) {
+  {
+    // The durable versions the new one displaces go now, so that their chunks are free for
+    // it. Counting the pool's free chunks rather than the store's budget also counts the
+    // buffers being filled, which the store admits only afterwards (two at once: a trainer's
+    // save being copied and a peer's replica landing). Short of durable versions, the
+    // buffer overflows; the store's budget still decides whether the save waits.
+    std::lock_guard lock(mutex_);
+    while (!pool_->fits(size) && store_.evict_oldest_durable()) {
+    }
+  }
+  return pool_->allocate(size, checkpoint);
+}
+
 CheckpointNodeStats CheckpointNode::stats() const {
   std::lock_guard lock(mutex_);
   CheckpointNodeStats out = stats_;
+  out.pool = pool_->stats();
   out.store = store_.stats();
   out.saves_waiting_for_room = waiting_for_room_.size();
   return out;

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/checkpoint_pool.h"
 #include "common/checkpoint_store.h"
 #include "common/status.h"
 
@@ -53,6 +54,9 @@ struct CheckpointNodeOptions {
   WhenFull when_full = WhenFull::kWait;   // checkpoint.when_full
   std::vector<std::string> domains;       // failure domain of every rank (host names); size = ranks
   std::chrono::milliseconds retry_interval{1000};  // between attempts of a failing drain
+  // Allocate the checkpoint pool's pages at start, in the background (decision 0068); the
+  // daemon does, tests mostly need not.
+  bool prefault_pool = false;
 };
 
 struct CheckpointNodeStats {
@@ -62,6 +66,7 @@ struct CheckpointNodeStats {
   std::uint64_t drain_busy_us = 0;    // summed time the drain spent writing files
   std::uint64_t written_through_bytes = 0;
   std::uint64_t saves_waiting_for_room = 0;  // now
+  CheckpointPoolStats pool;
 };
 
 class CheckpointNode {
@@ -91,6 +96,13 @@ class CheckpointNode {
   // kNotFound naming the name and checkpoint.dir.
   Result<CheckpointBytesPtr> load(const std::string& name);
   std::vector<CheckpointId> list() const;
+
+  // A buffer for a version's bytes in the node's checkpoint pool (resident pages, reused;
+  // a memfd of its own when the pool is short): where the daemon copies a trainer's save
+  // buffer, and where a peer's replica lands. The durable versions the new one will
+  // displace from checkpoint.capacity are evicted first, so that their chunks are free.
+  // Any thread.
+  Result<std::shared_ptr<CheckpointBuffer>> allocate(std::uint64_t size, std::string_view checkpoint);
 
   // The replica side, called by the daemon's transport.
   Status accept_replica(std::int32_t owner, const CheckpointId& id, CheckpointBytesPtr bytes);
@@ -141,6 +153,9 @@ class CheckpointNode {
   // again. Returns when the next one is due, if any.
   std::optional<std::chrono::steady_clock::time_point> retry_replications(Callbacks& out);
   void on_copied(const CheckpointId& id, std::int32_t holder, const Status& status);
+  // The order in which this node first replicated `name` (choose_replica_holder's slot).
+  // Holds mutex_.
+  std::uint32_t slot_of(const std::string& name);
   void drain_loop();
   void finish_save(SaveDone done, std::chrono::steady_clock::time_point started, Result<CheckpointId> result,
                    Callbacks& out);
@@ -148,6 +163,7 @@ class CheckpointNode {
 
   CheckpointNodeOptions options_;
   CheckpointReplicator* replicator_;
+  std::unique_ptr<CheckpointPool> pool_;
   mutable std::mutex mutex_;
   std::condition_variable wake_drain_;
   CheckpointStore store_;
@@ -156,6 +172,7 @@ class CheckpointNode {
   std::deque<PendingSave> write_through_;
   std::map<CheckpointId, Replication> replicating_;
   std::vector<DurableWaiter> durable_waiters_;
+  std::map<std::string, std::uint32_t, std::less<>> name_slots_;
   CheckpointNodeStats stats_;
   bool stopping_ = false;
   std::thread drain_thread_;

@@ -50,6 +50,20 @@ void CheckpointStore::evict(std::map<CheckpointId, CheckpointEntry>::iterator it
   entries_.erase(it);
 }
 
+bool CheckpointStore::evict_oldest_durable() {
+  auto oldest = entries_.end();
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (it->second.drain == DrainState::kDurable &&
+        (oldest == entries_.end() || it->second.arrival < oldest->second.arrival)) {
+      oldest = it;
+    }
+  }
+  if (oldest == entries_.end()) return false;
+  evict(oldest);
+  update_waiting();
+  return true;
+}
+
 bool CheckpointStore::make_room(std::uint64_t bytes) {
   if (bytes > options_.capacity_bytes) return false;
   if (bytes <= free_bytes()) return true;
@@ -283,15 +297,11 @@ std::vector<CheckpointId> CheckpointStore::list() const {
   return out;
 }
 
-std::int32_t choose_replica_holder(std::int32_t self, std::string_view name, const std::vector<std::string>& domains,
+std::int32_t choose_replica_holder(std::int32_t self, std::uint32_t slot, const std::vector<std::string>& domains,
                                    const std::vector<bool>& alive, const std::vector<std::int32_t>& excluded) {
   const auto ranks = static_cast<std::int32_t>(alive.size());
   if (ranks <= 1) return kNoRank;
-  // FNV-1a of the name: stable across daemons and runs, so every daemon would pick the
-  // same holder for the same (self, name).
-  std::uint64_t hash = 1469598103934665603ull;
-  for (const char c : name) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  const auto start = static_cast<std::int32_t>(hash % static_cast<std::uint64_t>(ranks - 1));
+  const auto start = static_cast<std::int32_t>(slot % static_cast<std::uint32_t>(ranks - 1));
   const auto usable = [&](std::int32_t r) {
     return r != self && alive[static_cast<std::size_t>(r)] &&
            std::find(excluded.begin(), excluded.end(), r) == excluded.end();

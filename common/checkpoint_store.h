@@ -163,16 +163,22 @@ class CheckpointStore {
   // first per name.
   std::vector<CheckpointId> list() const;
 
+  // Evicts the durable version that arrived first; false if none is held. The node calls it
+  // until its checkpoint pool has the chunks for a new buffer: the versions a save or a
+  // replica would displace anyway go before it needs their memory, not after (a buffer is
+  // filled before the store admits it).
+  bool evict_oldest_durable();
+
   const CheckpointStoreStats& stats() const { return stats_; }
   std::uint64_t capacity_bytes() const { return options_.capacity_bytes; }
   std::uint64_t free_bytes() const { return options_.capacity_bytes - stats_.bytes_in_ram; }
 
  private:
+  // Drops durable versions of `name` older than its newest `retain` in RAM.
+  void apply_retention(std::string_view name);
   // Frees RAM by evicting durable versions, oldest first, until `bytes` fit. false if they
   // cannot (then nothing was evicted).
   bool make_room(std::uint64_t bytes);
-  // Drops durable versions of `name` older than its newest `retain` in RAM.
-  void apply_retention(std::string_view name);
   void evict(std::map<CheckpointId, CheckpointEntry>::iterator it);
   CheckpointEntry& entry(const CheckpointId& id, std::string_view caller);
   void update_waiting();
@@ -187,12 +193,15 @@ class CheckpointStore {
   CheckpointStoreStats stats_;
 };
 
-// The peer that holds a replica of `name` saved on `self`: a live rank other than self,
-// preferring one in another failure domain (`domains[r]`, e.g. the host name; ranks with
-// the same label can fail together), skipping `excluded` (ranks that refused or died).
-// Spread by name so that one node's checkpoints do not all land on one peer. kNoRank if
-// no rank qualifies.
-std::int32_t choose_replica_holder(std::int32_t self, std::string_view name, const std::vector<std::string>& domains,
+// The peer that holds a replica of the checkpoint name `self` numbers `slot` (0 for the
+// first name it saved, 1 for the next, ...): a live rank other than self, preferring one in
+// another failure domain (`domains[r]`, e.g. the host name; ranks with the same label can
+// fail together), skipping `excluded` (ranks that refused or died). Slot k goes to
+// self + 1 + k around the ring of ranks, so that when every node saves as many names, as
+// data-parallel trainers do, every node holds as many replicas: a shift of the ranks is a
+// permutation. (A hash of the name sent two or three owners' replicas to one holder, whose
+// budget then made the others wait; decision 0068.) kNoRank if no rank qualifies.
+std::int32_t choose_replica_holder(std::int32_t self, std::uint32_t slot, const std::vector<std::string>& domains,
                                    const std::vector<bool>& alive, const std::vector<std::int32_t>& excluded);
 
 }  // namespace shardmix

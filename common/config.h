@@ -157,6 +157,7 @@ struct CheckpointConfig {
   std::uint64_t capacity_bytes = 2ull << 30;  // checkpoint.capacity: RAM for checkpoints, taken from cache.capacity
   std::uint32_t retain = 2;            // checkpoint.retain: versions of a name kept in RAM and on disk
   std::string when_full = "wait";      // checkpoint.when_full = wait | write_through
+  bool prefault = true;                // checkpoint.prefault: allocate checkpoint.capacity's pages at start
 
   bool operator==(const CheckpointConfig&) const = default;
 };

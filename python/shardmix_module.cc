@@ -576,7 +576,18 @@ unless given. Raises shardmix.Error.)doc")
       }, py::arg("name"), py::arg("data"),
       "Saves the bytes of `data` (bytes, bytearray, memoryview, a numpy array...) as the next version of "
       "checkpoint `name` and returns its version number once the node's daemon holds them (checkpoint.dir set). "
-      "They are copied once, into memory that outlives this process.")
+      "They are copied into this client's save buffer, which the daemon copies into memory that outlives this "
+      "process; both reuse their pages from save to save.")
+      .def("checkpoint_buffer_fd", [](PyClient& c) {
+        return without_gil(*c.state, [&](sm::Client& client) { return client.checkpoint_buffer_fd(); });
+      }, "The descriptor of this client's save buffer, a memfd it keeps: write a checkpoint into it from offset 0 "
+      "(e.g. torch.save to open(fd, 'wb', buffering=0, closefd=False) after os.lseek(fd, 0, 0)), then call "
+      "save_buffer(name, size). Owned by the client: do not close it.")
+      .def("save_buffer", [](PyClient& c, const std::string& name, std::uint64_t size) {
+        return without_gil(*c.state, [&](sm::Client& client) { return client.save_buffer(name, size); });
+      }, py::arg("name"), py::arg("size"),
+      "Saves the first `size` bytes written into the save buffer (checkpoint_buffer_fd) as the next version of "
+      "checkpoint `name`; returns its version number once the node's daemon (and a peer's) holds them.")
       .def("save_memfd", [](PyClient& c, const std::string& name, int fd) {
         return without_gil(*c.state, [&](sm::Client& client) { return client.save_memfd(name, fd); });
       }, py::arg("name"), py::arg("fd"),

@@ -51,10 +51,9 @@ struct FabricCheckpointReplicator::Notice {
 struct FabricCheckpointReplicator::Pull {
   std::int32_t owner = kNoRank;
   CheckpointId id;
-  // The landing memfd, registered for the reads while they run. A memfd rather than heap
-  // memory: its pages are not zero-filled first (the reads are their first writes), and once
-  // sealed it is what a load from this daemon hands a trainer, without a copy.
-  std::optional<CheckpointMemfd> landing;
+  // The landing buffer, in the node's checkpoint pool (pages reused from version to version,
+  // decision 0068), registered for the reads while they run.
+  std::shared_ptr<CheckpointBuffer> landing;
   fabric::LocalRegion region;
   std::size_t reads_left = 0;  // under the replicator's mutex
   Status first_error;          // under the replicator's mutex
@@ -181,13 +180,13 @@ void FabricCheckpointReplicator::start_pull(std::int32_t owner, const Notice& of
     finish_pull(pull);
     return;
   }
-  Result<CheckpointMemfd> landing = CheckpointMemfd::create(offer.name, offer.length);
+  Result<std::shared_ptr<CheckpointBuffer>> landing = node_->allocate(offer.length, to_string(pull->id));
   if (!landing.ok()) {
     refuse(landing.status());
     return;
   }
-  pull->landing.emplace(std::move(*landing));
-  const std::span<std::uint8_t> into = pull->landing->data();
+  pull->landing = std::move(*landing);
+  const std::span<std::uint8_t> into = pull->landing->writable();
   Result<fabric::LocalRegion> region = fabric_.register_local(into.data(), into.size());
   if (!region.ok()) {
     refuse(region.status());
@@ -216,17 +215,11 @@ void FabricCheckpointReplicator::finish_pull(const std::shared_ptr<Pull>& pull) 
     std::lock_guard lock(mutex_);
     read = pull->first_error;
   }
-  // The copy as the node keeps it: the sealed landing memfd (an empty version has none).
+  // The copy as the node keeps it: the landing buffer, read-only from here on (an empty
+  // version has none).
   CheckpointBytesPtr copy = std::make_shared<OwnedCheckpointBytes>(std::vector<std::uint8_t>{});
-  if (read.ok() && pull->landing) {
-    read = pull->landing->seal();
-    if (read.ok()) {
-      Result<CheckpointBytesPtr> mapped = map_sealed_checkpoint(pull->landing->fd(), to_string(pull->id));
-      if (mapped.ok()) copy = std::move(*mapped);
-      read = mapped.status();
-    }
-  }
-  pull->landing.reset();  // map_sealed_checkpoint keeps a descriptor of its own
+  if (read.ok() && pull->landing) copy = std::move(pull->landing);
+  pull->landing.reset();
   Notice answer;
   answer.name = pull->id.name;
   answer.version = pull->id.version;

@@ -558,6 +558,22 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
       if (auto err = proto::decode(payload_, m); !err.empty()) return protocol_error(err), false;
       const int fd = std::exchange(received_fd_, -1);
       if (fd < 0) return protocol_error("checkpoint '" + m.name + "': the save frame carried no memfd"), false;
+      if (!checkpoint_memfd_is_sealed(fd)) {
+        // The trainer's save buffer (decision 0068): its bytes are copied into the node's
+        // checkpoint pool, off the io thread (a GiB takes a fraction of a second), and the
+        // copy is saved. The trainer waits for the reply before it writes the buffer again.
+        asio::post(service_.checkpoint_reads_, [&node, fd, name = m.name, length = m.length,
+                                                reply = replier(m.request)] {
+          Result<CheckpointBytesPtr> copy = copy_into_pool(node, fd, length, name);
+          ::close(fd);
+          if (!copy.ok()) return reply(copy.status(), 0, 0, nullptr);
+          node.save(name, std::move(*copy), [reply, length](Result<CheckpointId> id) {
+            if (!id.ok()) return reply(id.status(), 0, 0, nullptr);
+            reply(Status::ok_status(), id->version, length, nullptr);
+          });
+        });
+        return true;
+      }
       Result<CheckpointBytesPtr> bytes = map_sealed_checkpoint(fd, m.name);
       ::close(fd);
       if (bytes.ok() && (*bytes)->bytes().size() != m.length) {
@@ -607,6 +623,16 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
       default:
         return protocol_error("frame type " + std::to_string(header_.type) + " is not a request"), false;
     }
+  }
+
+  // The first `length` bytes of the save buffer `fd`, copied into a buffer of the node's
+  // checkpoint pool.
+  static Result<CheckpointBytesPtr> copy_into_pool(CheckpointNode& node, int fd, std::uint64_t length,
+                                                   const std::string& name) {
+    SHARDMIX_ASSIGN_OR_RETURN(CheckpointBytesPtr source, map_checkpoint_buffer(fd, length, name));
+    SHARDMIX_ASSIGN_OR_RETURN(std::shared_ptr<CheckpointBuffer> copy, node.allocate(length, name));
+    if (length > 0) std::memcpy(copy->writable().data(), source->bytes().data(), length);
+    return CheckpointBytesPtr(std::move(copy));
   }
 
   // What a CheckpointNode completion calls, on any thread: the reply is written on the io

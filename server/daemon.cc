@@ -1388,6 +1388,7 @@ Status Daemon::start_service() {
     options.capacity_bytes = config_.checkpoint.capacity_bytes;
     options.retain = config_.checkpoint.retain;
     options.when_full = config_.checkpoint.when_full == "write_through" ? WhenFull::kWriteThrough : WhenFull::kWait;
+    options.prefault_pool = config_.checkpoint.prefault;
     replicator_ = std::make_unique<FabricCheckpointReplicator>(*fabric_, mpi_);
     auto node = CheckpointNode::start(std::move(options), replicator_.get());
     SHARDMIX_RETURN_IF_ERROR(agree(mpi_, node.ok() ? Status::ok_status() : node.status(),

@@ -206,16 +206,17 @@ def save(obj, name, *, client=None, wait_durable=False):
     """torch.save(obj) into the node's ShardMix daemon as the next version of checkpoint
     `name` (one rank's state: use a name per rank). Returns the version number once the
     daemon holds the bytes; with wait_durable=True, once they are in checkpoint.dir.
-    torch.save writes straight into a memfd that the daemon then keeps (Client.save_memfd):
-    on this node the serialised bytes are written once and never copied."""
+    torch.save writes straight into the client's save buffer (Client.save_buffer), a memfd
+    it reuses from save to save, and the daemon copies it into pages it reuses too
+    (docs/decisions/0068). Unbuffered: torch.save's own writes are large, and a Python
+    buffer in between would copy every byte once more."""
     c = _client(client)
-    fd = os.memfd_create(f"shardmix-checkpoint-{name}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    try:
-        with open(fd, "wb", closefd=False) as f:
-            torch.save(obj, f)
-        version = c.save_memfd(name, fd)
-    finally:
-        os.close(fd)
+    fd = c.checkpoint_buffer_fd()
+    os.lseek(fd, 0, os.SEEK_SET)
+    with open(fd, "wb", buffering=0, closefd=False) as f:
+        torch.save(obj, f)
+        size = f.tell()
+    version = c.save_buffer(name, size)
     if wait_durable:
         c.wait_durable(name)
     return version

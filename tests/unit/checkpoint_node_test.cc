@@ -198,6 +198,35 @@ TEST_F(CheckpointNodeTest, SaveReturnsOnlyOnceAPeerInAnotherDomainHoldsACopyThen
   EXPECT_EQ(owner.stats().saves, 1u);
 }
 
+// A buffer is filled before the store admits it, so the node must make room in its pool
+// by the pool's free chunks, not by the store's budget: here the store has room for the
+// new buffer but the pool does not, because another buffer is still being filled. The
+// durable version goes first and the new buffer gets reused pages (decision 0068).
+TEST_F(CheckpointNodeTest, ABufferTakesTheChunksOfDurableVersionsEvenWhileAnotherIsBeingFilled) {
+  Cluster cluster({"h"});
+  constexpr std::uint64_t kUnit = 8ull << 20;  // whole pool chunks (2 MiB)
+  // checkpoint.capacity of 4 units; the pool has 8 spare chunks (2 units) on top: 6.
+  CheckpointNode& node = cluster.start(0, dir_ / "ckpt", 4 * kUnit);
+  Result<std::shared_ptr<CheckpointBuffer>> first = node.allocate(2 * kUnit, "model@1");
+  ASSERT_TRUE(first.ok());
+  EXPECT_TRUE((*first)->pooled());
+  std::promise<Result<CheckpointId>> saved;
+  node.save("model", std::move(*first), [&saved](Result<CheckpointId> id) { saved.set_value(std::move(id)); });
+  ASSERT_TRUE(saved.get_future().get().ok());
+  ASSERT_TRUE(wait_durable(node, "model").ok());  // durable, in the store and in 2 units of the pool
+
+  auto filling = node.allocate(3 * kUnit, "rank1@1");  // a replica landing: 5 of 6 units in use
+  ASSERT_TRUE(filling.ok());
+  EXPECT_TRUE((*filling)->pooled());
+  // The store has 2 of its 4 units free, but the pool only 1.
+  auto next = node.allocate(2 * kUnit, "model@2");
+  ASSERT_TRUE(next.ok());
+  EXPECT_TRUE((*next)->pooled());
+  EXPECT_EQ(node.stats().pool.overflows, 0u);
+  EXPECT_EQ(node.stats().store.versions_in_ram, 0u);  // model@1 was durable: evicted for it
+  EXPECT_EQ(loaded(node, "model").size(), 2 * kUnit);  // and still readable, from its file
+}
+
 TEST_F(CheckpointNodeTest, OwnerKilledRightAfterSaveReturnsItsReplicaHolderDrainsIt) {
   Cluster cluster({"hostA", "hostB"});
   const fs::path owner_dir = dir_ / "owner_view";  // the owner's mount, broken before it can drain

@@ -209,15 +209,39 @@ TEST(CheckpointStoreTest, WrittenThroughVersionIsDurableWithoutRam) {
 TEST(ReplicaHolderTest, PrefersAnotherFailureDomainAndSkipsDeadAndExcludedRanks) {
   const std::vector<std::string> domains = {"hostA", "hostA", "hostB", "hostB"};
   std::vector<bool> alive(4, true);
-  for (const std::string_view name : {"a", "b", "c", "model.pt", "rank7"}) {
-    const std::int32_t holder = choose_replica_holder(0, name, domains, alive, {});
-    EXPECT_TRUE(holder == 2 || holder == 3) << name << " -> " << holder;
+  for (std::uint32_t slot = 0; slot < 6; ++slot) {
+    const std::int32_t holder = choose_replica_holder(0, slot, domains, alive, {});
+    EXPECT_TRUE(holder == 2 || holder == 3) << "slot " << slot << " -> " << holder;
   }
   alive[2] = false;
-  EXPECT_EQ(choose_replica_holder(0, "a", domains, alive, {}), 3);
-  EXPECT_EQ(choose_replica_holder(0, "a", domains, alive, {3}), 1);  // same host: better than none
-  EXPECT_EQ(choose_replica_holder(0, "a", domains, alive, {1, 3}), kNoRank);
-  EXPECT_EQ(choose_replica_holder(0, "a", {"h"}, {true}, {}), kNoRank);
+  EXPECT_EQ(choose_replica_holder(0, 0, domains, alive, {}), 3);
+  EXPECT_EQ(choose_replica_holder(0, 0, domains, alive, {3}), 1);  // same host: better than none
+  EXPECT_EQ(choose_replica_holder(0, 0, domains, alive, {1, 3}), kNoRank);
+  EXPECT_EQ(choose_replica_holder(0, 0, {"h"}, {true}, {}), kNoRank);
+}
+
+// Data-parallel trainers save alike: every node saves its k-th name at about the same time.
+// Each node must then hold exactly as many replicas as it saved names, or one holder's
+// checkpoint.capacity fills while another's is idle and the saves wait on it.
+TEST(ReplicaHolderTest, EveryNodeHoldsAsManyReplicasAsItSavesWhenAllSaveAlike) {
+  for (const std::int32_t ranks : {2, 3, 4, 7, 16}) {
+    for (const std::uint32_t names : {1u, 2u, 3u, 8u}) {
+      const std::vector<std::string> domains(static_cast<std::size_t>(ranks), "host");
+      const std::vector<bool> alive(static_cast<std::size_t>(ranks), true);
+      std::vector<std::uint32_t> held(static_cast<std::size_t>(ranks), 0);
+      for (std::int32_t owner = 0; owner < ranks; ++owner) {
+        for (std::uint32_t slot = 0; slot < names; ++slot) {
+          const std::int32_t holder = choose_replica_holder(owner, slot, domains, alive, {});
+          ASSERT_NE(holder, owner);
+          ASSERT_NE(holder, kNoRank);
+          ++held[static_cast<std::size_t>(holder)];
+        }
+      }
+      for (std::int32_t r = 0; r < ranks; ++r) {
+        EXPECT_EQ(held[static_cast<std::size_t>(r)], names) << ranks << " ranks, " << names << " names, rank " << r;
+      }
+    }
+  }
 }
 
 // ---- The property: several daemons, random interleavings, one death at any step. ----
@@ -428,7 +452,10 @@ class World {
   }
 
   void send_copy(std::int32_t owner, const CheckpointId& id) {
-    const std::int32_t holder = choose_replica_holder(owner, id.name, domains_, alive_, excluded_[id]);
+    // Numbered per owner in order of first replication, as CheckpointNode numbers them.
+    auto& slots = slots_[owner];
+    const std::uint32_t slot = slots.try_emplace(id.name, static_cast<std::uint32_t>(slots.size())).first->second;
+    const std::int32_t holder = choose_replica_holder(owner, slot, domains_, alive_, excluded_[id]);
     const CheckpointEntry* e = store(owner).held(id);
     if (holder != kNoRank) {
       // Evicted as durable meanwhile: the node copies nothing (CheckpointNode::replicate).
@@ -452,6 +479,7 @@ class World {
   std::vector<CheckpointStore> stores_;
   std::vector<Message> in_flight_;
   std::map<CheckpointId, std::vector<std::int32_t>> excluded_;
+  std::map<std::int32_t, std::map<std::string, std::uint32_t>> slots_;
   std::map<CheckpointId, std::vector<std::uint8_t>> offered_;
   std::set<CheckpointId> saved_;
   std::map<CheckpointId, std::vector<std::uint8_t>> files_;

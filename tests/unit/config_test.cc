@@ -483,10 +483,13 @@ TEST_F(ConfigTest, NestedSectionsReadAsTablesOrDottedKeys) {
 // bad value names its key.
 TEST(CheckpointConfigTest, KeysAreCheckedNamingTheKey) {
   auto ok = load_config("", {}, {"dataset.path=/d", "checkpoint.dir=/ckpt", "cache.capacity=8GiB",
-                                 "checkpoint.capacity=1GiB", "checkpoint.when_full=write_through"});
+                                 "checkpoint.capacity=1GiB", "checkpoint.when_full=write_through",
+                                 "checkpoint.prefault=false"});
   ASSERT_TRUE(ok.ok()) << ok.status().to_string();
   EXPECT_EQ(ok->checkpoint.capacity_bytes, 1ull << 30);
   EXPECT_EQ(ok->checkpoint.when_full, "write_through");
+  EXPECT_FALSE(ok->checkpoint.prefault);
+  EXPECT_TRUE(Config{}.checkpoint.prefault);
   auto too_big = load_config("", {}, {"dataset.path=/d", "checkpoint.dir=/ckpt", "cache.capacity=1GiB",
                                       "checkpoint.capacity=1GiB"});
   ASSERT_FALSE(too_big.ok());
@@ -504,7 +507,7 @@ TEST(CheckpointConfigTest, KeysAreCheckedNamingTheKey) {
 
 TEST(ConfigKeysTest, TableIsWellFormed) {
   const auto keys = config_keys();
-  EXPECT_EQ(keys.size(), 76u);  // update with config.h when adding a key
+  EXPECT_EQ(keys.size(), 77u);  // update with config.h when adding a key
   std::set<std::string> names;
   for (const ConfigKeyInfo& key : keys) {
     EXPECT_TRUE(names.insert(key.name).second) << "duplicate " << key.name;

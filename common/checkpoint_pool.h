@@ -1,0 +1,85 @@
+// Resident memory for checkpoint versions (docs/decisions/0068): one memfd of
+// checkpoint.capacity, cut into chunks, whose pages the daemon allocates once and then
+// reuses for every version it holds (its trainers' saves and its peers' replicas).
+//
+// Why: a new page costs far more than a copy into a page already there. The kernel zeroes
+// every fresh page, and in a virtual machine whose free pages go back to the host (virtio
+// balloon page reporting) the first touch of one also faults in the host: 2-4 s per GiB on
+// the development machine against 0.45 s to write a GiB into pages reused. A version of
+// 1 GiB in a fresh memfd paid that at the trainer, and its replica paid it again at the
+// holder. On RDMA fabrics memory the daemon reuses is also memory it need not pin anew.
+//
+// A buffer is a contiguous view of its chunks, mapped at one address (MAP_FIXED over a
+// reserved range), so the rest of the daemon sees one span, as before. Its chunks go back
+// to the pool when the last reference to the buffer goes; their pages stay allocated. When
+// too few chunks are free (a load or a drain still holds an evicted version, or a save
+// waits for room outside the budget), the buffer gets a memfd of its own, fresh pages and
+// all, and the pool counts it as an overflow: the pool is a speed-up, never a reason to
+// refuse a checkpoint. The budget itself is CheckpointStore's (checkpoint.capacity).
+//
+// Thread-safety: every method may be called from any thread; a buffer's writable view
+// belongs to whoever fills it, before it is shared as CheckpointBytes.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <thread>
+
+#include "common/checkpoint_store.h"
+#include "common/status.h"
+
+namespace shardmix {
+
+// A buffer from CheckpointPool::allocate: writable while the daemon fills it (a copy of the
+// trainer's bytes, a peer's replica landing), then shared read-only as CheckpointBytes.
+class CheckpointBuffer : public CheckpointBytes {
+ public:
+  virtual std::span<std::uint8_t> writable() = 0;
+  virtual bool pooled() const = 0;  // false: an overflow, in a memfd of its own
+};
+
+struct CheckpointPoolStats {
+  std::uint64_t capacity_bytes = 0;    // chunks * chunk_bytes
+  std::uint64_t chunk_bytes = 0;
+  std::uint64_t bytes_in_use = 0;      // chunks held by live buffers
+  std::uint64_t buffers = 0;           // allocations served from the pool
+  std::uint64_t overflows = 0;         // allocations that found too few free chunks
+  std::uint64_t overflow_bytes = 0;
+  std::uint64_t prefaulted_bytes = 0;  // pages allocated ahead of use so far
+};
+
+class CheckpointPool {
+ public:
+  static constexpr std::uint64_t kDefaultChunkBytes = 2ull << 20;  // a huge page, should the kernel use them
+
+  // A pool of at least `capacity_bytes` (rounded up to whole chunks, of `chunk_bytes`, a
+  // multiple of the page size). With `prefault`, a background thread allocates all of its
+  // pages now (fallocate), so that the first checkpoint finds them too; without, each
+  // page is allocated when first written and kept from then on. kResourceExhausted
+  // naming checkpoint.capacity if the memfd cannot be made.
+  static Result<std::unique_ptr<CheckpointPool>> create(std::uint64_t capacity_bytes, bool prefault,
+                                                        std::uint64_t chunk_bytes = kDefaultChunkBytes);
+  ~CheckpointPool();  // waits for the prefault; buffers still alive keep the memfd
+  CheckpointPool(const CheckpointPool&) = delete;
+  CheckpointPool& operator=(const CheckpointPool&) = delete;
+
+  // A writable buffer of `size` bytes for checkpoint `checkpoint` (named in errors): in the
+  // pool's chunks, or in a memfd of its own when they are too few (an overflow).
+  Result<std::shared_ptr<CheckpointBuffer>> allocate(std::uint64_t size, std::string_view checkpoint);
+
+  CheckpointPoolStats stats() const;
+  // Whether a buffer of `size` bytes would come from the pool's chunks now.
+  bool fits(std::uint64_t size) const;
+
+  struct Shared;  // the memfd and the free chunks, shared with the buffers
+
+ private:
+  explicit CheckpointPool(std::shared_ptr<Shared> shared);
+  std::shared_ptr<Shared> shared_;
+  std::thread prefault_;
+};
+
+}  // namespace shardmix

@@ -1,0 +1,154 @@
+// CheckpointPool (common/checkpoint_pool.h) and the save buffer (common/checkpoint_memfd.h):
+// the memory a daemon reuses for checkpoint versions, and the trainer's reusable buffer the
+// daemon copies from (docs/decisions/0068).
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "common/checkpoint_memfd.h"
+#include "common/checkpoint_pool.h"
+
+namespace shardmix {
+namespace checkpoint_pool_test {
+
+constexpr std::uint64_t kChunk = 64 * 1024;
+
+std::unique_ptr<CheckpointPool> make_pool(std::uint64_t capacity, bool prefault = false) {
+  Result<std::unique_ptr<CheckpointPool>> pool = CheckpointPool::create(capacity, prefault, kChunk);
+  EXPECT_TRUE(pool.ok()) << pool.status().to_string();
+  return std::move(pool).value();
+}
+
+void fill(std::span<std::uint8_t> bytes, std::uint8_t seed) {
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::uint8_t>(seed + i * 7);
+}
+
+bool holds(std::span<const std::uint8_t> bytes, std::uint8_t seed) {
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    if (bytes[i] != static_cast<std::uint8_t>(seed + i * 7)) return false;
+  }
+  return true;
+}
+
+TEST(CheckpointPoolTest, ABufferSpansItsChunksAsOneRangeAndReadsBackWhatWasWritten) {
+  auto pool = make_pool(8 * kChunk);
+  // Not a whole number of chunks, and after other buffers so that its chunks need not be
+  // the first ones.
+  auto first = pool->allocate(kChunk + 5, "a");
+  ASSERT_TRUE(first.ok());
+  auto buffer = pool->allocate(3 * kChunk + 123, "b");
+  ASSERT_TRUE(buffer.ok()) << buffer.status().to_string();
+  EXPECT_TRUE((*buffer)->pooled());
+  ASSERT_EQ((*buffer)->writable().size(), 3 * kChunk + 123);
+  fill((*buffer)->writable(), 3);
+  first->reset();
+  EXPECT_TRUE(holds((*buffer)->bytes(), 3));
+  EXPECT_EQ(pool->stats().bytes_in_use, 4 * kChunk);
+}
+
+// The point of the pool: a new buffer gets the pages an old one left, not fresh ones. Fresh
+// shmem pages read as zeros; reused ones still hold the old version's bytes.
+TEST(CheckpointPoolTest, ABufferReleasedGivesItsPagesToTheNext) {
+  auto pool = make_pool(4 * kChunk);
+  {
+    auto old = pool->allocate(4 * kChunk, "old");
+    ASSERT_TRUE(old.ok());
+    fill((*old)->writable(), 9);
+  }
+  EXPECT_EQ(pool->stats().bytes_in_use, 0u);
+  auto next = pool->allocate(4 * kChunk, "next");
+  ASSERT_TRUE(next.ok());
+  EXPECT_TRUE((*next)->pooled());
+  EXPECT_TRUE(holds((*next)->bytes(), 9));
+  EXPECT_EQ(pool->stats().overflows, 0u);
+}
+
+TEST(CheckpointPoolTest, TooFewFreeChunksGiveAMemfdOfItsOwnAndCountAnOverflow) {
+  auto pool = make_pool(4 * kChunk);
+  auto held = pool->allocate(3 * kChunk, "held");
+  ASSERT_TRUE(held.ok());
+  EXPECT_FALSE(pool->fits(2 * kChunk));
+  EXPECT_TRUE(pool->fits(kChunk));
+  auto spilled = pool->allocate(2 * kChunk, "spilled");
+  ASSERT_TRUE(spilled.ok()) << spilled.status().to_string();
+  EXPECT_FALSE((*spilled)->pooled());
+  fill((*spilled)->writable(), 1);
+  EXPECT_TRUE(holds((*spilled)->bytes(), 1));
+  const CheckpointPoolStats stats = pool->stats();
+  EXPECT_EQ(stats.overflows, 1u);
+  EXPECT_EQ(stats.overflow_bytes, 2 * kChunk);
+  EXPECT_EQ(stats.bytes_in_use, 3 * kChunk);  // the overflow is not the pool's
+  spilled->reset();
+  EXPECT_EQ(pool->stats().bytes_in_use, 3 * kChunk);
+}
+
+TEST(CheckpointPoolTest, AnEmptyBufferTakesNoChunkAndABufferOutlivesItsPool) {
+  auto pool = make_pool(2 * kChunk);
+  auto empty = pool->allocate(0, "empty");
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE((*empty)->bytes().empty());
+  EXPECT_EQ(pool->stats().bytes_in_use, 0u);
+  auto kept = pool->allocate(kChunk, "kept");
+  ASSERT_TRUE(kept.ok());
+  fill((*kept)->writable(), 4);
+  pool.reset();  // a load still reading a version when the daemon stops
+  EXPECT_TRUE(holds((*kept)->bytes(), 4));
+}
+
+TEST(CheckpointPoolTest, PrefaultAllocatesEveryPageAheadOfUse) {
+  auto pool = make_pool(16 * kChunk, /*prefault=*/true);
+  // The background thread's progress, not its speed: wait for it to report all pages.
+  for (int i = 0; i < 10000 && pool->stats().prefaulted_bytes < 16 * kChunk; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(pool->stats().prefaulted_bytes, 16 * kChunk);
+  EXPECT_EQ(pool->stats().capacity_bytes, 16 * kChunk);
+}
+
+TEST(CheckpointPoolTest, AChunkThatIsNotWholePagesIsRefused) {
+  EXPECT_EQ(CheckpointPool::create(kChunk, false, 1000).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(CheckpointSaveBufferTest, TheDaemonMapsWhatTheTrainerWroteAndTheBufferIsReused) {
+  Result<CheckpointSaveBuffer> buffer = CheckpointSaveBuffer::create();
+  ASSERT_TRUE(buffer.ok()) << buffer.status().to_string();
+  EXPECT_FALSE(checkpoint_memfd_is_sealed(buffer->fd()));
+  for (const std::uint64_t size : {std::uint64_t{3000}, std::uint64_t{100000}, std::uint64_t{500}}) {
+    Result<std::span<std::uint8_t>> into = buffer->writable(size);
+    ASSERT_TRUE(into.ok());
+    fill(*into, static_cast<std::uint8_t>(size));
+    Result<CheckpointBytesPtr> mapped = map_checkpoint_buffer(buffer->fd(), size, "rank0");
+    ASSERT_TRUE(mapped.ok()) << mapped.status().to_string();
+    EXPECT_EQ((*mapped)->bytes().size(), size);
+    EXPECT_TRUE(holds((*mapped)->bytes(), static_cast<std::uint8_t>(size)));
+    EXPECT_EQ((*mapped)->memfd(), -1);  // not sealed: a load must not hand it on
+  }
+  // It grew to the largest and never shrinks: the daemon's mapping cannot lose its pages.
+  EXPECT_EQ(ftruncate(buffer->fd(), 10), -1);
+}
+
+TEST(CheckpointSaveBufferTest, AnUnsealedMemfdOrAShortOneIsRefusedNamingTheCheckpoint) {
+  const int plain = memfd_create("plain", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(plain, 0);
+  ASSERT_EQ(ftruncate(plain, 4096), 0);
+  Result<CheckpointBytesPtr> unsealed = map_checkpoint_buffer(plain, 4096, "rank3");
+  EXPECT_EQ(unsealed.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(unsealed.status().message().find("rank3"), std::string::npos);
+  EXPECT_NE(unsealed.status().message().find("shrinking"), std::string::npos);
+  ASSERT_EQ(fcntl(plain, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  Result<CheckpointBytesPtr> short_one = map_checkpoint_buffer(plain, 8192, "rank3");
+  EXPECT_EQ(short_one.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(short_one.status().message().find("4096"), std::string::npos);
+  EXPECT_TRUE(map_checkpoint_buffer(plain, 4096, "rank3").ok());
+  ::close(plain);
+}
+
+}  // namespace checkpoint_pool_test
+}  // namespace shardmix
