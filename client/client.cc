@@ -449,7 +449,7 @@ class DaemonConnection {
     SHARDMIX_ASSIGN_OR_RETURN(CheckpointSaveBuffer * buffer, save_buffer());
     SHARDMIX_ASSIGN_OR_RETURN(std::span<std::uint8_t> into, buffer->writable(size));
     write(into);
-    return hand_over_checkpoint(*channel, name, size, buffer->fd());
+    return hand_over_buffer(*channel, name, size);
   }
 
   // This client's save buffer (decision 0068), made on first use and kept: its pages are
@@ -472,7 +472,17 @@ class DaemonConnection {
       return make_error(StatusCode::kInvalidArgument, "checkpoint {}: the save buffer holds {} bytes, not the {} to save",
                         name, st.st_size, size);
     }
-    return hand_over_checkpoint(*channel, name, size, buffer->fd());
+    return hand_over_buffer(*channel, name, size);
+  }
+
+  // The save buffer's first `size` bytes as the next version of `name`. After a save that
+  // failed, the daemon may not have finished copying the buffer (its reply can be an error
+  // while the copy is still queued), so the next save gets a new buffer rather than
+  // writing into this one; the daemon's own descriptor keeps the old one alive.
+  Result<std::uint64_t> hand_over_buffer(DaemonConnection& channel, std::string_view name, std::uint64_t size) {
+    Result<std::uint64_t> version = hand_over_checkpoint(channel, name, size, save_buffer_->fd());
+    if (!version.ok()) save_buffer_.reset();
+    return version;
   }
 
   // A memfd the caller filled (e.g. a serializer wrote to it as a file): sealed here and

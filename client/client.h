@@ -303,7 +303,8 @@ class Client {
                      const std::function<void(std::span<std::uint8_t>)>& write);
   // The save buffer's descriptor, for a serializer that writes to a file: write the
   // checkpoint from offset 0 (it grows as needed), then save_buffer(name, bytes written).
-  // Owned by the client; do not close it, or write to it while a save is in progress.
+  // Owned by the client; do not close it, or write to it while a save is in progress. Ask
+  // for it before every save: after a failed save the client makes a new buffer.
   int checkpoint_buffer_fd();
   std::uint64_t save_buffer(std::string_view name, std::uint64_t size);
   // The same for a memfd the caller created (memfd_create with MFD_ALLOW_SEALING) and

@@ -354,8 +354,9 @@ Result<std::shared_ptr<CheckpointBuffer>> CheckpointNode::allocate(std::uint64_t
     // buffers being filled, which the store admits only afterwards (two at once: a trainer's
     // save being copied and a peer's replica landing). Short of durable versions, the
     // buffer overflows; the store's budget still decides whether the save waits.
+    // A buffer larger than the pool overflows whatever is evicted: evict nothing for it.
     std::lock_guard lock(mutex_);
-    while (!pool_->fits(size) && store_.evict_oldest_durable()) {
+    while (size <= pool_->stats().capacity_bytes && !pool_->fits(size) && store_.evict_oldest_durable()) {
     }
   }
   return pool_->allocate(size, checkpoint);

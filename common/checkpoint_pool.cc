@@ -142,20 +142,32 @@ Result<std::shared_ptr<CheckpointBuffer>> CheckpointPool::allocate(std::uint64_t
       shared_->stats.overflow_bytes += size;
     }
   }
+  const auto overflow = [&]() -> Result<std::shared_ptr<CheckpointBuffer>> {
+    SHARDMIX_ASSIGN_OR_RETURN(CheckpointMemfd memfd, CheckpointMemfd::create(checkpoint, size));
+    return std::shared_ptr<CheckpointBuffer>(std::make_shared<OverflowBuffer>(std::move(memfd)));
+  };
   if (taken.size() != needed) {
     log::get("checkpoint")->info("checkpoint {} ({} bytes): the checkpoint pool has {} of its {} bytes in use, so it "
                                  "goes in a memfd of its own (fresh pages)",
                                  checkpoint, size, in_use_at_overflow, shared_->chunks * chunk);
-    SHARDMIX_ASSIGN_OR_RETURN(CheckpointMemfd memfd, CheckpointMemfd::create(checkpoint, size));
-    return std::shared_ptr<CheckpointBuffer>(std::make_shared<OverflowBuffer>(std::move(memfd)));
+    return overflow();
   }
   if (needed == 0) return std::shared_ptr<CheckpointBuffer>(std::make_shared<PooledBuffer>(shared_, taken, nullptr, 0, 0));
   const std::uint64_t view_bytes = needed * chunk;
-  const auto fail = [&](const char* step) -> Status {
-    const int err = errno;
+  // A view that cannot be mapped (vm.max_map_count, with the free chunks scattered) gives
+  // its chunks back and overflows, as a pool short of chunks does: never a refusal.
+  const auto fail = [&](const char* step) -> Result<std::shared_ptr<CheckpointBuffer>> {
+    log::get("checkpoint")->warn("checkpoint {} ({} bytes): {} in the checkpoint pool: {}; it goes in a memfd of its "
+                                 "own (fresh pages)",
+                                 checkpoint, size, step, std::strerror(errno));
     shared_->give_back(taken);
-    return make_error(StatusCode::kResourceExhausted, "checkpoint {} ({} bytes): {} in the checkpoint pool: {}",
-                      checkpoint, size, step, std::strerror(err));
+    {
+      std::lock_guard lock(shared_->mutex);
+      --shared_->stats.buffers;
+      ++shared_->stats.overflows;
+      shared_->stats.overflow_bytes += size;
+    }
+    return overflow();
   };
   void* reserved = mmap(nullptr, view_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (reserved == MAP_FAILED) return fail("reserving its view");
@@ -169,9 +181,8 @@ Result<std::shared_ptr<CheckpointBuffer>> CheckpointPool::allocate(std::uint64_t
     void* mapped = mmap(at, (last - first + 1) * chunk, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE,
                         shared_->fd, static_cast<off_t>(taken[first] * chunk));
     if (mapped != at) {
-      const Status status = fail("mapping its chunks");
       munmap(view, view_bytes);
-      return status;
+      return fail("mapping its chunks");
     }
     first = last + 1;
   }

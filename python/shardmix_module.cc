@@ -581,7 +581,7 @@ unless given. Raises shardmix.Error.)doc")
       .def("checkpoint_buffer_fd", [](PyClient& c) {
         return without_gil(*c.state, [&](sm::Client& client) { return client.checkpoint_buffer_fd(); });
       }, "The descriptor of this client's save buffer, a memfd it keeps: write a checkpoint into it from offset 0 "
-      "(e.g. torch.save to open(fd, 'wb', buffering=0, closefd=False) after os.lseek(fd, 0, 0)), then call "
+      "(e.g. torch.save to open(fd, 'wb', closefd=False) after os.lseek(fd, 0, 0)), then call "
       "save_buffer(name, size). Owned by the client: do not close it.")
       .def("save_buffer", [](PyClient& c, const std::string& name, std::uint64_t size) {
         return without_gil(*c.state, [&](sm::Client& client) { return client.save_buffer(name, size); });

@@ -208,12 +208,13 @@ def save(obj, name, *, client=None, wait_durable=False):
     daemon holds the bytes; with wait_durable=True, once they are in checkpoint.dir.
     torch.save writes straight into the client's save buffer (Client.save_buffer), a memfd
     it reuses from save to save, and the daemon copies it into pages it reuses too
-    (docs/decisions/0068). Unbuffered: torch.save's own writes are large, and a Python
-    buffer in between would copy every byte once more."""
+    (docs/decisions/0068). Through a buffered writer: it writes large records straight
+    through, and unlike a raw one it loops until every byte is written (torch.save ignores
+    what write returns, and one write(2) moves at most 2 GiB)."""
     c = _client(client)
     fd = c.checkpoint_buffer_fd()
     os.lseek(fd, 0, os.SEEK_SET)
-    with open(fd, "wb", buffering=0, closefd=False) as f:
+    with open(fd, "wb", closefd=False) as f:
         torch.save(obj, f)
         size = f.tell()
     version = c.save_buffer(name, size)

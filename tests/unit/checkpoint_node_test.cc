@@ -227,6 +227,21 @@ TEST_F(CheckpointNodeTest, ABufferTakesTheChunksOfDurableVersionsEvenWhileAnothe
   EXPECT_EQ(loaded(node, "model").size(), 2 * kUnit);  // and still readable, from its file
 }
 
+// A buffer larger than the whole pool overflows whatever is evicted, so nothing is: the
+// durable versions stay in RAM for loads.
+TEST_F(CheckpointNodeTest, ABufferLargerThanThePoolEvictsNothing) {
+  Cluster cluster({"h"});
+  constexpr std::uint64_t kUnit = 8ull << 20;
+  CheckpointNode& node = cluster.start(0, dir_ / "ckpt", 2 * kUnit);  // pool: 4 units
+  ASSERT_TRUE(save(node, "model", pattern(1000, 2)).get().ok());
+  ASSERT_TRUE(wait_durable(node, "model").ok());
+  ASSERT_EQ(node.stats().store.versions_in_ram, 1u);
+  auto huge = node.allocate(5 * kUnit, "model@2");
+  ASSERT_TRUE(huge.ok()) << huge.status().to_string();
+  EXPECT_FALSE((*huge)->pooled());
+  EXPECT_EQ(node.stats().store.versions_in_ram, 1u);
+}
+
 TEST_F(CheckpointNodeTest, OwnerKilledRightAfterSaveReturnsItsReplicaHolderDrainsIt) {
   Cluster cluster({"hostA", "hostB"});
   const fs::path owner_dir = dir_ / "owner_view";  // the owner's mount, broken before it can drain
