@@ -37,6 +37,29 @@ class MappedCheckpointBytes final : public CheckpointBytes {
   bool sealed_;
 };
 
+// The first `length` bytes of memfd `fd`, mapped read-only through a descriptor of our own
+// (the caller keeps `fd`): what both a sealed checkpoint and a save buffer come to. `what`
+// names the memfd in errors ("memfd", "save buffer"); `map_flags` are added to MAP_SHARED.
+Result<CheckpointBytesPtr> map_read_only(int fd, std::uint64_t length, std::string_view checkpoint,
+                                         std::string_view what, bool sealed, int map_flags) {
+  const int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) {
+    return make_error(StatusCode::kIoError, "checkpoint {}: dup of its {}: {}", checkpoint, what, std::strerror(errno));
+  }
+  const std::uint8_t* data = nullptr;
+  if (length > 0) {
+    void* mapped = mmap(nullptr, length, PROT_READ, MAP_SHARED | map_flags, own, 0);
+    if (mapped == MAP_FAILED) {
+      const int err = errno;
+      ::close(own);
+      return make_error(StatusCode::kResourceExhausted, "checkpoint {}: mapping its {} ({} bytes): {}", checkpoint,
+                        what, length, std::strerror(err));
+    }
+    data = static_cast<const std::uint8_t*>(mapped);
+  }
+  return CheckpointBytesPtr(std::make_shared<MappedCheckpointBytes>(own, data, length, sealed));
+}
+
 }  // namespace
 
 Result<CheckpointMemfd> CheckpointMemfd::create(std::string_view name, std::uint64_t size) {
@@ -164,23 +187,8 @@ Result<CheckpointBytesPtr> map_checkpoint_buffer(int fd, std::uint64_t length, s
     return make_error(StatusCode::kInvalidArgument, "checkpoint {}: its save buffer holds {} bytes, the save says {}",
                       checkpoint, st.st_size, length);
   }
-  const int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (own < 0) {
-    return make_error(StatusCode::kIoError, "checkpoint {}: dup of its save buffer: {}", checkpoint, std::strerror(errno));
-  }
-  const std::uint8_t* data = nullptr;
-  if (length > 0) {
-    // MAP_POPULATE: the copy that follows reads every page; fill the page tables at once.
-    void* mapped = mmap(nullptr, length, PROT_READ, MAP_SHARED | MAP_POPULATE, own, 0);
-    if (mapped == MAP_FAILED) {
-      const int err = errno;
-      ::close(own);
-      return make_error(StatusCode::kResourceExhausted, "checkpoint {}: mapping its save buffer ({} bytes): {}",
-                        checkpoint, length, std::strerror(err));
-    }
-    data = static_cast<const std::uint8_t*>(mapped);
-  }
-  return CheckpointBytesPtr(std::make_shared<MappedCheckpointBytes>(own, data, length, /*sealed=*/false));
+  // MAP_POPULATE: the copy that follows reads every page; fill the page tables at once.
+  return map_read_only(fd, length, checkpoint, "save buffer", /*sealed=*/false, MAP_POPULATE);
 }
 
 Status seal_checkpoint_memfd(int fd, std::string_view checkpoint) {
@@ -218,21 +226,7 @@ Result<CheckpointBytesPtr> map_sealed_checkpoint(int fd, std::string_view checkp
   if (fstat(fd, &st) != 0) {
     return make_error(StatusCode::kIoError, "checkpoint {}: fstat of its memfd: {}", checkpoint, std::strerror(errno));
   }
-  const int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (own < 0) return make_error(StatusCode::kIoError, "checkpoint {}: dup of its memfd: {}", checkpoint, std::strerror(errno));
-  const auto size = static_cast<std::uint64_t>(st.st_size);
-  const std::uint8_t* data = nullptr;
-  if (size > 0) {
-    void* mapped = mmap(nullptr, size, PROT_READ, MAP_SHARED, own, 0);
-    if (mapped == MAP_FAILED) {
-      const int err = errno;
-      ::close(own);
-      return make_error(StatusCode::kResourceExhausted, "checkpoint {}: mapping its memfd ({} bytes): {}", checkpoint,
-                        size, std::strerror(err));
-    }
-    data = static_cast<const std::uint8_t*>(mapped);
-  }
-  return CheckpointBytesPtr(std::make_shared<MappedCheckpointBytes>(own, data, size));
+  return map_read_only(fd, static_cast<std::uint64_t>(st.st_size), checkpoint, "memfd", /*sealed=*/true, 0);
 }
 
 }  // namespace shardmix

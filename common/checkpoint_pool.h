@@ -53,7 +53,9 @@ struct CheckpointPoolStats {
 
 class CheckpointPool {
  public:
-  static constexpr std::uint64_t kDefaultChunkBytes = 2ull << 20;  // a huge page, should the kernel use them
+  // Small enough that rounding a version up wastes little, large enough that a GiB is a few
+  // hundred mappings at most.
+  static constexpr std::uint64_t kDefaultChunkBytes = 2ull << 20;
 
   // A pool of at least `capacity_bytes` (rounded up to whole chunks, of `chunk_bytes`, a
   // multiple of the page size). With `prefault`, a background thread allocates all of its

@@ -7,7 +7,6 @@
 #include <fmt/format.h>
 
 #include "common/checkpoint_file.h"
-#include "common/checkpoint_memfd.h"
 #include "common/log.h"
 #include "proto/field_codec.h"
 
