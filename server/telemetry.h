@@ -34,6 +34,16 @@ namespace shardmix {
 struct NodeCheckpointFigures {
   std::uint64_t ram_bytes = 0, waiting_bytes = 0;  // gauges
   std::uint64_t drained_bytes = 0, drain_us = 0, saves = 0, save_us = 0;  // totals so far
+  // The checkpoint pool's (decision 0068), so that a save slowed by fresh pages shows as an
+  // overflow where its time in save shows, rather than only in the daemon log.
+  std::uint64_t pool_in_use_bytes = 0, pool_capacity_bytes = 0;  // gauges
+  // Pages the prefault allocated so far: a gauge that grows to the capacity, as load bytes
+  // do (0 without checkpoint.prefault).
+  std::uint64_t pool_prefaulted_bytes = 0;
+  // Totals so far: versions placed in the pool's reused pages, and those that found too few
+  // free chunks and went into fresh pages (overflows / (buffers + overflows): the share of
+  // checkpoints that paid for new pages).
+  std::uint64_t pool_buffers = 0, pool_overflows = 0, pool_overflow_bytes = 0;
 };
 
 struct TrainerEpochRecord {

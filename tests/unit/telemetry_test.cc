@@ -112,10 +112,13 @@ TEST(JobAggregatorTest, CheckpointFiguresAreTheNodesLatestSummed) {
   JobAggregator agg(2, 2, 200);
   auto a = record(0, 0, 0, 100, 0, 1, 0);
   auto b = record(1, 1, 0, 100, 0, 1, 0);
-  a.node_checkpoints = {100, 40, 1000, 2000000, 3, 500000};
-  b.node_checkpoints = {7, 0, 50, 1000000, 1, 250000};
+  // ram, waiting, drained, drain_us, saves, save_us; pool in use, capacity, prefaulted,
+  // buffers, overflows, overflow bytes: every figure distinct, so that one not carried shows.
+  a.node_checkpoints = {100, 40, 1000, 2000000, 3, 500000, 4096, 65536, 32768, 2, 1, 3000};
+  b.node_checkpoints = {7, 0, 50, 1000000, 1, 250000, 2048, 8192, 8192, 5, 3, 900};
   auto a_older = a;
-  a_older.node_checkpoints = {10, 10, 10, 10, 1, 10};  // an earlier pass of node 0, arriving late
+  // An earlier pass of node 0, arriving late.
+  a_older.node_checkpoints = {10, 10, 10, 10, 1, 10, 10, 10, 10, 1, 0, 0};
   agg.add(a);
   agg.add(a_older);
   agg.add(b);
@@ -124,10 +127,22 @@ TEST(JobAggregatorTest, CheckpointFiguresAreTheNodesLatestSummed) {
   EXPECT_EQ(j.checkpoints.waiting_bytes, 40u);
   EXPECT_EQ(j.checkpoints.drained_bytes, 1050u);
   EXPECT_EQ(j.checkpoints.saves, 4u);
+  EXPECT_EQ(j.checkpoints.pool_in_use_bytes, 6144u);
+  EXPECT_EQ(j.checkpoints.pool_capacity_bytes, 73728u);
+  EXPECT_EQ(j.checkpoints.pool_prefaulted_bytes, 40960u);
+  EXPECT_EQ(j.checkpoints.pool_buffers, 7u);
+  EXPECT_EQ(j.checkpoints.pool_overflows, 4u);
+  EXPECT_EQ(j.checkpoints.pool_overflow_bytes, 3900u);
   const std::string json = j.to_json();
   EXPECT_NE(json.find("\"checkpoint_drained_bytes\": 1050,"), std::string::npos) << json;
   EXPECT_NE(json.find("\"checkpoint_drain_seconds\": 3,"), std::string::npos) << json;
   EXPECT_NE(json.find("\"checkpoint_save_seconds\": 0.75"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"checkpoint_pool_in_use_bytes\": 6144,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"checkpoint_pool_capacity_bytes\": 73728,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"checkpoint_pool_prefaulted_bytes\": 40960,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"checkpoint_pool_buffers\": 7,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"checkpoint_pool_overflows\": 4,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"checkpoint_pool_overflow_bytes\": 3900}"), std::string::npos) << json;
 }
 
 TEST(JobEpochStatsTest, JsonIsOneLineWithNullForMissingFigures) {
@@ -146,15 +161,9 @@ TEST(JobEpochStatsTest, JsonIsOneLineWithNullForMissingFigures) {
   EXPECT_EQ(json.back(), '}');
 }
 
-TEST(NodeTelemetryTest, PrometheusTextIsWellFormedAndCountsPasses) {
-  NodeTelemetry t;
-  t.set_info(NodeInfo{2, 4, 2, "tcp", "host\"x", 500, 3});
-  t.trainer_connected();
-  t.add_record(record(2, 4, 0, 100, 0, 1, 250'000));
-  t.add_record(record(2, 5, 0, 80, 0, 1, 750'000));
-  t.error_sent();
-  const std::string text = t.prometheus_text();
-  // Every non-comment line: name{labels} value; every name has HELP and TYPE.
+// name{labels} -> value of every sample in `text`, checking that every non-comment line is
+// name{labels} value and that every name has HELP and TYPE.
+std::map<std::string, double> prometheus_values(const std::string& text) {
   const std::regex sample(R"(^([a-z_][a-z0-9_]*)\{([a-z_]+="([^"\\]|\\.)*"(,[a-z_]+="([^"\\]|\\.)*")*)\} (-?[0-9.e+-]+|NaN)$)");
   std::map<std::string, double> values;
   std::istringstream in(text);
@@ -165,10 +174,24 @@ TEST(NodeTelemetryTest, PrometheusTextIsWellFormedAndCountsPasses) {
       continue;
     }
     std::smatch m;
-    ASSERT_TRUE(std::regex_match(line, m, sample)) << line;
+    EXPECT_TRUE(std::regex_match(line, m, sample)) << line;
+    if (m.empty()) continue;
     EXPECT_NE(text.find("# TYPE " + m[1].str() + " "), std::string::npos) << m[1];
     values[line.substr(0, line.rfind(' '))] = std::strtod(line.substr(line.rfind(' ') + 1).c_str(), nullptr);
   }
+  return values;
+}
+
+TEST(NodeTelemetryTest, PrometheusTextIsWellFormedAndCountsPasses) {
+  NodeTelemetry t;
+  t.set_info(NodeInfo{2, 4, 2, "tcp", "host\"x", 500, 3});
+  t.trainer_connected();
+  t.add_record(record(2, 4, 0, 100, 0, 1, 250'000));
+  t.add_record(record(2, 5, 0, 80, 0, 1, 750'000));
+  t.error_sent();
+  const std::string text = t.prometheus_text();
+  std::map<std::string, double> values = prometheus_values(text);
+  EXPECT_EQ(values.count("shardmix_checkpoint_ram_bytes{node=\"2\"}"), 0u);  // no checkpoint.dir: none
   EXPECT_EQ(values["shardmix_samples_total{node=\"2\",tier=\"local\"}"], 25 + 20);
   EXPECT_EQ(values["shardmix_dataset_samples{node=\"2\"}"], 500);
   EXPECT_EQ(values["shardmix_dataset_invalid_samples{node=\"2\"}"], 3);
@@ -181,6 +204,67 @@ TEST(NodeTelemetryTest, PrometheusTextIsWellFormedAndCountsPasses) {
   EXPECT_NE(text.find("host=\"host\\\"x\""), std::string::npos);  // label value escaped
   EXPECT_EQ(t.take_records().size(), 2u);
   EXPECT_TRUE(t.take_records().empty());
+}
+
+// A node's checkpoint stats with every figure distinct, so that one not carried shows.
+CheckpointNodeStats checkpoint_node_stats() {
+  CheckpointNodeStats c;
+  c.store.bytes_in_ram = 3'000'000;
+  c.store.bytes_waiting = 1'000'000;
+  c.store.bytes_drained = 8'000'000;
+  c.store.drain_failures = 2;
+  c.saves = 4;
+  c.save_us = 1'500'000;
+  c.drain_busy_us = 4'000'000;
+  c.saves_waiting_for_room = 1;
+  c.pool.capacity_bytes = 64u << 20;
+  c.pool.chunk_bytes = 2u << 20;
+  c.pool.bytes_in_use = 6u << 20;
+  c.pool.buffers = 5;
+  c.pool.overflows = 3;
+  c.pool.overflow_bytes = 7'000'000;
+  c.pool.prefaulted_bytes = 32u << 20;
+  return c;
+}
+
+TEST(NodeTelemetryTest, CheckpointFiguresReachThePrometheusTextAndTheRecords) {
+  NodeTelemetry t;
+  t.set_info(NodeInfo{1, 2, 1, "tcp", "h", 10, 0});
+  t.set_checkpoint_stats(checkpoint_node_stats);
+  std::map<std::string, double> values = prometheus_values(t.prometheus_text());
+  EXPECT_EQ(values["shardmix_checkpoint_ram_bytes{node=\"1\"}"], 3'000'000);
+  EXPECT_EQ(values["shardmix_checkpoint_waiting_bytes{node=\"1\"}"], 1'000'000);
+  EXPECT_EQ(values["shardmix_checkpoint_drained_bytes_total{node=\"1\"}"], 8'000'000);
+  EXPECT_EQ(values["shardmix_checkpoint_drain_seconds_total{node=\"1\"}"], 4.0);
+  EXPECT_EQ(values["shardmix_checkpoint_drain_failures_total{node=\"1\"}"], 2);
+  EXPECT_EQ(values["shardmix_checkpoint_saves_total{node=\"1\"}"], 4);
+  EXPECT_EQ(values["shardmix_checkpoint_save_seconds_total{node=\"1\"}"], 1.5);
+  EXPECT_EQ(values["shardmix_checkpoint_saves_waiting_for_room{node=\"1\"}"], 1);
+  EXPECT_EQ(values["shardmix_checkpoint_pool_in_use_bytes{node=\"1\"}"], 6u << 20);
+  EXPECT_EQ(values["shardmix_checkpoint_pool_capacity_bytes{node=\"1\"}"], 64u << 20);
+  EXPECT_EQ(values["shardmix_checkpoint_pool_prefaulted_bytes{node=\"1\"}"], 32u << 20);
+  EXPECT_EQ(values["shardmix_checkpoint_pool_buffers_total{node=\"1\"}"], 5);
+  EXPECT_EQ(values["shardmix_checkpoint_pool_overflows_total{node=\"1\"}"], 3);
+  EXPECT_EQ(values["shardmix_checkpoint_pool_overflow_bytes_total{node=\"1\"}"], 7'000'000);
+
+  // What a trainer's record carries to rank 0's stats file.
+  const NodeCheckpointFigures f = t.checkpoint_figures();
+  EXPECT_EQ(f.ram_bytes, 3'000'000u);
+  EXPECT_EQ(f.waiting_bytes, 1'000'000u);
+  EXPECT_EQ(f.drained_bytes, 8'000'000u);
+  EXPECT_EQ(f.drain_us, 4'000'000u);
+  EXPECT_EQ(f.saves, 4u);
+  EXPECT_EQ(f.save_us, 1'500'000u);
+  EXPECT_EQ(f.pool_in_use_bytes, 6u << 20);
+  EXPECT_EQ(f.pool_capacity_bytes, 64u << 20);
+  EXPECT_EQ(f.pool_prefaulted_bytes, 32u << 20);
+  EXPECT_EQ(f.pool_buffers, 5u);
+  EXPECT_EQ(f.pool_overflows, 3u);
+  EXPECT_EQ(f.pool_overflow_bytes, 7'000'000u);
+
+  t.set_checkpoint_stats({});  // the daemon's node is gone: no figures, no metrics
+  EXPECT_EQ(t.checkpoint_figures().pool_capacity_bytes, 0u);
+  EXPECT_EQ(t.prometheus_text().find("shardmix_checkpoint_"), std::string::npos);
 }
 
 TEST(LogComponentsTest, ParsesPairsAndNamesTheBadOne) {
