@@ -127,6 +127,19 @@ int main(int argc, char** argv) {
                saves > 0 ? get("shardmix_checkpoint_save_seconds_total") / saves : 0.0,
                get("shardmix_checkpoint_saves_waiting_for_room"));
   }
+  if (!std::isnan(get("shardmix_checkpoint_pool_capacity_bytes"))) {
+    // Overflows are the versions (trainers' saves, peers' replicas) that paid for fresh pages
+    // (decision 0068): shown under the save times they may explain, with their share.
+    const double pooled = get("shardmix_checkpoint_pool_buffers_total");
+    const double overflows = get("shardmix_checkpoint_pool_overflows_total");
+    fmt::print("  checkpoint pool: {:.1f} of {:.1f} MB in use, {:.1f} MB prefaulted; {:.0f} versions in reused "
+               "pages, {:.0f} overflows ({} of versions) into {:.1f} MB of fresh pages\n",
+               get("shardmix_checkpoint_pool_in_use_bytes") / 1e6, get("shardmix_checkpoint_pool_capacity_bytes") / 1e6,
+               get("shardmix_checkpoint_pool_prefaulted_bytes") / 1e6, pooled, overflows,
+               pooled + overflows > 0 ? fmt::format("{:.1f}%", 100 * overflows / (pooled + overflows))
+                                      : std::string("-"),
+               get("shardmix_checkpoint_pool_overflow_bytes_total") / 1e6);
+  }
   if (!std::isnan(get("shardmix_job_epoch"))) {
     fmt::print("  job:       epoch {:.0f}: {:.0f} samples/s, {:.3f} GB/s, trainers stalled {:.1f}% of the time, "
                "label entropy mean {:.3f} p5(min) {:.3f}, affinity {:.3f}\n",

@@ -4,7 +4,8 @@
 # Cases, each judged by bytes compared with cmp and by the daemons' checkpoint.dir:
 #   killed    a trainer SIGKILLed right after save returned: the version still becomes
 #             durable (wait_durable from a new process), its file holds the saved bytes,
-#             and load returns them; shardmix-stat counts the save and the drained bytes;
+#             and load returns them; shardmix-stat counts the save, the drained bytes and
+#             the pool chunks the version holds;
 #   broken    without checkpoint.dir a save is refused naming the key; checkpoint.dir
 #             cannot be created at start (a regular file is in its way): the
 #             daemons refuse to start, naming it; it breaks while serving (replaced by a
@@ -127,6 +128,15 @@ case_killed() {
     fail "drained bytes not counted: $out"
   out=$("$stat" --run-dir "$current_run_dir" --daemon 0) || fail "shardmix-stat failed: $out"
   [[ $out == *"checkpoints: "*"1 saves"* ]] || fail "shardmix-stat's summary has no checkpoint line: $out"
+  # The checkpoint pool (decision 0068): the one version, 3000 KiB, holds two 2 MiB chunks of
+  # reused pages; nothing overflowed into fresh pages.
+  [[ $out == *"checkpoint pool: 4.2 of "*"1 versions in reused pages, 0 overflows"* ]] ||
+    fail "shardmix-stat's summary has no checkpoint pool line with 1 pooled version: $out"
+  out=$("$stat" --run-dir "$current_run_dir" --daemon 0 --prometheus) || fail "shardmix-stat failed: $out"
+  [[ $out == *"shardmix_checkpoint_pool_in_use_bytes{node=\"0\"} $((2 * (2 << 20)))"* ]] ||
+    fail "pool bytes in use not counted: $out"
+  [[ $out == *'shardmix_checkpoint_pool_buffers_total{node="0"} 1'* ]] || fail "pooled version not counted: $out"
+  [[ $out == *'shardmix_checkpoint_pool_overflows_total{node="0"} 0'* ]] || fail "an overflow was counted: $out"
   stop_daemons
   echo "checkpoint_e2e: killed: PASS (saved by a trainer SIGKILLed right after save returned; durable and loadable)"
 }
