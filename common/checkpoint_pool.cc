@@ -30,6 +30,18 @@ struct CheckpointPool::Shared {
   ~Shared() {
     if (fd >= 0) ::close(fd);
   }
+  // The chunks as runs of the memfd: consecutive chunks make one run (one mapping).
+  std::vector<MemfdRun> runs_of(const std::vector<std::uint64_t>& taken) const {
+    std::vector<MemfdRun> runs;
+    for (std::uint64_t c : taken) {
+      if (!runs.empty() && runs.back().offset + runs.back().length == c * chunk_bytes) {
+        runs.back().length += chunk_bytes;
+      } else {
+        runs.push_back(MemfdRun{c * chunk_bytes, chunk_bytes});
+      }
+    }
+    return runs;
+  }
   void give_back(const std::vector<std::uint64_t>& taken) {
     std::lock_guard lock(mutex);
     free.insert(taken.begin(), taken.end());
@@ -37,40 +49,105 @@ struct CheckpointPool::Shared {
   }
 };
 
+Result<SideBySideMapping> SideBySideMapping::map(int fd, std::span<const MemfdRun> runs) {
+  SideBySideMapping out;
+  for (const MemfdRun& run : runs) out.bytes_ += run.length;
+  if (out.bytes_ == 0) return out;
+  void* reserved = mmap(nullptr, out.bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (reserved == MAP_FAILED) {
+    const int err = errno;
+    const std::uint64_t wanted = std::exchange(out.bytes_, 0);
+    return make_error(StatusCode::kResourceExhausted, "reserving a view of {} bytes: {}", wanted, std::strerror(err));
+  }
+  out.data_ = static_cast<std::uint8_t*>(reserved);
+  std::uint64_t at = 0;
+  for (const MemfdRun& run : runs) {
+    void* want = out.data_ + at;
+    if (mmap(want, run.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd,
+             static_cast<off_t>(run.offset)) != want) {
+      return make_error(StatusCode::kResourceExhausted, "mapping {} bytes at offset {} of the memfd: {}", run.length,
+                        run.offset, std::strerror(errno));  // `out` unmaps the whole view
+    }
+    at += run.length;
+  }
+  return out;
+}
+
+SideBySideMapping::SideBySideMapping(SideBySideMapping&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+SideBySideMapping& SideBySideMapping::operator=(SideBySideMapping&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) munmap(data_, bytes_);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+SideBySideMapping::~SideBySideMapping() {
+  if (data_ != nullptr) munmap(data_, bytes_);
+}
+
+void SideBySideMapping::unmap_after(std::uint64_t keep) {
+  if (keep >= bytes_) return;
+  munmap(data_ + keep, bytes_ - keep);
+  bytes_ = keep;
+  if (bytes_ == 0) data_ = nullptr;
+}
+
 namespace {
 
 // Chunks of the pool's memfd mapped side by side at one reserved address.
 class PooledBuffer final : public CheckpointBuffer {
  public:
-  PooledBuffer(std::shared_ptr<CheckpointPool::Shared> pool, std::vector<std::uint64_t> chunks, std::uint8_t* view,
-               std::uint64_t view_bytes, std::uint64_t size)
-      : pool_(std::move(pool)), chunks_(std::move(chunks)), view_(view), view_bytes_(view_bytes), size_(size) {}
+  PooledBuffer(std::shared_ptr<CheckpointPool::Shared> pool, std::vector<std::uint64_t> chunks,
+               SideBySideMapping view, std::uint64_t size)
+      : pool_(std::move(pool)), chunks_(std::move(chunks)), view_(std::move(view)), size_(size) {}
   ~PooledBuffer() override {
-    if (view_ != nullptr) munmap(view_, view_bytes_);
+    view_ = SideBySideMapping();  // unmapped before its chunks can serve another buffer
     pool_->give_back(chunks_);
   }
-  std::span<const std::uint8_t> bytes() const override { return {view_, size_}; }
-  std::span<std::uint8_t> writable() override { return {view_, size_}; }
+  std::span<const std::uint8_t> bytes() const override { return view_.bytes().first(size_); }
+  std::span<std::uint8_t> writable() override { return view_.bytes().first(size_); }
   bool pooled() const override { return true; }
+  int lease_memfd() const override { return pool_->fd; }
+  std::vector<MemfdRun> runs() const override { return pool_->runs_of(chunks_); }
+  void shrink(std::uint64_t size) override {
+    if (size >= size_) return;
+    size_ = size;
+    const std::uint64_t keep = (size + pool_->chunk_bytes - 1) / pool_->chunk_bytes;
+    if (keep == chunks_.size()) return;
+    view_.unmap_after(keep * pool_->chunk_bytes);
+    pool_->give_back(std::vector<std::uint64_t>(chunks_.begin() + static_cast<std::ptrdiff_t>(keep), chunks_.end()));
+    chunks_.resize(keep);
+  }
 
  private:
   std::shared_ptr<CheckpointPool::Shared> pool_;
   std::vector<std::uint64_t> chunks_;
-  std::uint8_t* view_;
-  std::uint64_t view_bytes_;
+  SideBySideMapping view_;
   std::uint64_t size_;
 };
 
 // Too few free chunks: a memfd of its own, as every version had before the pool.
 class OverflowBuffer final : public CheckpointBuffer {
  public:
-  explicit OverflowBuffer(CheckpointMemfd memfd) : memfd_(std::move(memfd)) {}
-  std::span<const std::uint8_t> bytes() const override { return memfd_.data(); }
-  std::span<std::uint8_t> writable() override { return memfd_.data(); }
+  explicit OverflowBuffer(CheckpointMemfd memfd) : memfd_(std::move(memfd)), size_(memfd_.size()) {}
+  std::span<const std::uint8_t> bytes() const override { return memfd_.data().first(size_); }
+  std::span<std::uint8_t> writable() override { return memfd_.data().first(size_); }
   bool pooled() const override { return false; }
+  int lease_memfd() const override { return memfd_.fd(); }
+  std::vector<MemfdRun> runs() const override {
+    const auto page = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
+    if (size_ == 0) return {};
+    return {MemfdRun{0, (size_ + page - 1) / page * page}};  // the last page's tail is in the memfd too
+  }
+  void shrink(std::uint64_t size) override { size_ = std::min(size_, size); }
 
  private:
   CheckpointMemfd memfd_;
+  std::uint64_t size_;
 };
 
 }  // namespace
@@ -152,14 +229,13 @@ Result<std::shared_ptr<CheckpointBuffer>> CheckpointPool::allocate(std::uint64_t
                                  checkpoint, size, in_use_at_overflow, shared_->chunks * chunk);
     return overflow();
   }
-  if (needed == 0) return std::shared_ptr<CheckpointBuffer>(std::make_shared<PooledBuffer>(shared_, taken, nullptr, 0, 0));
-  const std::uint64_t view_bytes = needed * chunk;
   // A view that cannot be mapped (vm.max_map_count, with the free chunks scattered) gives
   // its chunks back and overflows, as a pool short of chunks does: never a refusal.
-  const auto fail = [&](const char* step) -> Result<std::shared_ptr<CheckpointBuffer>> {
-    log::get("checkpoint")->warn("checkpoint {} ({} bytes): {} in the checkpoint pool: {}; it goes in a memfd of its "
-                                 "own (fresh pages)",
-                                 checkpoint, size, step, std::strerror(errno));
+  Result<SideBySideMapping> view = SideBySideMapping::map(shared_->fd, shared_->runs_of(taken));
+  if (!view.ok()) {
+    log::get("checkpoint")->warn("checkpoint {} ({} bytes): in the checkpoint pool, {}; it goes in a memfd of its own "
+                                 "(fresh pages)",
+                                 checkpoint, size, view.status().message());
     shared_->give_back(taken);
     {
       std::lock_guard lock(shared_->mutex);
@@ -168,25 +244,9 @@ Result<std::shared_ptr<CheckpointBuffer>> CheckpointPool::allocate(std::uint64_t
       shared_->stats.overflow_bytes += size;
     }
     return overflow();
-  };
-  void* reserved = mmap(nullptr, view_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (reserved == MAP_FAILED) return fail("reserving its view");
-  auto* view = static_cast<std::uint8_t*>(reserved);
-  // Runs of consecutive chunks map in one call; MAP_POPULATE fills the page tables at once
-  // (the pages are there already), rather than a fault per page as the bytes are written.
-  for (std::size_t first = 0; first < taken.size();) {
-    std::size_t last = first;
-    while (last + 1 < taken.size() && taken[last + 1] == taken[last] + 1) ++last;
-    void* at = view + first * chunk;
-    void* mapped = mmap(at, (last - first + 1) * chunk, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE,
-                        shared_->fd, static_cast<off_t>(taken[first] * chunk));
-    if (mapped != at) {
-      munmap(view, view_bytes);
-      return fail("mapping its chunks");
-    }
-    first = last + 1;
   }
-  return std::shared_ptr<CheckpointBuffer>(std::make_shared<PooledBuffer>(shared_, std::move(taken), view, view_bytes, size));
+  return std::shared_ptr<CheckpointBuffer>(
+      std::make_shared<PooledBuffer>(shared_, std::move(taken), std::move(*view), size));
 }
 
 bool CheckpointPool::fits(std::uint64_t size) const {

@@ -27,18 +27,59 @@
 #include <span>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "common/checkpoint_store.h"
 #include "common/status.h"
 
 namespace shardmix {
 
-// A buffer from CheckpointPool::allocate: writable while the daemon fills it (a copy of the
-// trainer's bytes, a peer's replica landing), then shared read-only as CheckpointBytes.
+// A stretch of a memfd: `length` bytes (a whole number of pages) from `offset`.
+struct MemfdRun {
+  std::uint64_t offset = 0, length = 0;
+  bool operator==(const MemfdRun&) const = default;
+};
+
+// Runs of one memfd mapped side by side, shared and writable, at one reserved address
+// (MAP_FIXED over a PROT_NONE reservation), with their page tables filled (MAP_POPULATE:
+// the pages are there already, so one call beats a fault per page). How the daemon sees a
+// pooled buffer as one span, and how a trainer sees the buffer it leases (decision 0069).
+// Unmapped when destroyed. Thread-safety: one owner.
+class SideBySideMapping {
+ public:
+  // An error (kResourceExhausted: the mapping count, vm.max_map_count, or the address
+  // space ran out) says which step failed; the caller names the checkpoint.
+  static Result<SideBySideMapping> map(int fd, std::span<const MemfdRun> runs);
+  SideBySideMapping() = default;
+  SideBySideMapping(SideBySideMapping&& other) noexcept;
+  SideBySideMapping& operator=(SideBySideMapping&& other) noexcept;
+  ~SideBySideMapping();
+
+  std::span<std::uint8_t> bytes() const { return {data_, bytes_}; }
+  // Unmaps everything past the first `keep` bytes (a multiple of the page).
+  void unmap_after(std::uint64_t keep);
+
+ private:
+  std::uint8_t* data_ = nullptr;
+  std::uint64_t bytes_ = 0;
+};
+
+// A buffer from CheckpointPool::allocate: writable while it is filled (a copy of the
+// trainer's bytes, a trainer's lease, a peer's replica landing), then shared read-only as
+// CheckpointBytes.
 class CheckpointBuffer : public CheckpointBytes {
  public:
   virtual std::span<std::uint8_t> writable() = 0;
   virtual bool pooled() const = 0;  // false: an overflow, in a memfd of its own
+  // Where the bytes are, for a trainer to map them and write its checkpoint in place (a
+  // lease, decision 0069): a memfd the buffer owns (the pool's, for a pooled buffer: never
+  // CheckpointBytes::memfd(), which a load hands to any trainer), and the runs of it
+  // that, side by side, make the buffer (whole pages, at least size() bytes).
+  virtual int lease_memfd() const = 0;
+  virtual std::vector<MemfdRun> runs() const = 0;
+  // Keeps the first `size` bytes only (a lease filled with fewer than it asked for); the
+  // whole chunks past them go back to the pool. Before the buffer is shared.
+  virtual void shrink(std::uint64_t size) = 0;
 };
 
 struct CheckpointPoolStats {

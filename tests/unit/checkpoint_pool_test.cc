@@ -116,6 +116,50 @@ TEST(CheckpointPoolTest, AChunkThatIsNotWholePagesIsRefused) {
   EXPECT_EQ(CheckpointPool::create(kChunk, false, 1000).status().code(), StatusCode::kInvalidArgument);
 }
 
+// A lease (decision 0069): the trainer maps the buffer's runs of its memfd and writes there;
+// the daemon's view must then hold those very bytes, with no copy in between. Checked for
+// a buffer whose chunks are not consecutive (two runs) and for an overflow.
+TEST(CheckpointPoolTest, TheRunsOfABuffersMemfdMappedElsewhereAreTheBufferItself) {
+  auto pool = make_pool(6 * kChunk);
+  auto a = pool->allocate(kChunk, "a");
+  auto b = pool->allocate(kChunk, "b");
+  auto c = pool->allocate(kChunk, "c");
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  b->reset();  // chunk 1 free between 0 and 2: the next buffer is chunks 1, 3 and 4
+  auto pooled = pool->allocate(2 * kChunk + 100, "leased");
+  auto held = pool->allocate(kChunk, "held");  // the pool's last chunk
+  auto overflow = pool->allocate(2 * kChunk, "spilled");
+  ASSERT_TRUE(pooled.ok() && held.ok() && overflow.ok());
+  ASSERT_TRUE((*pooled)->pooled());
+  ASSERT_FALSE((*overflow)->pooled());
+  EXPECT_EQ((*pooled)->runs(), (std::vector<MemfdRun>{{kChunk, kChunk}, {3 * kChunk, 2 * kChunk}}));
+  for (const auto* buffer : {&*pooled, &*overflow}) {
+    const std::vector<MemfdRun> runs = (*buffer)->runs();
+    Result<SideBySideMapping> trainer = SideBySideMapping::map((*buffer)->lease_memfd(), runs);
+    ASSERT_TRUE(trainer.ok()) << trainer.status().to_string();
+    ASSERT_GE(trainer->bytes().size(), (*buffer)->bytes().size());
+    fill(trainer->bytes().first((*buffer)->bytes().size()), 21);
+    EXPECT_TRUE(holds((*buffer)->bytes(), 21));
+  }
+}
+
+TEST(CheckpointPoolTest, ShrinkingABufferKeepsItsBytesAndGivesItsWholeChunksBack) {
+  auto pool = make_pool(8 * kChunk);
+  auto buffer = pool->allocate(5 * kChunk, "rank0");
+  ASSERT_TRUE(buffer.ok());
+  fill((*buffer)->writable(), 5);
+  (*buffer)->shrink(2 * kChunk + 1);
+  EXPECT_EQ((*buffer)->bytes().size(), 2 * kChunk + 1);
+  EXPECT_TRUE(holds((*buffer)->bytes(), 5));
+  EXPECT_EQ(pool->stats().bytes_in_use, 3 * kChunk);
+  EXPECT_EQ((*buffer)->runs(), (std::vector<MemfdRun>{{0, 3 * kChunk}}));
+  EXPECT_TRUE(pool->fits(5 * kChunk));
+  (*buffer)->shrink(4 * kChunk);  // never grows back
+  EXPECT_EQ((*buffer)->bytes().size(), 2 * kChunk + 1);
+  buffer->reset();
+  EXPECT_EQ(pool->stats().bytes_in_use, 0u);
+}
+
 TEST(CheckpointSaveBufferTest, TheDaemonMapsWhatTheTrainerWroteAndTheBufferIsReused) {
   Result<CheckpointSaveBuffer> buffer = CheckpointSaveBuffer::create();
   ASSERT_TRUE(buffer.ok()) << buffer.status().to_string();
