@@ -1,5 +1,7 @@
 #include "proto/wire.h"
 
+#include <unistd.h>
+
 #include "proto/checkpoint.h"
 
 #include <cstddef>
@@ -85,6 +87,13 @@ void encode(std::vector<std::uint8_t>& out, const CheckpointWelcome& m) {
 void encode(std::vector<std::uint8_t>& out, const CheckpointSave& m) { encode_frame(out, FrameType::kCheckpointSave, m); }
 void encode(std::vector<std::uint8_t>& out, FrameType type, const CheckpointRequest& m) { encode_frame(out, type, m); }
 void encode(std::vector<std::uint8_t>& out, const CheckpointReply& m) { encode_frame(out, FrameType::kCheckpointReply, m); }
+void encode_checkpoint_lease(std::vector<std::uint8_t>& out, const CheckpointSave& m) {
+  encode_frame(out, FrameType::kCheckpointLease, m);
+}
+void encode(std::vector<std::uint8_t>& out, const CheckpointLeaseGrant& m) {
+  encode_frame(out, FrameType::kCheckpointLeaseGrant, m);
+}
+void encode(std::vector<std::uint8_t>& out, FrameType type, const CheckpointCommit& m) { encode_frame(out, type, m); }
 void encode(std::vector<std::uint8_t>& out, const CheckpointListing& m) {
   encode_frame(out, FrameType::kCheckpointListing, m);
 }
@@ -102,7 +111,10 @@ std::int64_t request_payload_bytes(FrameType type) {
     case FrameType::kGetCatalog: return 0;
     case FrameType::kGetStats: return 0;
     case FrameType::kCheckpointHello: return static_cast<std::int64_t>(encoded_size(Hello{}));
-    case FrameType::kCheckpointSave: return static_cast<std::int64_t>(encoded_size(CheckpointSave{}));  // no name
+    case FrameType::kCheckpointSave:
+    case FrameType::kCheckpointLease: return static_cast<std::int64_t>(encoded_size(CheckpointSave{}));  // no name
+    case FrameType::kCheckpointCommit:
+    case FrameType::kCheckpointAbandon: return static_cast<std::int64_t>(encoded_size(CheckpointCommit{}));
     case FrameType::kCheckpointWaitDurable:
     case FrameType::kCheckpointLoad:
     case FrameType::kCheckpointList: return static_cast<std::int64_t>(encoded_size(CheckpointRequest{}));
@@ -114,7 +126,7 @@ std::int64_t request_payload_max_bytes(FrameType type) {
   if (type == FrameType::kStartEpoch) {
     return request_payload_bytes(type) + static_cast<std::int64_t>(kMaxCheckpointBytes);
   }
-  if (type == FrameType::kCheckpointSave || type == FrameType::kCheckpointWaitDurable ||
+  if (type == FrameType::kCheckpointSave || type == FrameType::kCheckpointLease || type == FrameType::kCheckpointWaitDurable ||
       type == FrameType::kCheckpointLoad || type == FrameType::kCheckpointList) {
     return request_payload_bytes(type) + static_cast<std::int64_t>(kMaxCheckpointNameBytes);
   }
@@ -194,6 +206,27 @@ std::string decode(Payload payload, CheckpointWelcome& out) { return decode_fiel
 std::string decode(Payload payload, CheckpointSave& out) { return decode_fields(payload, "checkpoint-save frame", out); }
 std::string decode(Payload payload, CheckpointRequest& out) { return decode_fields(payload, "checkpoint request frame", out); }
 std::string decode(Payload payload, CheckpointReply& out) { return decode_fields(payload, "checkpoint-reply frame", out); }
+std::string decode(Payload payload, CheckpointCommit& out) { return decode_fields(payload, "checkpoint-commit frame", out); }
+
+std::string decode(Payload payload, CheckpointLeaseGrant& out) {
+  std::string err = decode_fields(payload, "checkpoint-lease-grant frame", out);
+  if (!err.empty()) return err;
+  const auto page = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < out.run_lengths.size(); ++i) {
+    if (out.run_lengths[i] == 0 || out.run_lengths[i] % page != 0 || out.run_offsets[i] % page != 0) {
+      return "checkpoint-lease-grant frame: run " + std::to_string(i) + " (" + std::to_string(out.run_lengths[i]) +
+             " bytes at offset " + std::to_string(out.run_offsets[i]) + ") is not whole pages";
+    }
+    if (out.run_lengths[i] > ~std::uint64_t{0} - total) return "checkpoint-lease-grant frame: its runs' lengths overflow";
+    total += out.run_lengths[i];
+  }
+  if (out.code == 0 && total < out.size) {
+    return "checkpoint-lease-grant frame: its runs hold " + std::to_string(total) + " bytes, the lease " +
+           std::to_string(out.size);
+  }
+  return {};
+}
 
 std::string decode(std::span<const std::uint8_t> payload, CheckpointListing& out) {
   std::string err = decode_fields(payload, "checkpoint-listing frame", out);

@@ -31,13 +31,14 @@
 namespace shardmix::proto {
 
 inline constexpr std::uint32_t kMagic = 0x31584d53;  // "SMX1" little-endian
-inline constexpr std::uint16_t kProtocolVersion = 8;  // 2: stream ids on epoch frames; 3: quality figures;
+inline constexpr std::uint16_t kProtocolVersion = 9;  // 2: stream ids on epoch frames; 3: quality figures;
                                                       // 4: trainer wait in Release, GetStats/Stats;
                                                       // 5: checkpoint/resume (plan identity in Welcome,
                                                       //    resume blob in StartEpoch, plan positions in Batch)
                                                       // 6: Keepalive
                                                       // 7: unreadable samples skipped (descriptor flag, EpochStats)
                                                       // 8: model checkpoint connections (kCheckpointHello ..)
+                                                      // 9: checkpoint leases (kCheckpointLease ..)
 // A daemon sends a Keepalive to a trainer it has sent nothing else for this long, so that a
 // trainer can tell a daemon with nothing ready yet (slow storage, a peer's reads) from a
 // stopped or hung one (decision 0036) with a short receive timeout.
@@ -70,8 +71,14 @@ enum class FrameType : std::uint16_t {
   kCheckpointList = 18,         // client -> daemon: CheckpointRequest (empty name)
   kCheckpointReply = 19,        // daemon -> client: a request's outcome (+ a sealed memfd for a load)
   kCheckpointListing = 20,      // daemon -> client: the reply to a CheckpointList
+  // A lease (docs/decisions/0069): the trainer writes a checkpoint straight into memory of
+  // the daemon's checkpoint pool, then commits it, and the daemon saves it without a copy.
+  kCheckpointLease = 21,       // client -> daemon: CheckpointSave (no memfd; length: the bytes to lease)
+  kCheckpointLeaseGrant = 22,  // daemon -> client: CheckpointLeaseGrant (+ the memfd to map, when granted)
+  kCheckpointCommit = 23,      // client -> daemon: CheckpointCommit; a CheckpointReply as for a save
+  kCheckpointAbandon = 24,     // client -> daemon: CheckpointCommit (length 0); a CheckpointReply
 };
-inline constexpr FrameType kLastFrameType = FrameType::kCheckpointListing;
+inline constexpr FrameType kLastFrameType = FrameType::kCheckpointAbandon;
 
 struct FrameHeader {
   std::uint32_t magic;
@@ -294,6 +301,38 @@ struct CheckpointReply {
   }
 };
 
+// Most runs a lease's memory comes in (a pool's chunks, consecutive ones merged).
+inline constexpr std::uint32_t kMaxCheckpointLeaseRuns = 1u << 20;
+
+// code 0: lease `lease` of `size` bytes, which are the runs (run_offsets[i], run_lengths[i]
+// bytes, whole pages) of the memfd sent with this frame, placed side by side; the trainer
+// maps them, closes the memfd and writes. Else a StatusCode and the daemon's message.
+struct CheckpointLeaseGrant {
+  std::uint64_t request = 0;
+  std::uint16_t code = 0;
+  std::uint64_t lease = 0, size = 0;
+  std::vector<std::uint64_t> run_offsets, run_lengths;
+  std::string message;
+
+  template <typename Self, typename Visit>
+  static void fields(Self& m, Visit&& visit) {
+    visit("request", m.request), visit("code", m.code), visit("lease", m.lease), visit("size", m.size);
+    visit("runs", counted(kMaxCheckpointLeaseRuns, m.run_offsets, m.run_lengths));
+    visit("message", counted(~std::uint32_t{0}, m.message));
+  }
+};
+
+// Commit: the first `length` bytes of lease `lease` are the next version of the name it
+// was granted for (the trainer has unmapped them). Abandon: the lease goes back unsaved.
+struct CheckpointCommit {
+  std::uint64_t request = 0, lease = 0, length = 0;
+
+  template <typename Self, typename Visit>
+  static void fields(Self& m, Visit&& visit) {
+    visit("request", m.request), visit("lease", m.lease), visit("length", m.length);
+  }
+};
+
 // Every listed version: names[i] is the next name_bytes[i] bytes of `names`.
 struct CheckpointListing {
   std::uint64_t request = 0;
@@ -339,6 +378,11 @@ void encode(std::vector<std::uint8_t>& out, const CheckpointSave& m);
 void encode(std::vector<std::uint8_t>& out, FrameType type, const CheckpointRequest& m);
 void encode(std::vector<std::uint8_t>& out, const CheckpointReply& m);
 void encode(std::vector<std::uint8_t>& out, const CheckpointListing& m);
+// kCheckpointLease carries a CheckpointSave payload.
+void encode_checkpoint_lease(std::vector<std::uint8_t>& out, const CheckpointSave& m);
+void encode(std::vector<std::uint8_t>& out, const CheckpointLeaseGrant& m);
+// `type`: kCheckpointCommit or kCheckpointAbandon.
+void encode(std::vector<std::uint8_t>& out, FrameType type, const CheckpointCommit& m);
 // The job token (common/job_token.h, docs/decisions/0024) travels in the Hello frame's
 // header `reserved` field, so the Hello payload layout is unchanged (0 = no token).
 // Sets it in an encoded frame that starts at `frame[0]` (a Hello from encode()).
@@ -358,6 +402,9 @@ std::string decode(std::span<const std::uint8_t> payload, CheckpointWelcome& out
 std::string decode(std::span<const std::uint8_t> payload, CheckpointSave& out);
 std::string decode(std::span<const std::uint8_t> payload, CheckpointRequest& out);
 std::string decode(std::span<const std::uint8_t> payload, CheckpointReply& out);
+// Also checks that every run is a whole number of pages and that they add up to at least `size`.
+std::string decode(std::span<const std::uint8_t> payload, CheckpointLeaseGrant& out);
+std::string decode(std::span<const std::uint8_t> payload, CheckpointCommit& out);
 // Also checks that the name lengths add up to the names' bytes.
 std::string decode(std::span<const std::uint8_t> payload, CheckpointListing& out);
 // kStats: the payload is UTF-8 text; checks only that it holds no NUL byte.

@@ -14,6 +14,8 @@
 // layout has exactly one encoding per value: encode(decode(x)) == x), and that decodes
 // again; Hello and Batch values satisfy the invariants their decoders promise; the
 // daemon's fixed request sizes match what the encoders write.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <span>
@@ -38,7 +40,8 @@ constexpr FrameType kKnownTypes[] = {
     FrameType::kCatalog, FrameType::kGetStats, FrameType::kStats,      FrameType::kKeepalive,
     FrameType::kCheckpointHello, FrameType::kCheckpointWelcome, FrameType::kCheckpointSave,
     FrameType::kCheckpointWaitDurable, FrameType::kCheckpointLoad, FrameType::kCheckpointList,
-    FrameType::kCheckpointReply, FrameType::kCheckpointListing};
+    FrameType::kCheckpointReply, FrameType::kCheckpointListing, FrameType::kCheckpointLease,
+    FrameType::kCheckpointLeaseGrant, FrameType::kCheckpointCommit, FrameType::kCheckpointAbandon};
 
 std::string frame_name(FrameType type) { return "frame type " + std::to_string(static_cast<int>(type)); }
 
@@ -60,6 +63,8 @@ void check_header(Span bytes, const std::string& err, const FrameHeader& h) {
 
 // The checkpoint requests share one layout; the round trip encodes it as a load.
 void encode(Bytes& frame, const CheckpointRequest& m) { shardmix::proto::encode(frame, FrameType::kCheckpointLoad, m); }
+// So do commit and abandon (a lease's CheckpointSave payload is the save's, checked above).
+void encode(Bytes& frame, const CheckpointCommit& m) { shardmix::proto::encode(frame, FrameType::kCheckpointCommit, m); }
 
 // encode(decode(payload)) must be a well-formed frame of `type` carrying exactly `payload`.
 template <typename Message>
@@ -141,6 +146,20 @@ void run_every_decoder(Span payload) {
   }
   if (CheckpointReply m; try_decode(payload, FrameType::kCheckpointReply, m)) {
   }
+  if (CheckpointLeaseGrant m; try_decode(payload, FrameType::kCheckpointLeaseGrant, m)) {
+    // The trainer writes `size` bytes into the runs it maps: they must hold them.
+    const auto page = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
+    std::uint64_t total = 0;
+    for (std::size_t i = 0; i < m.run_lengths.size(); ++i) {
+      FUZZ_CHECK(m.run_lengths[i] > 0 && m.run_lengths[i] % page == 0 && m.run_offsets[i] % page == 0,
+                 "lease grant with a run that is not whole pages accepted");
+      FUZZ_CHECK(m.run_lengths[i] <= ~std::uint64_t{0} - total, "lease grant whose runs overflow accepted");
+      total += m.run_lengths[i];
+    }
+    FUZZ_CHECK(m.code != 0 || total >= m.size, "lease grant whose runs are shorter than the lease accepted");
+  }
+  if (CheckpointCommit m; try_decode(payload, FrameType::kCheckpointCommit, m)) {
+  }
   if (CheckpointListing m; try_decode(payload, FrameType::kCheckpointListing, m)) {
     std::size_t total = 0;
     for (const std::uint32_t n : m.name_bytes) total += n;
@@ -188,6 +207,14 @@ void check_request_sizes() {
   FUZZ_CHECK(request_payload_bytes(FrameType::kCheckpointSave) ==
                  payload_size([](Bytes& f) { encode(f, CheckpointSave{}); }),
              "checkpoint-save size without a name");
+  FUZZ_CHECK(request_payload_bytes(FrameType::kCheckpointLease) ==
+                 payload_size([](Bytes& f) { encode_checkpoint_lease(f, CheckpointSave{}); }),
+             "checkpoint-lease size without a name");
+  for (auto type : {FrameType::kCheckpointCommit, FrameType::kCheckpointAbandon}) {
+    FUZZ_CHECK(request_payload_bytes(type) ==
+                   payload_size([type](Bytes& f) { shardmix::proto::encode(f, type, CheckpointCommit{}); }),
+               frame_name(type) + " size");
+  }
   for (auto type : {FrameType::kCheckpointWaitDurable, FrameType::kCheckpointLoad, FrameType::kCheckpointList}) {
     FUZZ_CHECK(request_payload_bytes(type) ==
                    payload_size([type](Bytes& f) { shardmix::proto::encode(f, type, CheckpointRequest{}); }),
@@ -195,7 +222,7 @@ void check_request_sizes() {
   }
   for (auto type : {FrameType::kWelcome, FrameType::kError, FrameType::kBatch, FrameType::kEpochEnd,
                     FrameType::kCatalog, FrameType::kStats, FrameType::kKeepalive, FrameType::kCheckpointWelcome,
-                    FrameType::kCheckpointReply, FrameType::kCheckpointListing}) {
+                    FrameType::kCheckpointReply, FrameType::kCheckpointListing, FrameType::kCheckpointLeaseGrant}) {
     FUZZ_CHECK(request_payload_bytes(type) < 0, frame_name(type) + " is a reply, not a request");
   }
   // A keepalive is a bare header: the client rejects one with a payload.

@@ -3,6 +3,7 @@
 // protocol version 8 and checkpoint format 1), to exactly its walked size, and every
 // truncation of it fails naming the field and offset where the bytes ran out.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -56,26 +57,33 @@ Bytes frame_of(const CheckpointRequest& m) {
   return frame;
 }
 
+// Commit and abandon share one layout too.
+Bytes frame_of(const CheckpointCommit& m) {
+  Bytes frame;
+  encode(frame, FrameType::kCheckpointCommit, m);
+  return frame;
+}
+
 CheckpointListing sample_listing() { return CheckpointListing{9, {3, 1}, {5, 5}, "rank0model"}; }
 
 TEST(Wire, EveryMessageEncodesToItsPinnedBytes) {
-  EXPECT_EQ(hex(frame_of(Hello{3, 8, 4242})), "534d5831080001000c00000000000000030000000800000092100000");
+  EXPECT_EQ(hex(frame_of(Hello{3, 8, 4242})), "534d5831090001000c00000000000000030000000800000092100000");
   EXPECT_EQ(hex(frame_of(sample_welcome())),
-            "534d5831080002006c0000000000000001000000040000000200000003000000e803000000000000100000000000"
+            "534d5831090002006c0000000000000001000000040000000200000003000000e803000000000000100000000000"
             "00007d0000000000000000001000000000000000010000000000efbeadde000000004d0000000000000008000000"
             "0100000005000000020000000000000034120000000000000900000000000000");
   EXPECT_EQ(hex(frame_of(ErrorFrame{6, "trainer world size 3 does not match"})),
-            "534d5831080003002900000000000000060023000000747261696e657220776f726c642073697a65203320646f65"
+            "534d5831090003002900000000000000060023000000747261696e657220776f726c642073697a65203320646f65"
             "73206e6f74206d61746368");
-  EXPECT_EQ(hex(frame_of(StartEpoch{2, 5, {}})), "534d58310800040014000000000000000200000000000000050000000000000000000000");
+  EXPECT_EQ(hex(frame_of(StartEpoch{2, 5, {}})), "534d58310900040014000000000000000200000000000000050000000000000000000000");
   EXPECT_EQ(hex(frame_of(sample_batch())),
-            "534d5831080005006c000000000000000100000000000000020000000000000003000000000000000200000011000000"
+            "534d5831090005006c000000000000000100000000000000020000000000000003000000000000000200000011000000"
             "040000000000000000000000001000000000000000c00100000000000800000003000000010000000102010000000000"
             "00000000000000000000000018000000000000000000000000000000");
   EXPECT_EQ(hex(frame_of(Release{2, 5, 7, 123})),
-            "534d58310800060020000000000000000200000000000000050000000000000007000000000000007b00000000000000");
+            "534d58310900060020000000000000000200000000000000050000000000000007000000000000007b00000000000000");
   EXPECT_EQ(hex(frame_of(sample_epoch_stats())),
-            "534d5831080007008c000000000000000100000000000000020000000000000003000000000000000400000000000000"
+            "534d5831090007008c000000000000000100000000000000020000000000000003000000000000000400000000000000"
             "050000000000000006000000000000000700000000000000080000000000000009000000000000000a00000000000000"
             "0b000000000000000c00000000000000000000000000d03f0d0000000e00000000000000000000000000f83f00000000"
             "0000e83f000000000000c03f");
@@ -86,7 +94,7 @@ TEST(Wire, EveryMessageEncodesToItsPinnedBytes) {
   // The resume blob travels inside the StartEpoch as it is.
   const Bytes blob = encode_checkpoint(sample_checkpoint());
   EXPECT_EQ(hex(frame_of(StartEpoch{2, 5, blob})),
-            "534d58310800040098000000000000000200000000000000050000000000000084000000" + hex(blob));
+            "534d58310900040098000000000000000200000000000000050000000000000084000000" + hex(blob));
 }
 
 // The encoded size of every message is the size its field list walks to, and the header says so.
@@ -261,10 +269,10 @@ TEST(Wire, CheckpointBoolAndPaddingHaveOneEncoding) {
 // The checkpoint connection's frames (docs/decisions/0056) follow the same field lists.
 TEST(Wire, CheckpointFramesEncodeToTheirPinnedBytesAndNameTruncations) {
   EXPECT_EQ(hex(frame_of(CheckpointSave{4, 4096, "rank0"})),
-            "534d583108000f001900000000000000040000000000000000100000000000000500000072616e6b30");
+            "534d583109000f001900000000000000040000000000000000100000000000000500000072616e6b30");
   Bytes hello;
   encode_checkpoint_hello(hello, Hello{3, 8, 4242});
-  EXPECT_EQ(hex(hello), "534d583108000d000c00000000000000030000000800000092100000");
+  EXPECT_EQ(hex(hello), "534d583109000d000c00000000000000030000000800000092100000");
   expect_walked_size(CheckpointWelcome{1, 2, 1 << 20, 1});
   expect_walked_size(CheckpointSave{4, 4096, "rank0"});
   expect_walked_size(CheckpointRequest{5, "rank0"});
@@ -283,6 +291,48 @@ TEST(Wire, CheckpointFramesEncodeToTheirPinnedBytesAndNameTruncations) {
   // Replies are not requests.
   EXPECT_EQ(request_payload_bytes(FrameType::kCheckpointReply), -1);
   EXPECT_EQ(request_payload_bytes(FrameType::kCheckpointListing), -1);
+}
+
+// A lease (decision 0069): its frames follow their field lists, and a grant's runs must be
+// whole pages that hold the lease, since the trainer writes that many bytes into them.
+TEST(Wire, LeaseFramesFollowTheirFieldsAndAGrantsRunsMustHoldTheLease) {
+  const auto page = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
+  const CheckpointLeaseGrant grant{7, 0, 3, 3 * page - 10, {0, 8 * page}, {page, 2 * page}, ""};
+  expect_walked_size(grant);
+  expect_truncations_name_the_field(grant, "checkpoint-lease-grant frame");
+  expect_walked_size(CheckpointCommit{8, 3, 100});
+  expect_truncations_name_the_field(CheckpointCommit{8, 3, 100}, "checkpoint-commit frame");
+  const auto decoded = [](const CheckpointLeaseGrant& g) {
+    const Bytes frame = frame_of(g);
+    CheckpointLeaseGrant back;
+    return decode(std::span(frame).subspan(sizeof(FrameHeader)), back);
+  };
+  EXPECT_EQ(decoded(grant), "");
+  CheckpointLeaseGrant short_runs = grant;
+  short_runs.size = 3 * page + 1;
+  EXPECT_EQ(decoded(short_runs), "checkpoint-lease-grant frame: its runs hold " + std::to_string(3 * page) +
+                                     " bytes, the lease " + std::to_string(3 * page + 1));
+  CheckpointLeaseGrant torn = grant;
+  torn.run_lengths[1] = 100;
+  EXPECT_EQ(decoded(torn), "checkpoint-lease-grant frame: run 1 (100 bytes at offset " + std::to_string(8 * page) +
+                               ") is not whole pages");
+  CheckpointLeaseGrant wrapping = grant;
+  wrapping.run_lengths = {page, ~std::uint64_t{0} / page * page};
+  EXPECT_EQ(decoded(wrapping), "checkpoint-lease-grant frame: its runs' lengths overflow");
+  const CheckpointLeaseGrant refused{7, 7, 0, 4096, {}, {}, "checkpoint 'b': this connection holds a lease already"};
+  EXPECT_EQ(decoded(refused), "");  // a refusal has no runs
+  Bytes lease;
+  encode_checkpoint_lease(lease, CheckpointSave{1, 10, "rank0"});
+  FrameHeader h{};
+  ASSERT_EQ(decode_header(std::span(lease).first(sizeof(h)), h), "");
+  EXPECT_EQ(h.type, static_cast<std::uint16_t>(FrameType::kCheckpointLease));
+  EXPECT_EQ(request_payload_bytes(FrameType::kCheckpointLease), request_payload_bytes(FrameType::kCheckpointSave));
+  EXPECT_EQ(request_payload_max_bytes(FrameType::kCheckpointLease),
+            request_payload_max_bytes(FrameType::kCheckpointSave));
+  EXPECT_EQ(request_payload_bytes(FrameType::kCheckpointCommit),
+            static_cast<std::int64_t>(frame_of(CheckpointCommit{}).size() - sizeof(FrameHeader)));
+  EXPECT_EQ(request_payload_bytes(FrameType::kCheckpointAbandon), request_payload_bytes(FrameType::kCheckpointCommit));
+  EXPECT_EQ(request_payload_bytes(FrameType::kCheckpointLeaseGrant), -1);
 }
 
 TEST(Wire, CheckpointListingNamesMustAddUp) {
