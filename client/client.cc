@@ -2,6 +2,7 @@
 
 #include "common/checkpoint_file.h"
 #include "common/checkpoint_memfd.h"
+#include "common/checkpoint_pool.h"
 #include "common/config.h"
 #include "common/job_token.h"
 #include "common/trace.h"
@@ -444,12 +445,111 @@ class DaemonConnection {
 
   Result<std::uint64_t> save_checkpoint(std::string_view name, std::uint64_t size,
                                         const std::function<void(std::span<std::uint8_t>)>& write) {
-    SHARDMIX_RETURN_IF_ERROR(validate_checkpoint_name(name));  // before any memory is taken for it
+    SHARDMIX_ASSIGN_OR_RETURN(CheckpointLease lease, lease_checkpoint(name, size));
+    write(lease.bytes);
+    return save_lease(lease, size);
+  }
+
+  // A lease (decision 0069): the daemon allocates `size` bytes of its checkpoint pool and
+  // passes its memfd and the runs of it that make them; they are mapped side by side here
+  // and the memfd closed at once, so this process can reach those runs only, and only
+  // through the mapping that save_lease and abandon_lease unmap.
+  Result<CheckpointLease> lease_checkpoint(std::string_view name, std::uint64_t size) {
+    SHARDMIX_RETURN_IF_ERROR(validate_checkpoint_name(name));
     SHARDMIX_ASSIGN_OR_RETURN(DaemonConnection * channel, checkpoint_channel());
-    SHARDMIX_ASSIGN_OR_RETURN(CheckpointSaveBuffer * buffer, save_buffer());
-    SHARDMIX_ASSIGN_OR_RETURN(std::span<std::uint8_t> into, buffer->writable(size));
-    write(into);
-    return hand_over_buffer(*channel, name, size);
+    if (lease_id_ != 0) SHARDMIX_RETURN_IF_ERROR(end_lease(*channel, lease_id_, false, 0).status());
+    const std::int64_t begin = trace::start();
+    const std::uint64_t request = next_request_++;
+    std::vector<std::uint8_t> frame;
+    proto::encode_checkpoint_lease(frame, proto::CheckpointSave{request, size, std::string(name)});
+    SHARDMIX_RETURN_IF_ERROR(channel->send(frame));
+    proto::FrameHeader header{};
+    Status received = channel->receive(header, channel->payload_);
+    std::vector<int> fds = std::exchange(channel->received_fds_, {});
+    struct Closer {
+      std::vector<int>& fds;
+      ~Closer() {
+        for (int fd : fds) ::close(fd);
+      }
+    } closer{fds};
+    SHARDMIX_RETURN_IF_ERROR(received);
+    if (header.type != static_cast<std::uint16_t>(proto::FrameType::kCheckpointLeaseGrant)) {
+      return make_error(StatusCode::kProtocol, "expected a checkpoint lease from the daemon of node {}, got frame type {}",
+                        node_, header.type);
+    }
+    proto::CheckpointLeaseGrant grant;
+    if (auto err = proto::decode(channel->payload_, grant); !err.empty()) return Status(StatusCode::kProtocol, err);
+    if (grant.request != request) {
+      return make_error(StatusCode::kProtocol, "the daemon of node {} answered request {}, not {}", node_, grant.request,
+                        request);
+    }
+    if (grant.code != 0) {
+      return Status(static_cast<StatusCode>(grant.code), "daemon of node " + std::to_string(node_) + ": " + grant.message);
+    }
+    lease_id_ = grant.lease;  // from here on the daemon holds it for us: given back below on any error
+    std::vector<MemfdRun> runs;
+    for (std::size_t i = 0; i < grant.run_offsets.size(); ++i) runs.push_back({grant.run_offsets[i], grant.run_lengths[i]});
+    Result<SideBySideMapping> view = make_error(StatusCode::kProtocol, "the daemon of node {} leased {} bytes for "
+                                                "checkpoint '{}' but passed no memfd", node_, size, name);
+    if (runs.empty()) {
+      view = SideBySideMapping();
+    } else if (!fds.empty()) {
+      view = SideBySideMapping::map(fds.front(), runs);
+    }
+    if (view.ok() && grant.size != size) {
+      view = make_error(StatusCode::kProtocol, "the daemon of node {} leased {} bytes for checkpoint '{}', not {}", node_,
+                        grant.size, name, size);
+    }
+    if (!view.ok()) {
+      const Status failed(view.status().code(), fmt::format("checkpoint {}: its lease of {} bytes: {}", name, size,
+                                                            view.status().message()));
+      (void)end_lease(*channel, lease_id_, false, 0);
+      return failed;
+    }
+    lease_view_ = std::move(*view);
+    lease_begin_ = begin;
+    return CheckpointLease{lease_id_, std::string(name), lease_view_.bytes().first(size)};
+  }
+
+  Result<std::uint64_t> save_lease(const CheckpointLease& lease, std::uint64_t length) {
+    SHARDMIX_RETURN_IF_ERROR(check_lease(lease));
+    if (length > lease.bytes.size()) {
+      return make_error(StatusCode::kInvalidArgument, "checkpoint {}: saving {} bytes of a lease of {}", lease.name,
+                        length, lease.bytes.size());
+    }
+    SHARDMIX_ASSIGN_OR_RETURN(DaemonConnection * channel, checkpoint_channel());
+    SHARDMIX_ASSIGN_OR_RETURN(proto::CheckpointReply reply, end_lease(*channel, lease.id, true, length));
+    trace::span(trace::What::kCheckpointSave, 0, lease_begin_, trace::kAlways, {reply.version, length});
+    return reply.version;
+  }
+
+  Status abandon_lease(const CheckpointLease& lease) {
+    SHARDMIX_RETURN_IF_ERROR(check_lease(lease));
+    SHARDMIX_ASSIGN_OR_RETURN(DaemonConnection * channel, checkpoint_channel());
+    return end_lease(*channel, lease.id, false, 0).status();
+  }
+
+  bool holds_lease(const CheckpointLease& lease) const { return lease.id != 0 && lease.id == lease_id_; }
+
+  Status check_lease(const CheckpointLease& lease) const {
+    if (holds_lease(lease)) return Status::ok_status();
+    return make_error(StatusCode::kInvalidArgument,
+                      "checkpoint {}: lease {} is not this client's (it was saved, abandoned or replaced by a newer one)",
+                      lease.name, lease.id);
+  }
+
+  // Unmaps the lease first, so that nothing here can write into memory the daemon saves
+  // or reuses, then commits it (`commit`) or gives it back.
+  Result<proto::CheckpointReply> end_lease(DaemonConnection& channel, std::uint64_t lease, bool commit,
+                                           std::uint64_t length) {
+    lease_view_ = SideBySideMapping();
+    lease_id_ = 0;
+    const std::uint64_t request = next_request_++;
+    std::vector<std::uint8_t> frame;
+    proto::encode(frame, commit ? proto::FrameType::kCheckpointCommit : proto::FrameType::kCheckpointAbandon,
+                  proto::CheckpointCommit{request, lease, length});
+    SHARDMIX_RETURN_IF_ERROR(channel.send(frame));
+    return channel.checkpoint_reply(request);
   }
 
   // This client's save buffer (decision 0068), made on first use and kept: its pages are
@@ -815,7 +915,11 @@ class DaemonConnection {
   Mapping staging_;
   std::vector<std::uint8_t> payload_;
   std::optional<Catalog> catalog_;
-  std::optional<CheckpointSaveBuffer> save_buffer_;  // made on the first save
+  std::optional<CheckpointSaveBuffer> save_buffer_;  // made on the first save_buffer
+  // The checkpoint lease held (id 0: none) and this process's mapping of it.
+  std::uint64_t lease_id_ = 0;
+  SideBySideMapping lease_view_;
+  std::int64_t lease_begin_ = 0;  // trace start of the save it is for
   bool in_epoch_ = false;
   std::uint64_t next_stream_ = 1;
   std::uint64_t current_stream_ = 0;
@@ -1204,6 +1308,20 @@ std::uint64_t Client::save(std::string_view name, std::uint64_t size,
                            const std::function<void(std::span<std::uint8_t>)>& write) {
   return value_or_throw(connection_->save_checkpoint(name, size, write));
 }
+
+CheckpointLease Client::lease_checkpoint(std::string_view name, std::uint64_t size) {
+  return value_or_throw(connection_->lease_checkpoint(name, size));
+}
+
+std::uint64_t Client::save_lease(const CheckpointLease& lease, std::uint64_t length) {
+  return value_or_throw(connection_->save_lease(lease, length));
+}
+
+void Client::abandon_lease(const CheckpointLease& lease) {
+  if (Status s = connection_->abandon_lease(lease); !s.ok()) throw Error(s);
+}
+
+bool Client::holds_lease(const CheckpointLease& lease) const { return connection_->holds_lease(lease); }
 
 int Client::checkpoint_buffer_fd() {
   Result<CheckpointSaveBuffer*> buffer = connection_->save_buffer();

@@ -216,6 +216,17 @@ struct CheckpointVersion {
   std::uint64_t version = 0;
 };
 
+// Memory of the node's checkpoint pool leased to this trainer (Client::lease_checkpoint,
+// docs/decisions/0069): write the checkpoint into `bytes`, then Client::save_lease saves it
+// with no copy at all. `bytes` is mapped by the Client and valid until save_lease,
+// abandon_lease, the next lease_checkpoint or the Client's end, whichever comes first;
+// after that it is unmapped (a write faults rather than changing a saved checkpoint).
+struct CheckpointLease {
+  std::uint64_t id = 0;
+  std::string name;
+  std::span<std::uint8_t> bytes;
+};
+
 // A loaded version: a read-only mapping of the sealed memfd the daemon passed (no copy
 // when the version was in its RAM). Valid until destroyed.
 class LoadedCheckpoint {
@@ -292,16 +303,28 @@ class Client {
   // Saves `bytes` as the next version of `name` (letters, digits, '.', '_', '-'; at most
   // 200 bytes) and returns its version number once the node holds it and, with two or more
   // daemons, a peer daemon holds a copy, so they survive this process (and the copy
-  // survives this node's daemon). The bytes go into this client's save buffer, a memfd it
-  // keeps and reuses, and the daemon copies them into its checkpoint pool, pages it reuses
-  // too (docs/decisions/0068): two copies into memory already there, which costs less than
-  // one into fresh pages. The buffer holds as much as the largest checkpoint saved.
+  // survives this node's daemon). The bytes are copied once, into a lease of the daemon's
+  // checkpoint pool (lease_checkpoint below), pages the daemon reuses from save to save.
   std::uint64_t save(std::string_view name, std::span<const std::uint8_t> bytes);
-  // The same without the first copy: `write` fills the `size` bytes of the save buffer
-  // itself (e.g. a serializer writing straight into it).
+  // The same without that copy: `write` fills the `size` leased bytes itself (e.g. a
+  // serializer writing straight into them).
   std::uint64_t save(std::string_view name, std::uint64_t size,
                      const std::function<void(std::span<std::uint8_t>)>& write);
-  // The save buffer's descriptor, for a serializer that writes to a file: write the
+  // `size` bytes of the daemon's checkpoint pool, mapped writable here, to become the next
+  // version of `name` (decision 0069). A lease still held from before is abandoned first:
+  // a client holds one at a time. A serializer that cannot tell its size ahead asks for
+  // enough and saves fewer.
+  CheckpointLease lease_checkpoint(std::string_view name, std::uint64_t size);
+  // Unmaps the lease and saves its first `length` bytes (at most its size) as save() does;
+  // returns the version. The lease is used up either way.
+  std::uint64_t save_lease(const CheckpointLease& lease, std::uint64_t length);
+  // Unmaps the lease and gives its memory back unsaved.
+  void abandon_lease(const CheckpointLease& lease);
+  // Whether `lease` is the one this client holds now (not saved, abandoned or replaced).
+  bool holds_lease(const CheckpointLease& lease) const;
+  // A save buffer, for a serializer that writes to a file descriptor: a memfd this client
+  // keeps and reuses, which the daemon copies into its checkpoint pool (decision 0068).
+  // It holds as much as the largest checkpoint saved through it. The descriptor: write the
   // checkpoint from offset 0 (it grows as needed), then save_buffer(name, bytes written).
   // Owned by the client; do not close it, or write to it while a save is in progress. Ask
   // for it before every save: after a failed save the client makes a new buffer.

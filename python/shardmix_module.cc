@@ -466,6 +466,40 @@ GIL released: this is the copy shardmix.torch makes.)doc")
   struct PyClient {
     std::shared_ptr<State> state;
   };
+  // A lease of the daemon's checkpoint pool (Client::lease_checkpoint, decision 0069). Its
+  // memory is reached through write() only, never exported as a buffer: the mapping goes
+  // when the lease is saved, abandoned or replaced, and a memoryview kept past that would
+  // point at nothing. write() checks the lease is still the client's current one.
+  struct PyLease {
+    std::shared_ptr<State> state;
+    sm::CheckpointLease lease;
+  };
+  py::class_<PyLease>(m, "CheckpointLease",
+                      "Memory of the node's checkpoint pool leased for one save (Client.lease_checkpoint): fill it "
+                      "with write(), then Client.save_lease(lease, length).")
+      .def_property_readonly("name", [](const PyLease& l) { return l.lease.name; })
+      .def_property_readonly("size", [](const PyLease& l) { return l.lease.bytes.size(); })
+      .def("write", [](PyLease& l, std::uint64_t offset, py::buffer data) {
+        // Busy: another thread is in a call of this client (perhaps saving this very lease).
+        if (l.state->busy) throw std::runtime_error("shardmix.Client used from two threads at once (one Client per thread)");
+        if (!l.state->get().holds_lease(l.lease)) {
+          throw py::value_error("checkpoint " + l.lease.name + ": this lease was saved, abandoned or replaced");
+        }
+        const py::buffer_info info = data.request();
+        if (!PyBuffer_IsContiguous(info.view(), 'C')) throw py::value_error("CheckpointLease.write(): the data must be a contiguous buffer");
+        const auto n = static_cast<std::uint64_t>(info.size * info.itemsize);
+        if (offset > l.lease.bytes.size() || n > l.lease.bytes.size() - offset) {
+          throw py::value_error("checkpoint " + l.lease.name + ": writing " + std::to_string(n) + " bytes at offset " +
+                                std::to_string(offset) + " goes past its lease of " +
+                                std::to_string(l.lease.bytes.size()) + " bytes");
+        }
+        // With the GIL held, so that no other thread can save or abandon the lease meanwhile.
+        if (n > 0) std::memcpy(l.lease.bytes.data() + offset, info.ptr, n);
+        return n;
+      }, py::arg("offset"), py::arg("data"),
+      "Copies the bytes of `data` into the lease at `offset`; returns how many. ValueError past its size, or "
+      "once the lease is saved, abandoned or replaced.");
+
   py::class_<PyClient>(m, "Client", R"doc(
 Connects to this trainer's ShardMix daemon (shardmix::Client::connect). The rank and world
 size come from the launcher's environment (Open MPI, Slurm, PMI, torchrun, SHARDMIX_RANK)
@@ -576,8 +610,26 @@ unless given. Raises shardmix.Error.)doc")
       }, py::arg("name"), py::arg("data"),
       "Saves the bytes of `data` (bytes, bytearray, memoryview, a numpy array...) as the next version of "
       "checkpoint `name` and returns its version number once the node's daemon holds them (checkpoint.dir set). "
-      "They are copied into this client's save buffer, which the daemon copies into memory that outlives this "
-      "process; both reuse their pages from save to save.")
+      "They are copied once, into a lease of the daemon's checkpoint pool (lease_checkpoint), memory that "
+      "outlives this process and is reused from save to save.")
+      .def("lease_checkpoint", [](PyClient& c, const std::string& name, std::uint64_t size) {
+        sm::CheckpointLease lease =
+            without_gil(*c.state, [&](sm::Client& client) { return client.lease_checkpoint(name, size); });
+        return PyLease{c.state, std::move(lease)};
+      }, py::arg("name"), py::arg("size"),
+      "`size` bytes of the daemon's checkpoint pool for the next version of checkpoint `name`: fill them with "
+      "CheckpointLease.write, then save_lease(lease, length) saves them without a copy. One lease at a time: "
+      "one held from before is abandoned.")
+      .def("save_lease", [](PyClient& c, const PyLease& l, std::uint64_t length) {
+        return without_gil(*c.state, [&](sm::Client& client) { return client.save_lease(l.lease, length); });
+      }, py::arg("lease"), py::arg("length"),
+      "Saves the first `length` bytes written into `lease` as the next version of its checkpoint; returns its "
+      "version number once the node's daemon (and a peer's) holds them. The lease is used up.")
+      .def("abandon_lease", [](PyClient& c, const PyLease& l) {
+        without_gil(*c.state, [&](sm::Client& client) { client.abandon_lease(l.lease); });
+      }, py::arg("lease"), "Gives `lease` back unsaved.")
+      .def("holds_lease", [](PyClient& c, const PyLease& l) { return c.state->get().holds_lease(l.lease); },
+           py::arg("lease"), "Whether `lease` is this client's current one (not saved, abandoned or replaced).")
       .def("checkpoint_buffer_fd", [](PyClient& c) {
         return without_gil(*c.state, [&](sm::Client& client) { return client.checkpoint_buffer_fd(); });
       }, "The descriptor of this client's save buffer, a memfd it keeps: write a checkpoint into it from offset 0 "

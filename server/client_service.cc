@@ -123,6 +123,7 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     }
     keepalive_timer_.cancel();
     if (received_fd_ >= 0) ::close(std::exchange(received_fd_, -1));
+    lease_.reset();  // its chunks go back to the pool now, not when the last handler runs
     boost::system::error_code ignored;
     socket_.shutdown(stream::socket::shutdown_both, ignored);
     socket_.close(ignored);
@@ -567,10 +568,7 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
           Result<CheckpointBytesPtr> copy = copy_into_pool(node, fd, length, name);
           ::close(fd);
           if (!copy.ok()) return reply(copy.status(), 0, 0, nullptr);
-          node.save(name, std::move(*copy), [reply, length](Result<CheckpointId> id) {
-            if (!id.ok()) return reply(id.status(), 0, 0, nullptr);
-            reply(Status::ok_status(), id->version, length, nullptr);
-          });
+          node.save(name, std::move(*copy), saved(reply, length));
         });
         return true;
       }
@@ -581,11 +579,12 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
                            m.name, (*bytes)->bytes().size(), m.length);
       }
       if (!bytes.ok()) return reply_checkpoint(m.request, bytes.status()), true;
-      node.save(m.name, std::move(*bytes), [reply = replier(m.request), length = m.length](Result<CheckpointId> id) {
-        if (!id.ok()) return reply(id.status(), 0, 0, nullptr);
-        reply(Status::ok_status(), id->version, length, nullptr);
-      });
+      node.save(m.name, std::move(*bytes), saved(replier(m.request), m.length));
       return true;
+    }
+    if (type == proto::FrameType::kCheckpointLease) return lease_checkpoint(node);
+    if (type == proto::FrameType::kCheckpointCommit || type == proto::FrameType::kCheckpointAbandon) {
+      return end_lease(node, type == proto::FrameType::kCheckpointCommit);
     }
     proto::CheckpointRequest m;
     if (auto err = proto::decode(payload_, m); !err.empty()) return protocol_error(err), false;
@@ -625,6 +624,89 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
     }
   }
 
+  // A lease (decision 0069): a buffer of the node's checkpoint pool, allocated off the io
+  // thread (it may evict durable versions and map a GiB), whose memfd and runs the trainer
+  // gets to write its checkpoint in place. One per connection at a time, so a trainer that
+  // never commits holds one checkpoint's worth of chunks at most, until it disconnects.
+  bool lease_checkpoint(CheckpointNode& node) {
+    proto::CheckpointSave m;
+    if (auto err = proto::decode(payload_, m); !err.empty()) return protocol_error(err), false;
+    const auto refuse = [&](const Status& status) { return refuse_lease(m.request, status), true; };
+    if (Status valid = validate_checkpoint_name(m.name); !valid.ok()) return refuse(valid);
+    if (lease_pending_ || lease_) {
+      return refuse(make_error(StatusCode::kInvalidArgument,
+                               "checkpoint '{}': this connection holds a lease already (for checkpoint '{}'); commit "
+                               "or abandon it first",
+                               m.name, lease_ ? lease_->name : *lease_pending_));
+    }
+    lease_pending_ = m.name;
+    asio::post(service_.checkpoint_reads_, [&node, weak = weak_from_this(), io = &service_.io_, m] {
+      Result<std::shared_ptr<CheckpointBuffer>> buffer = node.allocate(m.length, m.name);
+      asio::post(*io, [weak, m, buffer = std::move(buffer)]() mutable {
+        if (auto self = weak.lock()) self->grant_lease(m, std::move(buffer));
+      });
+    });
+    return true;
+  }
+
+  void grant_lease(const proto::CheckpointSave& m, Result<std::shared_ptr<CheckpointBuffer>> buffer) {
+    lease_pending_.reset();
+    if (closed_) return;
+    if (!buffer.ok()) return refuse_lease(m.request, buffer.status());
+    proto::CheckpointLeaseGrant grant;
+    grant.request = m.request;
+    lease_ = Lease{next_lease_++, m.name, std::move(*buffer)};
+    grant.lease = lease_->id;
+    grant.size = m.length;
+    for (const MemfdRun& run : lease_->buffer->runs()) {
+      grant.run_offsets.push_back(run.offset);
+      grant.run_lengths.push_back(run.length);
+    }
+    std::vector<std::uint8_t> out;
+    proto::encode(out, grant);
+    // Zero runs (an empty lease): nothing to map, so no memfd either.
+    if (grant.run_offsets.empty()) return write(std::move(out));
+    write_with_descriptor(std::move(out), lease_->buffer->lease_memfd(), lease_->buffer);
+  }
+
+  void refuse_lease(std::uint64_t request, const Status& status) {
+    log_->warn("trainer rank {}: {}", trainer_rank_, status.to_string());
+    proto::CheckpointLeaseGrant grant;
+    grant.request = request;
+    grant.code = static_cast<std::uint16_t>(status.code());
+    grant.message = status.message();
+    std::vector<std::uint8_t> out;
+    proto::encode(out, grant);
+    write(std::move(out));
+  }
+
+  // A commit saves the lease's first `length` bytes, as a save would; an abandon gives the
+  // lease back. Either way the connection holds no lease after it.
+  bool end_lease(CheckpointNode& node, bool commit) {
+    proto::CheckpointCommit m;
+    if (auto err = proto::decode(payload_, m); !err.empty()) return protocol_error(err), false;
+    if (!lease_ || lease_->id != m.lease) {
+      reply_checkpoint(m.request, make_error(StatusCode::kInvalidArgument,
+                                             "this connection holds no checkpoint lease {} (it holds {})", m.lease,
+                                             lease_ ? fmt::format("lease {}, for checkpoint '{}'", lease_->id,
+                                                                  lease_->name)
+                                                    : std::string("none")));
+      return true;
+    }
+    Lease lease = std::move(*std::exchange(lease_, std::nullopt));
+    if (!commit) return reply_checkpoint(m.request, Status::ok_status()), true;
+    const std::uint64_t leased = lease.buffer->bytes().size();
+    if (m.length > leased) {
+      reply_checkpoint(m.request, make_error(StatusCode::kInvalidArgument,
+                                             "checkpoint '{}': the commit says {} bytes, its lease holds {}",
+                                             lease.name, m.length, leased));
+      return true;
+    }
+    lease.buffer->shrink(m.length);
+    node.save(lease.name, std::move(lease.buffer), saved(replier(m.request), m.length));
+    return true;
+  }
+
   // The first `length` bytes of the save buffer `fd`, copied into a buffer of the node's
   // checkpoint pool.
   static Result<CheckpointBytesPtr> copy_into_pool(CheckpointNode& node, int fd, std::uint64_t length,
@@ -646,6 +728,14 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
       asio::post(*io, [weak, request, status, version, length, memfd = std::move(memfd)]() mutable {
         if (auto self = weak.lock()) self->reply_checkpoint(request, status, version, length, std::move(memfd));
       });
+    };
+  }
+
+  // What CheckpointNode::save calls back with, as a reply: the version, and `length`.
+  static std::function<void(Result<CheckpointId>)> saved(CheckpointReplier reply, std::uint64_t length) {
+    return [reply = std::move(reply), length](Result<CheckpointId> id) {
+      if (!id.ok()) return reply(id.status(), 0, 0, nullptr);
+      reply(Status::ok_status(), id->version, length, nullptr);
     };
   }
 
@@ -727,15 +817,20 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
 
   // `memfd`: a checkpoint's sealed memfd, passed with the frame's first byte (a load's reply).
   void write(std::vector<std::uint8_t> bytes, CheckpointBytesPtr memfd = nullptr) {
+    const int fd = memfd ? memfd->memfd() : -1;
+    write_with_descriptor(std::move(bytes), fd, std::move(memfd));
+  }
+  // `fd` (unless -1) goes with the frame's first byte; `owner` keeps it open until then.
+  void write_with_descriptor(std::vector<std::uint8_t> bytes, int fd, std::shared_ptr<const void> owner) {
     if (closed_) return;
     last_write_ = std::chrono::steady_clock::now();
     queued_bytes_ += bytes.size();
-    writes_.push_back(Outgoing{std::move(bytes), std::move(memfd)});
+    writes_.push_back(Outgoing{std::move(bytes), fd, fd >= 0 ? std::move(owner) : nullptr});
     if (writes_.size() == 1) write_next();
   }
 
   void write_next() {
-    if (writes_.front().memfd) return write_with_memfd();
+    if (writes_.front().fd >= 0) return write_with_memfd();
     auto self = shared_from_this();
     asio::async_write(socket_, asio::buffer(writes_.front().bytes), [self](boost::system::error_code ec, std::size_t) {
       if (ec) return self->on_disconnect(ec);
@@ -751,12 +846,12 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
       if (ec) return self->on_disconnect(ec);
       if (self->closed_) return;
       Outgoing& front = self->writes_.front();
-      const int fd = front.memfd->memfd();
-      const ssize_t n = send_with_descriptors(self->socket_.native_handle(), front.bytes, std::span(&fd, 1),
+      const ssize_t n = send_with_descriptors(self->socket_.native_handle(), front.bytes, std::span(&front.fd, 1),
                                               MSG_DONTWAIT);
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return self->write_with_memfd();
       if (n <= 0) return self->on_disconnect(boost::system::error_code(errno, boost::system::system_category()));
-      front.memfd.reset();
+      front.fd = -1;
+      front.fd_owner.reset();
       front.bytes.erase(front.bytes.begin(), front.bytes.begin() + n);
       self->queued_bytes_ -= static_cast<std::size_t>(n);
       if (!front.bytes.empty()) return self->write_next();
@@ -787,7 +882,8 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
   std::vector<std::uint8_t> payload_;
   struct Outgoing {
     std::vector<std::uint8_t> bytes;
-    CheckpointBytesPtr memfd;  // sent with the first byte, then dropped
+    int fd = -1;                          // sent with the first byte (a load's memfd, a lease's), then
+    std::shared_ptr<const void> fd_owner;  // dropped: what keeps `fd` open until then
   };
   std::deque<Outgoing> writes_;
   std::size_t queued_bytes_ = 0;
@@ -803,6 +899,16 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
   // the CheckpointSave being read.
   bool checkpoint_connection_ = false;
   int received_fd_ = -1;
+  // This connection's checkpoint lease (decision 0069): granted and not yet committed or
+  // abandoned, or being allocated (lease_pending_). At most one of the two.
+  struct Lease {
+    std::uint64_t id = 0;
+    std::string name;
+    std::shared_ptr<CheckpointBuffer> buffer;
+  };
+  std::optional<Lease> lease_;
+  std::optional<std::string> lease_pending_;  // the name of the one being allocated
+  std::uint64_t next_lease_ = 1;
   std::size_t payload_read_ = 0;
   // The current pass, for telemetry.
   bool pass_open_ = false;

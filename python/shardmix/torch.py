@@ -202,25 +202,78 @@ def make_loader(dataset, pin_memory=False, **kwargs):
     return DataLoader(dataset, batch_size=None, num_workers=0, **kwargs)
 
 
+# Bytes each checkpoint name's last save took: the next lease asks for as much.
+_saved_sizes = {}
+
+
+def _storage_bytes(obj, seen=None):
+    """What the tensors in `obj` (nested dicts, lists, tuples) hold: torch.save writes each
+    storage whole, once."""
+    seen = set() if seen is None else seen
+    tensor = getattr(torch, "Tensor", None)  # absent from the stand-in the tests use without torch
+    if tensor is not None and isinstance(obj, tensor):
+        storage = obj.untyped_storage() if hasattr(obj, "untyped_storage") else obj.storage()
+        key = (storage.data_ptr(), obj.device.type)
+        if key in seen:
+            return 0
+        seen.add(key)
+        return storage.nbytes()
+    if isinstance(obj, dict):
+        return sum(_storage_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_storage_bytes(v, seen) for v in obj)
+    return 0
+
+
+class _LeaseWriter:
+    """torch.save's file: each write goes into the lease; past its end the writer only
+    counts, so that a second pass knows the size."""
+
+    def __init__(self, lease):
+        self.lease = lease
+        self.size = 0
+
+    def write(self, data):
+        n = memoryview(data).nbytes
+        if self.size + n <= self.lease.size:
+            self.lease.write(self.size, data)
+        self.size += n
+        return n
+
+    def flush(self):
+        pass
+
+
 def save(obj, name, *, client=None, wait_durable=False):
     """torch.save(obj) into the node's ShardMix daemon as the next version of checkpoint
     `name` (one rank's state: use a name per rank). Returns the version number once the
     daemon holds the bytes; with wait_durable=True, once they are in checkpoint.dir.
-    torch.save writes straight into the client's save buffer (Client.save_buffer), a memfd
-    it reuses from save to save, and the daemon copies it into pages it reuses too
-    (docs/decisions/0068). Through a buffered writer: it writes large records straight
-    through, and unlike a raw one it loops until every byte is written (torch.save ignores
-    what write returns, and one write(2) moves at most 2 GiB)."""
+    torch.save writes straight into a lease of the daemon's checkpoint pool (memory the
+    daemon reuses from save to save), which is then saved without a copy
+    (docs/decisions/0069). The lease asks for what the state's tensors hold plus room for
+    the rest, or what the name's last save took if more; a state that turns out larger is
+    serialised once more into a lease of its size."""
     c = _client(client)
-    fd = c.checkpoint_buffer_fd()
-    os.lseek(fd, 0, os.SEEK_SET)
-    with open(fd, "wb", closefd=False) as f:
-        torch.save(obj, f)
-        size = f.tell()
-    version = c.save_buffer(name, size)
-    if wait_durable:
-        c.wait_durable(name)
-    return version
+    want = max(_storage_bytes(obj) + (1 << 20), _saved_sizes.get(name, 0))
+    for _ in range(3):  # a state that keeps growing between passes: give up after three
+        lease = c.lease_checkpoint(name, want)
+        writer = _LeaseWriter(lease)
+        try:
+            torch.save(obj, writer)
+        except BaseException:
+            if c.holds_lease(lease):
+                c.abandon_lease(lease)
+            raise
+        if writer.size <= want:
+            _saved_sizes[name] = writer.size
+            version = c.save_lease(lease, writer.size)
+            if wait_durable:
+                c.wait_durable(name)
+            return version
+        c.abandon_lease(lease)
+        want = writer.size
+    raise RuntimeError(f"shardmix.torch.save: checkpoint {name}: the state's size changed on every one of three "
+                       f"passes (last {want} bytes)")
 
 
 def load(name, *, client=None, **torch_load_kwargs):

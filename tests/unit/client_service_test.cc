@@ -394,6 +394,141 @@ TEST_F(ServiceTest, CheckpointsSavedBetweenBatchesLeaveTheEpochExact) {
   EXPECT_EQ(consume(client, 1), planner_->plan_node(1, 0)[0].order);
 }
 
+// Whether this process maps the page at `address` (mincore fails with ENOMEM where nothing is).
+bool mapped_here(const void* address) {
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  unsigned char resident = 0;
+  void* start = reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(address) / page * page);
+  return ::mincore(start, page, &resident) == 0;
+}
+
+// A lease (decision 0069): the trainer writes into the daemon's memory and saves part of
+// it; afterwards its mapping is gone, so it cannot change what was saved, and the used
+// lease is refused by name. A new lease replaces one still held; an abandoned one is gone.
+TEST_F(ServiceTest, ALeasedCheckpointIsSavedFromWhereTheTrainerWroteIt) {
+  Client client = Client::connect(options(0));
+  std::vector<std::uint8_t> state(300000);
+  Rng rng(5);
+  rng.fill_bytes(state);
+  CheckpointLease lease = client.lease_checkpoint("rank0", 400000);
+  ASSERT_EQ(lease.bytes.size(), 400000u);
+  EXPECT_TRUE(client.holds_lease(lease));
+  std::memcpy(lease.bytes.data(), state.data(), state.size());
+  EXPECT_EQ(client.save_lease(lease, state.size()), 1u);
+  EXPECT_FALSE(client.holds_lease(lease));
+  EXPECT_FALSE(mapped_here(lease.bytes.data()));
+  EXPECT_FALSE(mapped_here(lease.bytes.data() + state.size() - 1));
+  const LoadedCheckpoint loaded = client.load("rank0");
+  EXPECT_EQ(loaded.version(), 1u);
+  EXPECT_TRUE(std::equal(loaded.bytes().begin(), loaded.bytes().end(), state.begin(), state.end()));
+  try {
+    (void)client.save_lease(lease, 10);
+    ADD_FAILURE() << "a lease saved already was saved again";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("rank0"), std::string::npos) << e.what();
+  }
+  CheckpointLease replaced = client.lease_checkpoint("rank0", 5000);
+  CheckpointLease current = client.lease_checkpoint("rank1", 5000);
+  EXPECT_FALSE(client.holds_lease(replaced));  // (its address may be the new lease's now)
+  EXPECT_THROW((void)client.save_lease(replaced, 10), Error);
+  EXPECT_THROW((void)client.save_lease(current, 5001), Error);  // more than leased
+  EXPECT_TRUE(client.holds_lease(current));
+  client.abandon_lease(current);
+  EXPECT_FALSE(client.holds_lease(current));
+  EXPECT_THROW(client.abandon_lease(current), Error);
+  // An empty checkpoint is a lease of nothing.
+  CheckpointLease empty = client.lease_checkpoint("rank0", 0);
+  EXPECT_EQ(client.save_lease(empty, 0), 2u);
+  EXPECT_TRUE(client.load("rank0").bytes().empty());
+  const std::vector<CheckpointVersion> listed = client.list();
+  EXPECT_FALSE(std::any_of(listed.begin(), listed.end(), [](const CheckpointVersion& v) { return v.name == "rank1"; }));
+  EXPECT_THROW((void)client.lease_checkpoint("not/a/name", 10), Error);
+}
+
+// Frames read from `fd` until `count` have arrived (or 5 s pass): each frame's header and
+// payload. Descriptors sent along are dropped by recv.
+std::vector<std::pair<proto::FrameHeader, std::vector<std::uint8_t>>> read_frames(int fd, std::size_t count) {
+  std::vector<std::pair<proto::FrameHeader, std::vector<std::uint8_t>>> frames;
+  std::vector<std::uint8_t> got;
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::uint8_t buf[4096];
+  std::size_t at = 0;
+  while (frames.size() < count) {
+    proto::FrameHeader h{};
+    if (got.size() - at >= sizeof(h) && proto::decode_header(std::span(got).subspan(at, sizeof(h)), h).empty() &&
+        got.size() - at >= sizeof(h) + h.payload_bytes) {
+      frames.emplace_back(h, std::vector<std::uint8_t>(got.begin() + static_cast<std::ptrdiff_t>(at + sizeof(h)),
+                                                       got.begin() + static_cast<std::ptrdiff_t>(at + sizeof(h) + h.payload_bytes)));
+      at += sizeof(h) + h.payload_bytes;
+      continue;
+    }
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    got.insert(got.end(), buf, buf + n);
+  }
+  return frames;
+}
+
+// The daemon's side of the bound: one lease per connection. A second lease request while
+// one is held is refused naming both checkpoints, and a commit of a lease the connection
+// does not hold is refused; the connection stays open and the held lease still commits.
+TEST_F(ServiceTest, AConnectionHoldsOneLeaseAtATime) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, (dir_ / "d0.sock").c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(0, ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)));
+  std::vector<std::uint8_t> out;
+  proto::encode_checkpoint_hello(out, proto::Hello{0, 4, 1});
+  proto::set_hello_job_token(out, kJobToken);
+  proto::encode_checkpoint_lease(out, proto::CheckpointSave{1, 10000, "first"});
+  proto::encode_checkpoint_lease(out, proto::CheckpointSave{2, 10000, "second"});
+  proto::encode(out, proto::FrameType::kCheckpointCommit, proto::CheckpointCommit{3, 99, 10});
+  ASSERT_EQ(static_cast<ssize_t>(out.size()), ::send(fd, out.data(), out.size(), MSG_NOSIGNAL));
+  auto frames = read_frames(fd, 4);
+  ASSERT_EQ(frames.size(), 4u);
+  EXPECT_EQ(frames[0].first.type, static_cast<std::uint16_t>(proto::FrameType::kCheckpointWelcome));
+  // The grant comes when the pool buffer is ready, so the refusals may come before it.
+  std::map<std::uint64_t, proto::CheckpointLeaseGrant> grants;
+  std::map<std::uint64_t, proto::CheckpointReply> replies;
+  for (std::size_t i = 1; i < frames.size(); ++i) {
+    if (frames[i].first.type == static_cast<std::uint16_t>(proto::FrameType::kCheckpointLeaseGrant)) {
+      proto::CheckpointLeaseGrant g;
+      ASSERT_EQ(proto::decode(frames[i].second, g), "");
+      grants[g.request] = g;
+    } else {
+      ASSERT_EQ(frames[i].first.type, static_cast<std::uint16_t>(proto::FrameType::kCheckpointReply));
+      proto::CheckpointReply r;
+      ASSERT_EQ(proto::decode(frames[i].second, r), "");
+      replies[r.request] = r;
+    }
+  }
+  ASSERT_EQ(grants.size(), 2u);
+  ASSERT_EQ(replies.size(), 1u);
+  const proto::CheckpointLeaseGrant granted = grants[1], refused = grants[2];
+  EXPECT_EQ(granted.code, 0);
+  EXPECT_EQ(granted.size, 10000u);
+  EXPECT_NE(refused.code, 0);
+  EXPECT_NE(refused.message.find("second"), std::string::npos) << refused.message;
+  EXPECT_NE(refused.message.find("first"), std::string::npos) << refused.message;
+  const proto::CheckpointReply wrong = replies[3];
+  EXPECT_EQ(wrong.code, static_cast<std::uint16_t>(StatusCode::kInvalidArgument));
+  EXPECT_NE(wrong.message.find("lease 99"), std::string::npos) << wrong.message;
+  out.clear();
+  proto::encode(out, proto::FrameType::kCheckpointCommit, proto::CheckpointCommit{4, granted.lease, 10});
+  ASSERT_EQ(static_cast<ssize_t>(out.size()), ::send(fd, out.data(), out.size(), MSG_NOSIGNAL));
+  frames = read_frames(fd, 1);
+  ASSERT_EQ(frames.size(), 1u);
+  proto::CheckpointReply saved;
+  ASSERT_EQ(proto::decode(frames[0].second, saved), "");
+  EXPECT_EQ(saved.code, 0) << saved.message;
+  EXPECT_EQ(saved.version, 1u);
+  EXPECT_EQ(saved.length, 10u);
+  ::close(fd);
+}
+
 TEST_F(ServiceTest, CheckpointAndBatchFramesNeverCrossConnectionKinds) {
   std::vector<std::uint8_t> save;
   proto::encode(save, proto::CheckpointSave{1, 10, "rank0"});
