@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -181,12 +182,33 @@ Result<std::unique_ptr<CheckpointPool>> CheckpointPool::create(std::uint64_t cap
   std::unique_ptr<CheckpointPool> pool(new CheckpointPool(shared));
   if (prefault && total > 0) {
     pool->prefault_ = std::thread([shared] {
-      // In steps, so that a daemon stopping soon after start does not wait for all of it.
+      // Each page is faulted in writable, not only allocated: fallocate on a memfd allocates
+      // pages but leaves them to be zeroed at their first write (and, in a virtual machine
+      // whose free pages went back to the host, faulted in by the host then). Writing 1 GiB
+      // here took 0.42 s after fallocate against 0.14 s after MADV_POPULATE_WRITE (0.6 s
+      // into new pages). MADV_POPULATE_WRITE does not change a page's bytes, so a buffer a
+      // save is filling meanwhile is safe; without it (Linux before 5.14) fallocate is the
+      // best there is. In steps, so that a daemon stopping soon after start does not wait
+      // for all of it.
       constexpr std::uint64_t kStep = 64ull << 20;
-      for (std::uint64_t offset = 0; offset < shared->chunks * shared->chunk_bytes && !shared->stop_prefault;
-           offset += kStep) {
-        const std::uint64_t length = std::min(kStep, shared->chunks * shared->chunk_bytes - offset);
-        if (fallocate(shared->fd, 0, static_cast<off_t>(offset), static_cast<off_t>(length)) != 0) {
+      const auto started = std::chrono::steady_clock::now();
+      const std::uint64_t total = shared->chunks * shared->chunk_bytes;
+      bool populate = true;
+      for (std::uint64_t offset = 0; offset < total && !shared->stop_prefault; offset += kStep) {
+        const std::uint64_t length = std::min(kStep, total - offset);
+        if (populate) {
+          void* view = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, shared->fd, static_cast<off_t>(offset));
+          const bool done = view != MAP_FAILED && madvise(view, length, MADV_POPULATE_WRITE) == 0;
+          const int err = errno;
+          if (view != MAP_FAILED) munmap(view, length);
+          if (!done && err != EINVAL) {
+            log::get("checkpoint")->warn("writing the checkpoint pool's pages ahead of use stopped at {} bytes: {}",
+                                         offset, std::strerror(err));
+            return;
+          }
+          populate = done;
+        }
+        if (!populate && fallocate(shared->fd, 0, static_cast<off_t>(offset), static_cast<off_t>(length)) != 0) {
           // Not fatal: the pages are then allocated when first written, as without prefault.
           log::get("checkpoint")->warn("allocating the checkpoint pool's pages ahead of use stopped at {} bytes: {}",
                                        offset, std::strerror(errno));
@@ -194,6 +216,11 @@ Result<std::unique_ptr<CheckpointPool>> CheckpointPool::create(std::uint64_t cap
         }
         std::lock_guard lock(shared->mutex);
         shared->stats.prefaulted_bytes = offset + length;
+      }
+      if (!shared->stop_prefault) {
+        log::get("checkpoint")->info("the checkpoint pool's {} bytes are in memory ({} s, {})", total,
+                                     std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
+                                     populate ? "written ahead of use" : "allocated ahead of use, zeroed when first written");
       }
     });
   }

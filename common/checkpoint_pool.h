@@ -99,8 +99,9 @@ class CheckpointPool {
   static constexpr std::uint64_t kDefaultChunkBytes = 2ull << 20;
 
   // A pool of at least `capacity_bytes` (rounded up to whole chunks, of `chunk_bytes`, a
-  // multiple of the page size). With `prefault`, a background thread allocates all of its
-  // pages now (fallocate), so that the first checkpoint finds them too; without, each
+  // multiple of the page size). With `prefault`, a background thread faults all of its
+  // pages in now, writable (MADV_POPULATE_WRITE), so that the first checkpoint finds them
+  // allocated and zeroed too; without, each
   // page is allocated when first written and kept from then on. kResourceExhausted
   // naming checkpoint.capacity if the memfd cannot be made.
   static Result<std::unique_ptr<CheckpointPool>> create(std::uint64_t capacity_bytes, bool prefault,

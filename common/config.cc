@@ -314,7 +314,7 @@ const KeySpec kKeys[] = {
    "wait bounds RAM and keeps saves fast while the drain keeps up; write_through never blocks on RAM but a save then costs the file system's write time, as without ShardMix.",
    "wait|write_through", 0, 0, 0, 0, false, SHARDMIX_STR_KEY(checkpoint.when_full)},
   {"checkpoint.prefault", KeyType::kBool, "true",
-   "checkpoint.dir set: true = the daemon allocates all of checkpoint.capacity's pages at start, in the background, and keeps them for every checkpoint version it holds (its trainers' saves, its peers' replicas); false = each page is allocated when a version first needs it, and kept from then on. Either way the pages are reused from version to version (docs/decisions/0068).",
+   "checkpoint.dir set: true = the daemon allocates and zeroes all of checkpoint.capacity's pages at start, in the background, and keeps them for every checkpoint version it holds (its trainers' saves, its peers' replicas); false = each page is allocated when a version first needs it, and kept from then on. Either way the pages are reused from version to version (docs/decisions/0068).",
    "true makes the first save as fast as the later ones (a fresh page costs more than a copy into one already there: zeroing, and in a virtual machine a fault in the host) and fails early if the node cannot give the memory; false leaves checkpoint.capacity unallocated until checkpoints need it.",
    "", 0, 0, 0, 0, false,
    [](Config& c, const Value& v) { c.checkpoint.prefault = std::get<bool>(v); },
