@@ -463,8 +463,8 @@ class DaemonConnection {
     std::vector<std::uint8_t> frame;
     proto::encode_checkpoint_lease(frame, proto::CheckpointSave{request, size, std::string(name)});
     SHARDMIX_RETURN_IF_ERROR(channel->send(frame));
-    proto::FrameHeader header{};
-    Status received = channel->receive(header, channel->payload_);
+    Result<proto::CheckpointLeaseGrant> answer = channel->checkpoint_answer<proto::CheckpointLeaseGrant>(
+        proto::FrameType::kCheckpointLeaseGrant, "a checkpoint lease", request);
     std::vector<int> fds = std::exchange(channel->received_fds_, {});
     struct Closer {
       std::vector<int>& fds;
@@ -472,17 +472,7 @@ class DaemonConnection {
         for (int fd : fds) ::close(fd);
       }
     } closer{fds};
-    SHARDMIX_RETURN_IF_ERROR(received);
-    if (header.type != static_cast<std::uint16_t>(proto::FrameType::kCheckpointLeaseGrant)) {
-      return make_error(StatusCode::kProtocol, "expected a checkpoint lease from the daemon of node {}, got frame type {}",
-                        node_, header.type);
-    }
-    proto::CheckpointLeaseGrant grant;
-    if (auto err = proto::decode(channel->payload_, grant); !err.empty()) return Status(StatusCode::kProtocol, err);
-    if (grant.request != request) {
-      return make_error(StatusCode::kProtocol, "the daemon of node {} answered request {}, not {}", node_, grant.request,
-                        request);
-    }
+    SHARDMIX_ASSIGN_OR_RETURN(proto::CheckpointLeaseGrant grant, std::move(answer));
     if (grant.code != 0) {
       return Status(static_cast<StatusCode>(grant.code), "daemon of node " + std::to_string(node_) + ": " + grant.message);
     }
@@ -645,18 +635,9 @@ class DaemonConnection {
     std::vector<std::uint8_t> frame;
     proto::encode(frame, proto::FrameType::kCheckpointList, proto::CheckpointRequest{request, {}});
     SHARDMIX_RETURN_IF_ERROR(channel->send(frame));
-    proto::FrameHeader header{};
-    SHARDMIX_RETURN_IF_ERROR(channel->receive(header, channel->payload_));
-    if (header.type != static_cast<std::uint16_t>(proto::FrameType::kCheckpointListing)) {
-      return make_error(StatusCode::kProtocol, "expected a checkpoint listing from the daemon of node {}, got frame type {}",
-                        node_, header.type);
-    }
-    proto::CheckpointListing listing;
-    if (auto err = proto::decode(channel->payload_, listing); !err.empty()) return Status(StatusCode::kProtocol, err);
-    if (listing.request != request) {
-      return make_error(StatusCode::kProtocol, "the daemon of node {} answered request {}, not {}", node_,
-                        listing.request, request);
-    }
+    SHARDMIX_ASSIGN_OR_RETURN(proto::CheckpointListing listing,
+                              channel->checkpoint_answer<proto::CheckpointListing>(
+                                  proto::FrameType::kCheckpointListing, "a checkpoint listing", request));
     std::vector<CheckpointVersion> out;
     std::size_t offset = 0;
     for (std::size_t i = 0; i < listing.versions.size(); ++i) {
@@ -879,20 +860,30 @@ class DaemonConnection {
 
   // The reply to checkpoint request `request`: its error as a Status, naming what failed.
   Result<proto::CheckpointReply> checkpoint_reply(std::uint64_t request) {
-    proto::FrameHeader header{};
-    SHARDMIX_RETURN_IF_ERROR(receive(header, payload_));
-    if (header.type != static_cast<std::uint16_t>(proto::FrameType::kCheckpointReply)) {
-      return make_error(StatusCode::kProtocol, "expected a checkpoint reply from the daemon of node {}, got frame type {}",
-                        node_, header.type);
-    }
-    proto::CheckpointReply reply;
-    if (auto err = proto::decode(payload_, reply); !err.empty()) return Status(StatusCode::kProtocol, err);
-    if (reply.request != request) {
-      return make_error(StatusCode::kProtocol, "the daemon of node {} answered request {}, not {}", node_, reply.request,
-                        request);
-    }
+    SHARDMIX_ASSIGN_OR_RETURN(proto::CheckpointReply reply,
+                              checkpoint_answer<proto::CheckpointReply>(proto::FrameType::kCheckpointReply,
+                                                                        "a checkpoint reply", request));
     if (reply.code != 0) return Status(static_cast<StatusCode>(reply.code), "daemon of node " + std::to_string(node_) + ": " + reply.message);
     return reply;
+  }
+
+  // The next frame on this checkpoint connection, which must be a `type` frame (`what` in
+  // errors) answering request `request`.
+  template <typename Answer>
+  Result<Answer> checkpoint_answer(proto::FrameType type, std::string_view what, std::uint64_t request) {
+    proto::FrameHeader header{};
+    SHARDMIX_RETURN_IF_ERROR(receive(header, payload_));
+    if (header.type != static_cast<std::uint16_t>(type)) {
+      return make_error(StatusCode::kProtocol, "expected {} from the daemon of node {}, got frame type {}", what, node_,
+                        header.type);
+    }
+    Answer answer;
+    if (auto err = proto::decode(payload_, answer); !err.empty()) return Status(StatusCode::kProtocol, err);
+    if (answer.request != request) {
+      return make_error(StatusCode::kProtocol, "the daemon of node {} answered request {}, not {}", node_,
+                        answer.request, request);
+    }
+    return answer;
   }
 
   // Bytes received but not consumed yet (read_exact).
