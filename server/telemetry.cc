@@ -489,7 +489,7 @@ std::string NodeTelemetry::prometheus_text() const {
              "Checkpoint pool pages allocated ahead of use so far (all once done; 0 without checkpoint.prefault).",
              static_cast<double>(c.pool.prefaulted_bytes));
     w.metric("shardmix_checkpoint_pool_buffers_total", "counter",
-             "Checkpoint versions placed in the pool's reused pages.", static_cast<double>(c.pool.buffers));
+             "Checkpoint buffers served from the pool's reused pages (saves, leases, replica landings).", static_cast<double>(c.pool.buffers));
     w.metric("shardmix_checkpoint_pool_overflows_total", "counter",
              "Checkpoint versions that found too few free pool chunks and went into fresh pages.",
              static_cast<double>(c.pool.overflows));
