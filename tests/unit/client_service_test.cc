@@ -444,6 +444,7 @@ TEST_F(ServiceTest, ALeasedCheckpointIsSavedFromWhereTheTrainerWroteIt) {
   const std::vector<CheckpointVersion> listed = client.list();
   EXPECT_FALSE(std::any_of(listed.begin(), listed.end(), [](const CheckpointVersion& v) { return v.name == "rank1"; }));
   EXPECT_THROW((void)client.lease_checkpoint("not/a/name", 10), Error);
+  client.wait_durable("rank0");  // the drain done before TearDown removes checkpoint.dir
 }
 
 // Frames read from `fd` until `count` have arrived (or 5 s pass): each frame's header and
@@ -527,6 +528,8 @@ TEST_F(ServiceTest, AConnectionHoldsOneLeaseAtATime) {
   EXPECT_EQ(saved.version, 1u);
   EXPECT_EQ(saved.length, 10u);
   ::close(fd);
+  Client client = Client::connect(options(0));
+  client.wait_durable("first");  // the drain done before TearDown removes checkpoint.dir
 }
 
 TEST_F(ServiceTest, CheckpointAndBatchFramesNeverCrossConnectionKinds) {
