@@ -31,6 +31,8 @@ struct CheckpointPool::Shared {
   ~Shared() {
     if (fd >= 0) ::close(fd);
   }
+  // How many chunks hold `size` bytes.
+  std::uint64_t chunks_for(std::uint64_t size) const { return (size + chunk_bytes - 1) / chunk_bytes; }
   // The chunks as runs of the memfd: consecutive chunks make one run (one mapping).
   std::vector<MemfdRun> runs_of(const std::vector<std::uint64_t>& taken) const {
     std::vector<MemfdRun> runs;
@@ -117,7 +119,7 @@ class PooledBuffer final : public CheckpointBuffer {
   void shrink(std::uint64_t size) override {
     if (size >= size_) return;
     size_ = size;
-    const std::uint64_t keep = (size + pool_->chunk_bytes - 1) / pool_->chunk_bytes;
+    const std::uint64_t keep = pool_->chunks_for(size);
     if (keep == chunks_.size()) return;
     view_.unmap_after(keep * pool_->chunk_bytes);
     pool_->give_back(std::vector<std::uint64_t>(chunks_.begin() + static_cast<std::ptrdiff_t>(keep), chunks_.end()));
@@ -229,7 +231,7 @@ Result<std::unique_ptr<CheckpointPool>> CheckpointPool::create(std::uint64_t cap
 
 Result<std::shared_ptr<CheckpointBuffer>> CheckpointPool::allocate(std::uint64_t size, std::string_view checkpoint) {
   const std::uint64_t chunk = shared_->chunk_bytes;
-  const std::uint64_t needed = (size + chunk - 1) / chunk;
+  const std::uint64_t needed = shared_->chunks_for(size);
   std::vector<std::uint64_t> taken;
   std::uint64_t in_use_at_overflow = 0;
   {
@@ -278,7 +280,7 @@ Result<std::shared_ptr<CheckpointBuffer>> CheckpointPool::allocate(std::uint64_t
 
 bool CheckpointPool::fits(std::uint64_t size) const {
   std::lock_guard lock(shared_->mutex);
-  return (size + shared_->chunk_bytes - 1) / shared_->chunk_bytes <= shared_->free.size();
+  return shared_->chunks_for(size) <= shared_->free.size();
 }
 
 CheckpointPoolStats CheckpointPool::stats() const {

@@ -101,6 +101,15 @@ decltype(auto) without_gil(State& s, Call&& call) {
   return call(s.get());
 }
 
+// The bytes of a buffer the caller passed (bytes, bytearray, memoryview, numpy...), which
+// must be C-contiguous; `what` names the call in the error. Valid while `info` lives.
+std::span<const std::uint8_t> contiguous_bytes(const py::buffer_info& info, const char* what) {
+  if (!PyBuffer_IsContiguous(info.view(), 'C')) {
+    throw py::value_error(std::string(what) + ": the data must be a contiguous buffer");
+  }
+  return {static_cast<const std::uint8_t*>(info.ptr), static_cast<std::size_t>(info.size * info.itemsize)};
+}
+
 PyObject* g_released_error = nullptr;  // shardmix.ReleasedError (BufferError + shardmix.Error)
 
 // Ctrl-C while a wait is in C++ (GIL released): ClientOptions::interrupted runs on the
@@ -486,15 +495,15 @@ GIL released: this is the copy shardmix.torch makes.)doc")
           throw py::value_error("checkpoint " + l.lease.name + ": this lease was saved, abandoned or replaced");
         }
         const py::buffer_info info = data.request();
-        if (!PyBuffer_IsContiguous(info.view(), 'C')) throw py::value_error("CheckpointLease.write(): the data must be a contiguous buffer");
-        const auto n = static_cast<std::uint64_t>(info.size * info.itemsize);
+        const std::span<const std::uint8_t> bytes = contiguous_bytes(info, "CheckpointLease.write()");
+        const auto n = static_cast<std::uint64_t>(bytes.size());
         if (offset > l.lease.bytes.size() || n > l.lease.bytes.size() - offset) {
           throw py::value_error("checkpoint " + l.lease.name + ": writing " + std::to_string(n) + " bytes at offset " +
                                 std::to_string(offset) + " goes past its lease of " +
                                 std::to_string(l.lease.bytes.size()) + " bytes");
         }
         // With the GIL held, so that no other thread can save or abandon the lease meanwhile.
-        if (n > 0) std::memcpy(l.lease.bytes.data() + offset, info.ptr, n);
+        if (n > 0) std::memcpy(l.lease.bytes.data() + offset, bytes.data(), n);
         return n;
       }, py::arg("offset"), py::arg("data"),
       "Copies the bytes of `data` into the lease at `offset`; returns how many. ValueError past its size, or "
@@ -603,9 +612,7 @@ unless given. Raises shardmix.Error.)doc")
       .def("save", [](PyClient& c, const std::string& name, py::buffer data) {
         State& s = *c.state;
         const py::buffer_info info = data.request();
-        if (!PyBuffer_IsContiguous(info.view(), 'C')) throw py::value_error("save(): the data must be a contiguous buffer");
-        const std::span<const std::uint8_t> bytes(static_cast<const std::uint8_t*>(info.ptr),
-                                                  static_cast<std::size_t>(info.size * info.itemsize));
+        const std::span<const std::uint8_t> bytes = contiguous_bytes(info, "save()");
         return without_gil(s, [&](sm::Client& client) { return client.save(name, bytes); });
       }, py::arg("name"), py::arg("data"),
       "Saves the bytes of `data` (bytes, bytearray, memoryview, a numpy array...) as the next version of "

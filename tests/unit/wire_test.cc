@@ -1,6 +1,6 @@
 // proto/wire.h and proto/checkpoint.h through their field lists (proto/field_codec.h,
 // docs/decisions/0045): every message encodes to the pinned bytes below (the layouts of
-// protocol version 8 and checkpoint format 1), to exactly its walked size, and every
+// protocol version 9 and checkpoint format 1), to exactly its walked size, and every
 // truncation of it fails naming the field and offset where the bytes ran out.
 #include <gtest/gtest.h>
 #include <unistd.h>
