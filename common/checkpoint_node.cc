@@ -1,6 +1,7 @@
 #include "common/checkpoint_node.h"
 
 #include <algorithm>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -125,12 +126,7 @@ void CheckpointNode::admit(PendingSave save, Callbacks& out) {
     return;
   }
   if (size > options_.capacity_bytes) {
-    finish_save(std::move(save.done), save.started,
-                make_error(StatusCode::kResourceExhausted,
-                           "checkpoint {} ({} bytes) is larger than checkpoint.capacity ({} bytes): raise it, or set "
-                           "checkpoint.when_full = \"write_through\"",
-                           save.name, size, options_.capacity_bytes),
-                out);
+    finish_save(std::move(save.done), save.started, too_large(save.name, size), out);
     return;
   }
   waiting_for_room_.push_back(std::move(save));
@@ -334,6 +330,13 @@ std::size_t CheckpointNode::peer_died(std::int32_t rank) {
   return taken_over;
 }
 
+Status CheckpointNode::too_large(std::string_view checkpoint, std::uint64_t size) const {
+  return make_error(StatusCode::kResourceExhausted,
+                    "checkpoint {} ({} bytes) is larger than checkpoint.capacity ({} bytes): raise it, or set "
+                    "checkpoint.when_full = \"write_through\"",
+                    checkpoint, size, options_.capacity_bytes);
+}
+
 std::vector<std::string> CheckpointNode::owned_names() const {
   std::lock_guard lock(mutex_);
   std::vector<std::string> names;
@@ -348,6 +351,14 @@ std::uint32_t CheckpointNode::slot_of(const std::string& name) {
 }
 
 Result<std::shared_ptr<CheckpointBuffer>> CheckpointNode::allocate(std::uint64_t size, std::string_view checkpoint) {
+  // Refused before any memory is taken for it: a save this large could never be admitted
+  // (admit() refuses it the same way), and a size past off_t is no memfd's. A lease asks
+  // for its size before the bytes exist, so a raw client can ask for anything.
+  if (options_.when_full == WhenFull::kWait && size > options_.capacity_bytes) return too_large(checkpoint, size);
+  if (size > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return make_error(StatusCode::kInvalidArgument, "checkpoint {} ({} bytes) is larger than any memory could hold",
+                      checkpoint, size);
+  }
   {
     // The durable versions the new one displaces go now, so that their chunks are free for
     // it. Counting the pool's free chunks rather than the store's budget also counts the

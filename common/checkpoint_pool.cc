@@ -17,6 +17,12 @@
 #include "common/checkpoint_memfd.h"
 #include "common/log.h"
 
+// Linux 5.14's madvise flag; glibc headers older than the kernel may not name it. A kernel
+// without it answers EINVAL, and the prefault falls back to fallocate.
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
 namespace shardmix {
 
 struct CheckpointPool::Shared {
@@ -31,8 +37,9 @@ struct CheckpointPool::Shared {
   ~Shared() {
     if (fd >= 0) ::close(fd);
   }
-  // How many chunks hold `size` bytes.
-  std::uint64_t chunks_for(std::uint64_t size) const { return (size + chunk_bytes - 1) / chunk_bytes; }
+  // How many chunks hold `size` bytes; written so that no size wraps it (a raw client may
+  // ask for a lease of nearly 2^64 bytes, which must overflow, not become a chunkless buffer).
+  std::uint64_t chunks_for(std::uint64_t size) const { return size / chunk_bytes + (size % chunk_bytes != 0 ? 1 : 0); }
   // The chunks as runs of the memfd: consecutive chunks make one run (one mapping).
   std::vector<MemfdRun> runs_of(const std::vector<std::uint64_t>& taken) const {
     std::vector<MemfdRun> runs;
@@ -173,10 +180,17 @@ Result<std::unique_ptr<CheckpointPool>> CheckpointPool::create(std::uint64_t cap
   shared->chunk_bytes = chunk_bytes;
   shared->chunks = (capacity_bytes + chunk_bytes - 1) / chunk_bytes;
   const std::uint64_t total = shared->chunks * chunk_bytes;
-  shared->fd = memfd_create("shardmix-checkpoint-pool", MFD_CLOEXEC);
+  shared->fd = memfd_create("shardmix-checkpoint-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (shared->fd < 0 || ftruncate(shared->fd, static_cast<off_t>(total)) != 0) {
     return make_error(StatusCode::kResourceExhausted, "checkpoint.capacity: a memfd of {} bytes for checkpoints: {}",
                       total, std::strerror(errno));
+  }
+  // Trainers get this memfd with their leases (decision 0069). Sealed at its size, so that
+  // no process holding it can shrink it under the daemon's views (a SIGBUS in the daemon)
+  // or grow it; the seals cannot be undone.
+  if (fcntl(shared->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return make_error(StatusCode::kResourceExhausted, "checkpoint.capacity: sealing the checkpoint pool's memfd: {}",
+                      std::strerror(errno));
   }
   for (std::uint64_t c = 0; c < shared->chunks; ++c) shared->free.insert(shared->free.end(), c);
   shared->stats.capacity_bytes = total;

@@ -693,10 +693,16 @@ class TrainerConnection : public std::enable_shared_from_this<TrainerConnection>
                                                     : std::string("none")));
       return true;
     }
+    // A lease that ends unsaved gives its chunks back before the answer goes out, so the
+    // trainer's next request finds them free.
     Lease lease = std::move(*std::exchange(lease_, std::nullopt));
-    if (!commit) return reply_checkpoint(m.request, Status::ok_status()), true;
+    if (!commit) {
+      lease.buffer.reset();
+      return reply_checkpoint(m.request, Status::ok_status()), true;
+    }
     const std::uint64_t leased = lease.buffer->bytes().size();
     if (m.length > leased) {
+      lease.buffer.reset();
       reply_checkpoint(m.request, make_error(StatusCode::kInvalidArgument,
                                              "checkpoint '{}': the commit says {} bytes, its lease holds {}",
                                              lease.name, m.length, leased));

@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <future>
+#include <limits>
 #include <thread>
 
 #include "common/checkpoint_file.h"
@@ -228,11 +229,11 @@ TEST_F(CheckpointNodeTest, ABufferTakesTheChunksOfDurableVersionsEvenWhileAnothe
 }
 
 // A buffer larger than the whole pool overflows whatever is evicted, so nothing is: the
-// durable versions stay in RAM for loads.
+// durable versions stay in RAM for loads. (Only write_through ever saves such a version.)
 TEST_F(CheckpointNodeTest, ABufferLargerThanThePoolEvictsNothing) {
   Cluster cluster({"h"});
   constexpr std::uint64_t kUnit = 8ull << 20;
-  CheckpointNode& node = cluster.start(0, dir_ / "ckpt", 2 * kUnit);  // pool: 4 units
+  CheckpointNode& node = cluster.start(0, dir_ / "ckpt", 2 * kUnit, WhenFull::kWriteThrough);  // pool: 4 units
   ASSERT_TRUE(save(node, "model", pattern(1000, 2)).get().ok());
   ASSERT_TRUE(wait_durable(node, "model").ok());
   ASSERT_EQ(node.stats().store.versions_in_ram, 1u);
@@ -240,6 +241,37 @@ TEST_F(CheckpointNodeTest, ABufferLargerThanThePoolEvictsNothing) {
   ASSERT_TRUE(huge.ok()) << huge.status().to_string();
   EXPECT_FALSE((*huge)->pooled());
   EXPECT_EQ(node.stats().store.versions_in_ram, 1u);
+}
+
+// A lease asks for its size before any byte exists, so a raw client can ask for anything.
+// What no save could ever be admitted with is refused before any memory is taken: past
+// checkpoint.capacity under when_full = wait (naming the key, as a save is refused), and
+// past what a memfd can hold at all; the pool is untouched and the next buffer is served.
+TEST_F(CheckpointNodeTest, ABufferNoSaveCouldUseIsRefusedBeforeAnyMemoryIsTaken) {
+  Cluster cluster({"h"});
+  constexpr std::uint64_t kCapacity = 4ull << 20;
+  CheckpointNode& wait = cluster.start(0, dir_ / "wait", kCapacity, WhenFull::kWait);
+  CheckpointNode& through = cluster.start(1, dir_ / "through", kCapacity, WhenFull::kWriteThrough);
+  const auto refused = [](CheckpointNode& node, std::uint64_t size) {
+    Result<std::shared_ptr<CheckpointBuffer>> buffer = node.allocate(size, "rank7");
+    EXPECT_FALSE(buffer.ok()) << size << " bytes were allocated";
+    return buffer.ok() ? std::string() : buffer.status().message();
+  };
+  const std::string over_budget = refused(wait, kCapacity + 1);
+  EXPECT_NE(over_budget.find("checkpoint.capacity"), std::string::npos) << over_budget;
+  EXPECT_NE(over_budget.find("rank7"), std::string::npos) << over_budget;
+  for (CheckpointNode* node : {&wait, &through}) {
+    for (std::uint64_t size : {std::numeric_limits<std::uint64_t>::max(), std::numeric_limits<std::uint64_t>::max() - 1,
+                               std::uint64_t{(1ull << 63) + 5}}) {
+      const std::string message = refused(*node, size);
+      EXPECT_NE(message.find("rank7"), std::string::npos) << message;
+    }
+    EXPECT_EQ(node->stats().pool.bytes_in_use, 0u);
+    EXPECT_EQ(node->stats().pool.overflows, 0u);
+    auto fits = node->allocate(kCapacity, "rank7");
+    ASSERT_TRUE(fits.ok()) << fits.status().to_string();
+    EXPECT_TRUE((*fits)->pooled());
+  }
 }
 
 TEST_F(CheckpointNodeTest, OwnerKilledRightAfterSaveReturnsItsReplicaHolderDrainsIt) {

@@ -5,10 +5,13 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -158,6 +161,38 @@ TEST(CheckpointPoolTest, ShrinkingABufferKeepsItsBytesAndGivesItsWholeChunksBack
   EXPECT_EQ((*buffer)->bytes().size(), 2 * kChunk + 1);
   buffer->reset();
   EXPECT_EQ(pool->stats().bytes_in_use, 0u);
+}
+
+// A size near 2^64 must not round up past the top to a few chunks (a buffer that says it
+// holds 2^64 bytes over none): it overflows, and no memfd holds that much.
+TEST(CheckpointPoolTest, ASizeNearTheTopOfItsRangeTakesNoChunk) {
+  auto pool = make_pool(4 * kChunk);
+  for (std::uint64_t size : {std::numeric_limits<std::uint64_t>::max(), std::numeric_limits<std::uint64_t>::max() - kChunk + 2}) {
+    EXPECT_FALSE(pool->fits(size)) << size;
+    auto buffer = pool->allocate(size, "huge");
+    EXPECT_FALSE(buffer.ok() && (*buffer)->pooled()) << size << " bytes took " << pool->stats().bytes_in_use;
+  }
+  EXPECT_EQ(pool->stats().bytes_in_use, 0u);
+  EXPECT_EQ(pool->stats().buffers, 0u);
+}
+
+// Trainers get the pool's memfd with their leases (decision 0069). Sealed at its size, so
+// none can shrink it under the daemon's views (which would SIGBUS the daemon) or grow it.
+TEST(CheckpointPoolTest, ThePoolsMemfdCannotBeResizedByWhoeverHoldsIt) {
+  auto pool = make_pool(4 * kChunk);
+  auto buffer = pool->allocate(kChunk, "rank0");
+  ASSERT_TRUE(buffer.ok());
+  const int fd = (*buffer)->lease_memfd();
+  struct stat before {};
+  ASSERT_EQ(::fstat(fd, &before), 0);
+  EXPECT_NE(::ftruncate(fd, 0), 0);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(::ftruncate(fd, before.st_size + static_cast<off_t>(kChunk)), 0);
+  EXPECT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), -1);  // and no seal can be added or taken
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  EXPECT_EQ(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  fill((*buffer)->writable(), 3);  // the daemon still writes its chunks
+  EXPECT_TRUE(holds((*buffer)->bytes(), 3));
 }
 
 TEST(CheckpointSaveBufferTest, TheDaemonMapsWhatTheTrainerWroteAndTheBufferIsReused) {
