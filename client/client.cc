@@ -245,7 +245,7 @@ static Result<double> progress_timeout_s(double requested) {
 class DaemonConnection {
  public:
   ~DaemonConnection() {
-    if (fd_ >= 0) ::close(fd_);
+    if (fd_ >= 0) close_socket();
     for (const int fd : received_fds_) ::close(fd);
   }
 
@@ -446,7 +446,12 @@ class DaemonConnection {
   Result<std::uint64_t> save_checkpoint(std::string_view name, std::uint64_t size,
                                         const std::function<void(std::span<std::uint8_t>)>& write) {
     SHARDMIX_ASSIGN_OR_RETURN(CheckpointLease lease, lease_checkpoint(name, size));
-    write(lease.bytes);
+    try {
+      write(lease.bytes);
+    } catch (...) {
+      (void)abandon_lease(lease);  // the caller's exception is the one to see
+      throw;
+    }
     return save_lease(lease, size);
   }
 
@@ -457,7 +462,7 @@ class DaemonConnection {
   Result<CheckpointLease> lease_checkpoint(std::string_view name, std::uint64_t size) {
     SHARDMIX_RETURN_IF_ERROR(validate_checkpoint_name(name));
     SHARDMIX_ASSIGN_OR_RETURN(DaemonConnection * channel, checkpoint_channel());
-    if (lease_id_ != 0) SHARDMIX_RETURN_IF_ERROR(end_lease(*channel, lease_id_, false, 0).status());
+    if (channel->lease_id_ != 0) SHARDMIX_RETURN_IF_ERROR(end_lease(*channel, false, 0).status());
     const std::int64_t begin = trace::start();
     const std::uint64_t request = next_request_++;
     std::vector<std::uint8_t> frame;
@@ -476,7 +481,7 @@ class DaemonConnection {
     if (grant.code != 0) {
       return Status(static_cast<StatusCode>(grant.code), "daemon of node " + std::to_string(node_) + ": " + grant.message);
     }
-    lease_id_ = grant.lease;  // from here on the daemon holds it for us: given back below on any error
+    channel->lease_id_ = grant.lease;  // from here on the daemon holds it for us: given back below on any error
     std::vector<MemfdRun> runs;
     for (std::size_t i = 0; i < grant.run_offsets.size(); ++i) runs.push_back({grant.run_offsets[i], grant.run_lengths[i]});
     Result<SideBySideMapping> view = make_error(StatusCode::kProtocol, "the daemon of node {} leased {} bytes for "
@@ -493,12 +498,16 @@ class DaemonConnection {
     if (!view.ok()) {
       const Status failed(view.status().code(), fmt::format("checkpoint {}: its lease of {} bytes: {}", name, size,
                                                             view.status().message()));
-      (void)end_lease(*channel, lease_id_, false, 0);
+      (void)end_lease(*channel, false, 0);
       return failed;
     }
-    lease_view_ = std::move(*view);
-    lease_begin_ = begin;
-    return CheckpointLease{lease_id_, std::string(name), lease_view_.bytes().first(size)};
+    // Not inherited by a child process (a fork()ed DataLoader worker): only this process
+    // writes the lease, and only until it is saved.
+    if (!view->bytes().empty()) (void)::madvise(view->bytes().data(), view->bytes().size(), MADV_DONTFORK);
+    channel->lease_view_ = std::move(*view);
+    channel->lease_begin_ = begin;
+    channel->held_lease_ = ++lease_serial_;
+    return CheckpointLease{channel->held_lease_, std::string(name), channel->lease_view_.bytes().first(size)};
   }
 
   Result<std::uint64_t> save_lease(const CheckpointLease& lease, std::uint64_t length) {
@@ -507,33 +516,38 @@ class DaemonConnection {
       return make_error(StatusCode::kInvalidArgument, "checkpoint {}: saving {} bytes of a lease of {}", lease.name,
                         length, lease.bytes.size());
     }
-    SHARDMIX_ASSIGN_OR_RETURN(DaemonConnection * channel, checkpoint_channel());
-    SHARDMIX_ASSIGN_OR_RETURN(proto::CheckpointReply reply, end_lease(*channel, lease.id, true, length));
-    trace::span(trace::What::kCheckpointSave, 0, lease_begin_, trace::kAlways, {reply.version, length});
+    DaemonConnection& channel = *checkpoints_;  // held: check_lease found it open
+    const std::int64_t begin = channel.lease_begin_;
+    SHARDMIX_ASSIGN_OR_RETURN(proto::CheckpointReply reply, end_lease(channel, true, length));
+    trace::span(trace::What::kCheckpointSave, 0, begin, trace::kAlways, {reply.version, length});
     return reply.version;
   }
 
   Status abandon_lease(const CheckpointLease& lease) {
     SHARDMIX_RETURN_IF_ERROR(check_lease(lease));
-    SHARDMIX_ASSIGN_OR_RETURN(DaemonConnection * channel, checkpoint_channel());
-    return end_lease(*channel, lease.id, false, 0).status();
+    return end_lease(*checkpoints_, false, 0).status();
   }
 
-  bool holds_lease(const CheckpointLease& lease) const { return lease.id != 0 && lease.id == lease_id_; }
+  // Held: handed out by this client on the checkpoint connection still open, and not saved
+  // or abandoned since. A connection closes its lease with it (close_socket).
+  bool holds_lease(const CheckpointLease& lease) const {
+    return lease.id != 0 && checkpoints_ && checkpoints_->fd_ >= 0 && checkpoints_->held_lease_ == lease.id;
+  }
 
   Status check_lease(const CheckpointLease& lease) const {
     if (holds_lease(lease)) return Status::ok_status();
     return make_error(StatusCode::kInvalidArgument,
-                      "checkpoint {}: lease {} is not this client's (it was saved, abandoned or replaced by a newer one)",
+                      "checkpoint {}: lease {} is not this client's (it was saved, abandoned or replaced by a newer "
+                      "one, or its connection to the daemon was closed)",
                       lease.name, lease.id);
   }
 
   // Unmaps the lease first, so that nothing here can write into memory the daemon saves
   // or reuses, then commits it (`commit`) or gives it back.
-  Result<proto::CheckpointReply> end_lease(DaemonConnection& channel, std::uint64_t lease, bool commit,
-                                           std::uint64_t length) {
-    lease_view_ = SideBySideMapping();
-    lease_id_ = 0;
+  Result<proto::CheckpointReply> end_lease(DaemonConnection& channel, bool commit, std::uint64_t length) {
+    channel.lease_view_ = SideBySideMapping();
+    const std::uint64_t lease = std::exchange(channel.lease_id_, 0);
+    channel.held_lease_ = 0;
     const std::uint64_t request = next_request_++;
     std::vector<std::uint8_t> frame;
     proto::encode(frame, commit ? proto::FrameType::kCheckpointCommit : proto::FrameType::kCheckpointAbandon,
@@ -693,12 +707,23 @@ class DaemonConnection {
   // may be half read, so the connection cannot go on: close it, and the daemon frees what
   // this trainer held as for any disconnect.
   Status interrupt() {
-    ::close(std::exchange(fd_, -1));
-    inbox_begin_ = inbox_end_ = 0;
+    close_socket();
     return make_error(StatusCode::kCancelled,
                       "interrupted by a signal while waiting for the daemon of node {} ({}); the connection is "
                       "closed: connect again to go on",
                       node_, socket_path_);
+  }
+
+  // Closes the socket; the daemon then frees what this connection held. A checkpoint
+  // lease is among that, and its chunks may go to another checkpoint at once, so this
+  // process's mapping of it goes first: a write through a stale lease then faults rather
+  // than landing in another version.
+  void close_socket() {
+    lease_view_ = SideBySideMapping();
+    lease_id_ = 0;
+    held_lease_ = 0;
+    ::close(std::exchange(fd_, -1));
+    inbox_begin_ = inbox_end_ = 0;
   }
 
   Status lost(const std::string& why) {
@@ -869,8 +894,18 @@ class DaemonConnection {
 
   // The next frame on this checkpoint connection, which must be a `type` frame (`what` in
   // errors) answering request `request`.
+  // Any failure here leaves the connection out of step with the daemon (an answer missing,
+  // unread or unreadable), so the connection is closed: the daemon then frees what it held
+  // for it (a lease granted in the answer this could not read), and the next checkpoint call
+  // opens a new one.
   template <typename Answer>
   Result<Answer> checkpoint_answer(proto::FrameType type, std::string_view what, std::uint64_t request) {
+    Result<Answer> answer = read_checkpoint_answer<Answer>(type, what, request);
+    if (!answer.ok() && fd_ >= 0) close_socket();
+    return answer;
+  }
+  template <typename Answer>
+  Result<Answer> read_checkpoint_answer(proto::FrameType type, std::string_view what, std::uint64_t request) {
     proto::FrameHeader header{};
     SHARDMIX_RETURN_IF_ERROR(receive(header, payload_));
     if (header.type != static_cast<std::uint16_t>(type)) {
@@ -907,10 +942,16 @@ class DaemonConnection {
   std::vector<std::uint8_t> payload_;
   std::optional<Catalog> catalog_;
   std::optional<CheckpointSaveBuffer> save_buffer_;  // made on the first save_buffer
-  // The checkpoint lease held (id 0: none) and this process's mapping of it.
+  // On a checkpoint connection: the lease it holds (decision 0069) as the daemon numbers it
+  // (per connection, 0: none) and as this client numbers it (CheckpointLease::id, never
+  // reused by the client, so a lease from a closed connection never matches a new one),
+  // and this process's mapping of it.
   std::uint64_t lease_id_ = 0;
+  std::uint64_t held_lease_ = 0;
   SideBySideMapping lease_view_;
   std::int64_t lease_begin_ = 0;  // trace start of the save it is for
+  // On the batch connection: the last CheckpointLease::id handed out.
+  std::uint64_t lease_serial_ = 0;
   bool in_epoch_ = false;
   std::uint64_t next_stream_ = 1;
   std::uint64_t current_stream_ = 0;

@@ -219,8 +219,10 @@ struct CheckpointVersion {
 // Memory of the node's checkpoint pool leased to this trainer (Client::lease_checkpoint,
 // docs/decisions/0069): write the checkpoint into `bytes`, then Client::save_lease saves it
 // with no copy at all. `bytes` is mapped by the Client and valid until save_lease,
-// abandon_lease, the next lease_checkpoint or the Client's end, whichever comes first;
-// after that it is unmapped (a write faults rather than changing a saved checkpoint).
+// abandon_lease, the next lease_checkpoint, the close of the Client's checkpoint
+// connection (an interrupted wait, an answer that did not come) or the Client's end,
+// whichever comes first; after that it is unmapped (a write faults rather than changing a
+// saved checkpoint). `id` is the Client's own serial, never reused.
 struct CheckpointLease {
   std::uint64_t id = 0;
   std::string name;
@@ -307,7 +309,8 @@ class Client {
   // checkpoint pool (lease_checkpoint below), pages the daemon reuses from save to save.
   std::uint64_t save(std::string_view name, std::span<const std::uint8_t> bytes);
   // The same without that copy: `write` fills the `size` leased bytes itself (e.g. a
-  // serializer writing straight into them).
+  // serializer writing straight into them). If `write` throws, the lease is abandoned and
+  // the exception goes on.
   std::uint64_t save(std::string_view name, std::uint64_t size,
                      const std::function<void(std::span<std::uint8_t>)>& write);
   // `size` bytes of the daemon's checkpoint pool, mapped writable here, to become the next
@@ -320,7 +323,8 @@ class Client {
   std::uint64_t save_lease(const CheckpointLease& lease, std::uint64_t length);
   // Unmaps the lease and gives its memory back unsaved.
   void abandon_lease(const CheckpointLease& lease);
-  // Whether `lease` is the one this client holds now (not saved, abandoned or replaced).
+  // Whether `lease` is the one this client holds now (not saved, abandoned or replaced,
+  // and its connection still open).
   bool holds_lease(const CheckpointLease& lease) const;
   // A save buffer, for a serializer that writes to a file descriptor: a memfd this client
   // keeps and reuses, which the daemon copies into its checkpoint pool (decision 0068).

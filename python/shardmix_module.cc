@@ -489,13 +489,16 @@ GIL released: this is the copy shardmix.torch makes.)doc")
       .def_property_readonly("name", [](const PyLease& l) { return l.lease.name; })
       .def_property_readonly("size", [](const PyLease& l) { return l.lease.bytes.size(); })
       .def("write", [](PyLease& l, std::uint64_t offset, py::buffer data) {
+        // The buffer first: request() can run Python code (an exporter's __buffer__, a
+        // finalizer), and so let another thread save or abandon the lease; the checks after
+        // it see the lease as the copy will.
+        const py::buffer_info info = data.request();
+        const std::span<const std::uint8_t> bytes = contiguous_bytes(info, "CheckpointLease.write()");
         // Busy: another thread is in a call of this client (perhaps saving this very lease).
         if (l.state->busy) throw std::runtime_error("shardmix.Client used from two threads at once (one Client per thread)");
         if (!l.state->get().holds_lease(l.lease)) {
-          throw py::value_error("checkpoint " + l.lease.name + ": this lease was saved, abandoned or replaced");
+          throw py::value_error("checkpoint " + l.lease.name + ": this lease was saved, abandoned or replaced, or its connection to the daemon was closed");
         }
-        const py::buffer_info info = data.request();
-        const std::span<const std::uint8_t> bytes = contiguous_bytes(info, "CheckpointLease.write()");
         const auto n = static_cast<std::uint64_t>(bytes.size());
         if (offset > l.lease.bytes.size() || n > l.lease.bytes.size() - offset) {
           throw py::value_error("checkpoint " + l.lease.name + ": writing " + std::to_string(n) + " bytes at offset " +

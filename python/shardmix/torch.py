@@ -212,12 +212,22 @@ def _storage_bytes(obj, seen=None):
     seen = set() if seen is None else seen
     tensor = getattr(torch, "Tensor", None)  # absent from the stand-in the tests use without torch
     if tensor is not None and isinstance(obj, tensor):
-        storage = obj.untyped_storage() if hasattr(obj, "untyped_storage") else obj.storage()
-        key = (storage.data_ptr(), obj.device.type)
+        try:
+            storage = obj.untyped_storage() if hasattr(obj, "untyped_storage") else obj.storage()
+            key = (storage.data_ptr(), obj.device.type)
+            nbytes = storage.nbytes()
+        except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+            # No storage to ask (a sparse tensor, a wrapper subclass): torch.save still
+            # writes it, in a layout of its own. The size is only the lease's first guess
+            # (a state larger than the lease is serialised again), so its elements will do.
+            try:
+                return obj.element_size() * obj.numel()
+            except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+                return 0
         if key in seen:
             return 0
         seen.add(key)
-        return storage.nbytes()
+        return nbytes
     if isinstance(obj, dict):
         return sum(_storage_bytes(v, seen) for v in obj.values())
     if isinstance(obj, (list, tuple)):

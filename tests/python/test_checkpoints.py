@@ -134,6 +134,13 @@ def main():
     finally:
         smt.torch.save = serialise
     assert smt.load(f"torch-big{rank}", client=client) == big
+    if real_torch:
+        # A tensor whose storage cannot be asked for (sparse) is saved as torch.save saves it.
+        import torch
+        grad = torch.sparse_coo_tensor([[0, 1], [1, 0]], [1.0, 2.0], (2, 2))
+        assert smt.save({"grad": grad, "rank": rank}, f"torch-sparse{rank}", client=client) == 1
+        back = smt.load(f"torch-sparse{rank}", client=client)
+        assert torch.equal(back["grad"].to_dense(), grad.to_dense()) and back["rank"] == rank, back
     print(f"test_checkpoints: rank {rank}: PASS (save/wait_durable/load/list; shardmix.torch.save/load with "
           f"{'torch' if real_torch else 'a pickle-based fake of torch.save/torch.load: torch is not installed'})")
 

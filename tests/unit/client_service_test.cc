@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <atomic>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <future>
 #include <optional>
@@ -308,13 +309,19 @@ TEST_F(ServiceTest, RefusesAWrongLayoutAndADuplicateRank) {
   EXPECT_NE(twice.status().message().find("already connected"), std::string::npos);
 }
 
-// Sends raw bytes as a client would and returns what the daemon answered before closing.
-std::vector<std::uint8_t> raw_exchange(const fs::path& socket_path, const std::vector<std::uint8_t>& bytes) {
+// A socket connected to the daemon at `socket_path`, to speak the protocol raw.
+int connect_raw(const fs::path& socket_path) {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, socket_path.c_str(), sizeof(addr.sun_path) - 1);
   EXPECT_EQ(0, ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)));
+  return fd;
+}
+
+// Sends raw bytes as a client would and returns what the daemon answered before closing.
+std::vector<std::uint8_t> raw_exchange(const fs::path& socket_path, const std::vector<std::uint8_t>& bytes) {
+  const int fd = connect_raw(socket_path);
   EXPECT_EQ(static_cast<ssize_t>(bytes.size()), ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL));
   std::vector<std::uint8_t> answer;
   std::uint8_t buf[4096];
@@ -410,11 +417,16 @@ TEST_F(ServiceTest, ALeasedCheckpointIsSavedFromWhereTheTrainerWroteIt) {
   std::vector<std::uint8_t> state(300000);
   Rng rng(5);
   rng.fill_bytes(state);
+  const std::uint64_t buffers_before = checkpoints_->stats().pool.buffers;
   CheckpointLease lease = client.lease_checkpoint("rank0", 400000);
   ASSERT_EQ(lease.bytes.size(), 400000u);
   EXPECT_TRUE(client.holds_lease(lease));
   std::memcpy(lease.bytes.data(), state.data(), state.size());
   EXPECT_EQ(client.save_lease(lease, state.size()), 1u);
+  // No copy: the version saved is the leased buffer itself, the one pool buffer the save
+  // took (a copy would have taken a second to copy into), and it holds what was written.
+  EXPECT_EQ(checkpoints_->stats().pool.buffers, buffers_before + 1);
+  EXPECT_EQ(checkpoints_->stats().pool.overflows, 0u);
   EXPECT_FALSE(client.holds_lease(lease));
   EXPECT_FALSE(mapped_here(lease.bytes.data()));
   EXPECT_FALSE(mapped_here(lease.bytes.data() + state.size() - 1));
@@ -447,6 +459,55 @@ TEST_F(ServiceTest, ALeasedCheckpointIsSavedFromWhereTheTrainerWroteIt) {
   client.wait_durable("rank0");  // the drain done before TearDown removes checkpoint.dir
 }
 
+// A lease belongs to its connection. When the client closes that connection (here: an
+// answer that did not come within the receive timeout, so the connection is out of step)
+// the daemon takes the lease's chunks back for other checkpoints, so the client must unmap
+// it at once and refuse it from then on; and since the daemon numbers leases per
+// connection, the stale lease must not match the first lease of the next connection.
+TEST_F(ServiceTest, ALeaseEndsWithItsConnectionAndNeverMatchesALaterOne) {
+  ClientOptions o = options(0);
+  o.receive_timeout_s = 1;
+  Client client = Client::connect(o);
+  const CheckpointLease stale = client.lease_checkpoint("rank0", 10000);
+  ASSERT_TRUE(client.holds_lease(stale));
+  std::promise<void> unblock;
+  std::promise<void> blocked;
+  boost::asio::post(io_, [&blocked, unblocked = unblock.get_future().share()] {
+    blocked.set_value();
+    unblocked.wait();  // the daemon's io thread hangs: the listing below is not answered
+  });
+  blocked.get_future().wait();
+  EXPECT_THROW((void)client.list(), Error);
+  EXPECT_FALSE(client.holds_lease(stale));
+  EXPECT_FALSE(mapped_here(stale.bytes.data()));  // before any new lease could map there
+  unblock.set_value();
+  const CheckpointLease fresh = client.lease_checkpoint("rank0", 10000);  // a new connection: its lease 1 again
+  EXPECT_NE(fresh.id, stale.id);
+  EXPECT_FALSE(client.holds_lease(stale));
+  EXPECT_TRUE(client.holds_lease(fresh));
+  try {
+    (void)client.save_lease(stale, 10);
+    ADD_FAILURE() << "a lease of a closed connection was saved";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("connection to the daemon was closed"), std::string::npos) << e.what();
+  }
+  std::memset(fresh.bytes.data(), 9, 10);
+  EXPECT_EQ(client.save_lease(fresh, 10), 1u);
+  EXPECT_EQ(client.load("rank0").bytes().size(), 10u);
+  client.wait_durable("rank0");  // the drain done before TearDown removes checkpoint.dir
+}
+
+// The save(name, size, write) form gives its lease back when `write` throws: the caller's
+// exception comes out, and the next save is not refused for a lease still held.
+TEST_F(ServiceTest, ASaveWhoseWriterThrowsGivesItsLeaseBack) {
+  Client client = Client::connect(options(0));
+  EXPECT_THROW((void)client.save("rank0", 5000, [](std::span<std::uint8_t>) { throw std::runtime_error("no"); }),
+               std::runtime_error);
+  EXPECT_EQ(checkpoints_->stats().pool.bytes_in_use, 0u);
+  EXPECT_EQ(client.save("rank0", 4, [](std::span<std::uint8_t> into) { std::memset(into.data(), 1, 4); }), 1u);
+  client.wait_durable("rank0");
+}
+
 // Frames read from `fd` until `count` have arrived (or 5 s pass): each frame's header and
 // payload. Descriptors sent along are dropped by recv.
 std::vector<std::pair<proto::FrameHeader, std::vector<std::uint8_t>>> read_frames(int fd, std::size_t count) {
@@ -476,11 +537,7 @@ std::vector<std::pair<proto::FrameHeader, std::vector<std::uint8_t>>> read_frame
 // one is held is refused naming both checkpoints, and a commit of a lease the connection
 // does not hold is refused; the connection stays open and the held lease still commits.
 TEST_F(ServiceTest, AConnectionHoldsOneLeaseAtATime) {
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, (dir_ / "d0.sock").c_str(), sizeof(addr.sun_path) - 1);
-  ASSERT_EQ(0, ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)));
+  const int fd = connect_raw(dir_ / "d0.sock");
   std::vector<std::uint8_t> out;
   proto::encode_checkpoint_hello(out, proto::Hello{0, 4, 1});
   proto::set_hello_job_token(out, kJobToken);
@@ -530,6 +587,88 @@ TEST_F(ServiceTest, AConnectionHoldsOneLeaseAtATime) {
   ::close(fd);
   Client client = Client::connect(options(0));
   client.wait_durable("first");  // the drain done before TearDown removes checkpoint.dir
+}
+
+// Every way a lease ends, spoken raw as a hostile or broken client could: a commit longer
+// than the lease is refused and ends it; a second commit, or one after an abandon, is
+// refused naming the lease; a lease no save could use (2^64 - 1 bytes) is refused naming
+// checkpoint.capacity and takes nothing; and a connection closed while holding a lease
+// (a trainer that died) gives its chunks back. The daemon serves on throughout.
+TEST_F(ServiceTest, ALeaseEndsOnceByCommitAbandonOrCloseAndItsChunksGoBack) {
+  const int fd = connect_raw(dir_ / "d0.sock");
+  std::vector<std::uint8_t> out;
+  proto::encode_checkpoint_hello(out, proto::Hello{0, 4, 1});
+  proto::set_hello_job_token(out, kJobToken);
+  ASSERT_EQ(static_cast<ssize_t>(out.size()), ::send(fd, out.data(), out.size(), MSG_NOSIGNAL));
+  ASSERT_EQ(read_frames(fd, 1).size(), 1u);  // the welcome
+  // One request, its one answer.
+  const auto ask = [fd](const std::vector<std::uint8_t>& frame) {
+    EXPECT_EQ(static_cast<ssize_t>(frame.size()), ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL));
+    auto frames = read_frames(fd, 1);
+    EXPECT_EQ(frames.size(), 1u);
+    return frames.empty() ? std::vector<std::uint8_t>() : frames[0].second;
+  };
+  const auto lease = [&](std::uint64_t request, std::uint64_t size, const std::string& name) {
+    std::vector<std::uint8_t> frame;
+    proto::encode_checkpoint_lease(frame, proto::CheckpointSave{request, size, name});
+    proto::CheckpointLeaseGrant grant;
+    EXPECT_EQ(proto::decode(ask(frame), grant), "");
+    return grant;
+  };
+  const auto end = [&](proto::FrameType type, std::uint64_t request, std::uint64_t lease_id, std::uint64_t length) {
+    std::vector<std::uint8_t> frame;
+    proto::encode(frame, type, proto::CheckpointCommit{request, lease_id, length});
+    proto::CheckpointReply reply;
+    EXPECT_EQ(proto::decode(ask(frame), reply), "");
+    return reply;
+  };
+  const auto in_use = [this] { return checkpoints_->stats().pool.bytes_in_use; };
+  constexpr auto kCommit = proto::FrameType::kCheckpointCommit;
+  constexpr auto kAbandon = proto::FrameType::kCheckpointAbandon;
+
+  const proto::CheckpointLeaseGrant first = lease(1, 10000, "first");
+  ASSERT_EQ(first.code, 0) << first.message;
+  EXPECT_GT(in_use(), 0u);
+  const proto::CheckpointReply too_long = end(kCommit, 2, first.lease, 10001);
+  EXPECT_EQ(too_long.code, static_cast<std::uint16_t>(StatusCode::kInvalidArgument));
+  EXPECT_NE(too_long.message.find("'first': the commit says 10001 bytes, its lease holds 10000"), std::string::npos)
+      << too_long.message;
+  EXPECT_EQ(in_use(), 0u);  // that ended it
+  EXPECT_NE(end(kCommit, 3, first.lease, 10).code, 0);
+
+  const proto::CheckpointLeaseGrant second = lease(4, 10000, "second");
+  ASSERT_EQ(second.code, 0) << second.message;
+  const proto::CheckpointReply saved = end(kCommit, 5, second.lease, 10);
+  EXPECT_EQ(saved.code, 0) << saved.message;
+  EXPECT_EQ(saved.version, 1u);
+  const std::uint64_t holding_second = in_use();
+  EXPECT_GT(holding_second, 0u);
+  const proto::CheckpointReply twice = end(kCommit, 6, second.lease, 10);
+  EXPECT_EQ(twice.code, static_cast<std::uint16_t>(StatusCode::kInvalidArgument));
+  EXPECT_NE(twice.message.find("holds no checkpoint lease " + std::to_string(second.lease)), std::string::npos)
+      << twice.message;
+
+  const proto::CheckpointLeaseGrant third = lease(7, 20000, "third");
+  ASSERT_EQ(third.code, 0) << third.message;
+  EXPECT_GT(in_use(), holding_second);
+  EXPECT_EQ(end(kAbandon, 8, third.lease, 0).code, 0);
+  EXPECT_EQ(in_use(), holding_second);
+  EXPECT_NE(end(kCommit, 9, third.lease, 10).code, 0);
+
+  const proto::CheckpointLeaseGrant huge = lease(10, std::numeric_limits<std::uint64_t>::max(), "huge");
+  EXPECT_EQ(huge.code, static_cast<std::uint16_t>(StatusCode::kResourceExhausted));
+  EXPECT_NE(huge.message.find("checkpoint.capacity"), std::string::npos) << huge.message;
+  EXPECT_EQ(in_use(), holding_second);
+
+  const proto::CheckpointLeaseGrant fifth = lease(11, 30000, "fifth");
+  ASSERT_EQ(fifth.code, 0) << fifth.message;
+  EXPECT_GT(in_use(), holding_second);
+  ::close(fd);  // dies holding it
+  for (int i = 0; i < 500 && in_use() != holding_second; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(in_use(), holding_second);
+  Client client = Client::connect(options(0));
+  EXPECT_EQ(client.list().size(), 1u);  // "second" alone
+  client.wait_durable("second");  // the drain done before TearDown removes checkpoint.dir
 }
 
 TEST_F(ServiceTest, CheckpointAndBatchFramesNeverCrossConnectionKinds) {

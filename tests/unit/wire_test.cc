@@ -293,11 +293,24 @@ TEST(Wire, CheckpointFramesEncodeToTheirPinnedBytesAndNameTruncations) {
   EXPECT_EQ(request_payload_bytes(FrameType::kCheckpointListing), -1);
 }
 
-// A lease (decision 0069): its frames follow their field lists, and a grant's runs must be
-// whole pages that hold the lease, since the trainer writes that many bytes into them.
+// A lease (decision 0069): its frames encode to their pinned bytes and follow their field
+// lists, and a grant's runs must be whole pages that hold the lease, since the trainer
+// writes that many bytes into them.
 TEST(Wire, LeaseFramesFollowTheirFieldsAndAGrantsRunsMustHoldTheLease) {
   const auto page = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
   const CheckpointLeaseGrant grant{7, 0, 3, 3 * page - 10, {0, 8 * page}, {page, 2 * page}, ""};
+  if (page == 4096) {  // the pinned bytes hold the page size
+    EXPECT_EQ(hex(frame_of(grant)),
+            "534d5831090016004200000000000000070000000000000000000300000000000000f62f00000000000002000000000000000000000000800000000000000010000000000000002000000000000000000000");
+  }
+  EXPECT_EQ(hex(frame_of(CheckpointLeaseGrant{8, 7, 0, 4096, {}, {}, "full"})),
+            "534d58310900160026000000000000000800000000000000070000000000000000000010000000000000000000000400000066756c6c");
+  EXPECT_EQ(hex(frame_of(CheckpointCommit{8, 3, 100})),
+            "534d5831090017001800000000000000080000000000000003000000000000006400000000000000");
+  Bytes abandon;
+  encode(abandon, FrameType::kCheckpointAbandon, CheckpointCommit{9, 3, 0});
+  EXPECT_EQ(hex(abandon),
+            "534d5831090018001800000000000000090000000000000003000000000000000000000000000000");
   expect_walked_size(grant);
   expect_truncations_name_the_field(grant, "checkpoint-lease-grant frame");
   expect_walked_size(CheckpointCommit{8, 3, 100});
