@@ -248,10 +248,11 @@ TEST_F(CheckpointNodeTest, ABufferLargerThanThePoolEvictsNothing) {
 // checkpoint.capacity under when_full = wait (naming the key, as a save is refused), and
 // past what a memfd can hold at all; the pool is untouched and the next buffer is served.
 TEST_F(CheckpointNodeTest, ABufferNoSaveCouldUseIsRefusedBeforeAnyMemoryIsTaken) {
-  Cluster cluster({"h"});
   constexpr std::uint64_t kCapacity = 4ull << 20;
-  CheckpointNode& wait = cluster.start(0, dir_ / "wait", kCapacity, WhenFull::kWait);
-  CheckpointNode& through = cluster.start(1, dir_ / "through", kCapacity, WhenFull::kWriteThrough);
+  Cluster waiting({"h"});
+  CheckpointNode& wait = waiting.start(0, dir_ / "wait", kCapacity, WhenFull::kWait);
+  Cluster writing_through({"h"});
+  CheckpointNode& through = writing_through.start(0, dir_ / "through", kCapacity, WhenFull::kWriteThrough);
   const auto refused = [](CheckpointNode& node, std::uint64_t size) {
     Result<std::shared_ptr<CheckpointBuffer>> buffer = node.allocate(size, "rank7");
     EXPECT_FALSE(buffer.ok()) << size << " bytes were allocated";
