@@ -9,8 +9,10 @@
 // 1 GiB in a fresh memfd paid that at the trainer, and its replica paid it again at the
 // holder. On RDMA fabrics memory the daemon reuses is also memory it need not pin anew.
 //
-// A buffer is a contiguous view of its chunks, mapped at one address (MAP_FIXED over a
-// reserved range), so the rest of the daemon sees one span, as before. Its chunks go back
+// A buffer is a contiguous view of its chunks, so the rest of the daemon sees one span, as
+// before: a window of the pool's own mapping of the whole memfd (made once) when its chunks
+// are consecutive, which the pool prefers; else its chunks mapped side by side at one
+// address (MAP_FIXED over a reserved range). Its chunks go back
 // to the pool when the last reference to the buffer goes; their pages stay allocated. When
 // too few chunks are free (a load or a drain still holds an evicted version, or a save
 // waits for room outside the budget), the buffer gets a memfd of its own, fresh pages and

@@ -11,7 +11,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -123,16 +125,15 @@ TEST(CheckpointPoolTest, AChunkThatIsNotWholePagesIsRefused) {
 // the daemon's view must then hold those very bytes, with no copy in between. Checked for
 // a buffer whose chunks are not consecutive (two runs) and for an overflow.
 TEST(CheckpointPoolTest, TheRunsOfABuffersMemfdMappedElsewhereAreTheBufferItself) {
-  auto pool = make_pool(6 * kChunk);
+  auto pool = make_pool(5 * kChunk);
   auto a = pool->allocate(kChunk, "a");
   auto b = pool->allocate(kChunk, "b");
   auto c = pool->allocate(kChunk, "c");
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
-  b->reset();  // chunk 1 free between 0 and 2: the next buffer is chunks 1, 3 and 4
+  b->reset();  // chunk 1 free between 0 and 2, and no 3 free in a row: the next buffer is 1, 3 and 4
   auto pooled = pool->allocate(2 * kChunk + 100, "leased");
-  auto held = pool->allocate(kChunk, "held");  // the pool's last chunk
-  auto overflow = pool->allocate(2 * kChunk, "spilled");
-  ASSERT_TRUE(pooled.ok() && held.ok() && overflow.ok());
+  auto overflow = pool->allocate(2 * kChunk, "spilled");  // none left
+  ASSERT_TRUE(pooled.ok() && overflow.ok());
   ASSERT_TRUE((*pooled)->pooled());
   ASSERT_FALSE((*overflow)->pooled());
   EXPECT_EQ((*pooled)->runs(), (std::vector<MemfdRun>{{kChunk, kChunk}, {3 * kChunk, 2 * kChunk}}));
@@ -161,6 +162,48 @@ TEST(CheckpointPoolTest, ShrinkingABufferKeepsItsBytesAndGivesItsWholeChunksBack
   EXPECT_EQ((*buffer)->bytes().size(), 2 * kChunk + 1);
   buffer->reset();
   EXPECT_EQ(pool->stats().bytes_in_use, 0u);
+}
+
+// The number of mappings this process has (lines of /proc/self/maps).
+std::size_t mappings() {
+  std::ifstream maps("/proc/self/maps");
+  std::size_t lines = 0;
+  for (std::string line; std::getline(maps, line);) ++lines;
+  return lines;
+}
+
+// A buffer of consecutive chunks is a window of the pool's one mapping, made at start: it
+// maps nothing, and the same chunks are at the same address for every buffer that gets
+// them (a page reached through a new mapping costs its first touch again: the pool's
+// comment). The pool prefers consecutive chunks, even past lower scattered ones; only a
+// buffer that has none in a row gets a mapping of its own.
+TEST(CheckpointPoolTest, ABufferOfConsecutiveChunksIsAWindowOfThePoolsOneMapping) {
+  auto pool = make_pool(8 * kChunk);
+  const std::size_t before = mappings();
+  auto first = pool->allocate(3 * kChunk, "rank0");
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(mappings(), before);
+  fill((*first)->writable(), 9);
+  const std::uint8_t* at = (*first)->bytes().data();
+  first->reset();
+  auto again = pool->allocate(3 * kChunk - 5, "rank0");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)->bytes().data(), at);
+  EXPECT_TRUE(holds((*again)->bytes(), 9));
+  // Free now: 3 (one), 5-7 (three in a row). Two chunks come from 5 and 6, not 3 and 5.
+  auto a = pool->allocate(kChunk, "a");   // chunk 3
+  auto b = pool->allocate(kChunk, "b");   // chunk 4
+  a->reset();
+  auto two = pool->allocate(2 * kChunk, "two");
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ((*two)->runs(), (std::vector<MemfdRun>{{5 * kChunk, 2 * kChunk}}));
+  EXPECT_EQ(mappings(), before);
+  auto scattered = pool->allocate(2 * kChunk, "scattered");  // chunks 3 and 7: mapped side by side
+  ASSERT_TRUE(scattered.ok());
+  EXPECT_EQ((*scattered)->runs(), (std::vector<MemfdRun>{{3 * kChunk, kChunk}, {7 * kChunk, kChunk}}));
+  EXPECT_GT(mappings(), before);
+  fill((*scattered)->writable(), 4);
+  EXPECT_TRUE(holds((*scattered)->bytes(), 4));
 }
 
 // A size near 2^64 must not round up past the top to a few chunks (a buffer that says it
