@@ -126,7 +126,12 @@ void CheckpointNode::admit(PendingSave save, Callbacks& out) {
     return;
   }
   if (size > options_.capacity_bytes) {
-    finish_save(std::move(save.done), save.started, too_large(save.name, size), out);
+    finish_save(std::move(save.done), save.started,
+                make_error(StatusCode::kResourceExhausted,
+                           "checkpoint {} ({} bytes) is larger than checkpoint.capacity ({} bytes): raise it, or set "
+                           "checkpoint.when_full = \"write_through\"",
+                           save.name, size, options_.capacity_bytes),
+                out);
     return;
   }
   waiting_for_room_.push_back(std::move(save));
@@ -330,13 +335,6 @@ std::size_t CheckpointNode::peer_died(std::int32_t rank) {
   return taken_over;
 }
 
-Status CheckpointNode::too_large(std::string_view checkpoint, std::uint64_t size) const {
-  return make_error(StatusCode::kResourceExhausted,
-                    "checkpoint {} ({} bytes) is larger than checkpoint.capacity ({} bytes): raise it, or set "
-                    "checkpoint.when_full = \"write_through\"",
-                    checkpoint, size, options_.capacity_bytes);
-}
-
 std::vector<std::string> CheckpointNode::owned_names() const {
   std::lock_guard lock(mutex_);
   std::vector<std::string> names;
@@ -351,10 +349,10 @@ std::uint32_t CheckpointNode::slot_of(const std::string& name) {
 }
 
 Result<std::shared_ptr<CheckpointBuffer>> CheckpointNode::allocate(std::uint64_t size, std::string_view checkpoint) {
-  // Refused before any memory is taken for it: a save this large could never be admitted
-  // (admit() refuses it the same way), and a size past off_t is no memfd's. A lease asks
-  // for its size before the bytes exist, so a raw client can ask for anything.
-  if (options_.when_full == WhenFull::kWait && size > options_.capacity_bytes) return too_large(checkpoint, size);
+  // A lease asks for its size before the bytes exist, so a raw client can ask for anything:
+  // a size past off_t is no memfd's, and is refused before any memory is taken. A size past
+  // checkpoint.capacity is not: a lease is an upper bound (shardmix.torch.save asks for its
+  // tensors plus 1 MiB), so it overflows, and admit() judges the size committed.
   if (size > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
     return make_error(StatusCode::kInvalidArgument, "checkpoint {} ({} bytes) is larger than any memory could hold",
                       checkpoint, size);

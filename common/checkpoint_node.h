@@ -101,8 +101,7 @@ class CheckpointNode {
   // a memfd of its own when the pool is short): where the daemon copies a trainer's save
   // buffer, and where a peer's replica lands. The durable versions the new one will
   // displace from checkpoint.capacity are evicted first, so that their chunks are free.
-  // A size no save could ever be admitted with (past checkpoint.capacity under
-  // when_full = wait, or past off_t) is refused, naming the checkpoint. Any thread.
+  // A size past off_t, which no memfd holds, is refused naming the checkpoint. Any thread.
   Result<std::shared_ptr<CheckpointBuffer>> allocate(std::uint64_t size, std::string_view checkpoint);
 
   // The replica side, called by the daemon's transport.
@@ -157,8 +156,6 @@ class CheckpointNode {
   // The order in which this node first replicated `name` (choose_replica_holder's slot).
   // Holds mutex_.
   std::uint32_t slot_of(const std::string& name);
-  // The error for a version larger than checkpoint.capacity under when_full = wait.
-  Status too_large(std::string_view checkpoint, std::uint64_t size) const;
   void drain_loop();
   void finish_save(SaveDone done, std::chrono::steady_clock::time_point started, Result<CheckpointId> result,
                    Callbacks& out);

@@ -232,6 +232,9 @@ Result<std::unique_ptr<CheckpointPool>> CheckpointPool::create(std::uint64_t cap
                         total, std::strerror(errno));
     }
     shared->view = static_cast<std::uint8_t*>(view);
+    // Not in the daemon's core dumps: the checkpoints are on disk or with their replicas,
+    // and a dump of a node's whole pool would be as large as checkpoint.capacity.
+    (void)madvise(view, total, MADV_DONTDUMP);
   }
   for (std::uint64_t c = 0; c < shared->chunks; ++c) shared->free.insert(shared->free.end(), c);
   shared->stats.capacity_bytes = total;
@@ -302,6 +305,11 @@ Result<std::shared_ptr<CheckpointBuffer>> CheckpointPool::allocate(std::uint64_t
   }
   const auto overflow = [&]() -> Result<std::shared_ptr<CheckpointBuffer>> {
     SHARDMIX_ASSIGN_OR_RETURN(CheckpointMemfd memfd, CheckpointMemfd::create(checkpoint, size));
+    // A lease hands this memfd to a trainer too: sealed at its size as the pool's is.
+    if (fcntl(memfd.fd(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+      return make_error(StatusCode::kResourceExhausted, "checkpoint {} ({} bytes): sealing its memfd: {}", checkpoint,
+                        size, std::strerror(errno));
+    }
     return std::shared_ptr<CheckpointBuffer>(std::make_shared<OverflowBuffer>(std::move(memfd)));
   };
   if (taken.size() != needed) {

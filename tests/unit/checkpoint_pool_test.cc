@@ -236,6 +236,14 @@ TEST(CheckpointPoolTest, ThePoolsMemfdCannotBeResizedByWhoeverHoldsIt) {
   EXPECT_EQ(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
   fill((*buffer)->writable(), 3);  // the daemon still writes its chunks
   EXPECT_TRUE(holds((*buffer)->bytes(), 3));
+  // An overflow's memfd of its own goes to a trainer with a lease as well.
+  auto overflow = pool->allocate(8 * kChunk, "rank1");
+  ASSERT_TRUE(overflow.ok());
+  ASSERT_FALSE((*overflow)->pooled());
+  EXPECT_NE(::ftruncate((*overflow)->lease_memfd(), 0), 0);
+  EXPECT_EQ(errno, EPERM);
+  fill((*overflow)->writable(), 5);
+  EXPECT_TRUE(holds((*overflow)->bytes(), 5));
 }
 
 TEST(CheckpointSaveBufferTest, TheDaemonMapsWhatTheTrainerWroteAndTheBufferIsReused) {

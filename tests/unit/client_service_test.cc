@@ -591,9 +591,11 @@ TEST_F(ServiceTest, AConnectionHoldsOneLeaseAtATime) {
 
 // Every way a lease ends, spoken raw as a hostile or broken client could: a commit longer
 // than the lease is refused and ends it; a second commit, or one after an abandon, is
-// refused naming the lease; a lease no save could use (2^64 - 1 bytes) is refused naming
-// checkpoint.capacity and takes nothing; and a connection closed while holding a lease
-// (a trainer that died) gives its chunks back. The daemon serves on throughout.
+// refused naming the lease; a lease no memfd could hold (2^64 - 1 bytes) is refused naming
+// the checkpoint and takes nothing; a lease larger than checkpoint.capacity is granted (it
+// is an upper bound) but a commit of more than checkpoint.capacity is refused naming the
+// key; and a connection closed while holding a lease (a trainer that died) gives its chunks
+// back. The daemon serves on throughout.
 TEST_F(ServiceTest, ALeaseEndsOnceByCommitAbandonOrCloseAndItsChunksGoBack) {
   const int fd = connect_raw(dir_ / "d0.sock");
   std::vector<std::uint8_t> out;
@@ -656,19 +658,33 @@ TEST_F(ServiceTest, ALeaseEndsOnceByCommitAbandonOrCloseAndItsChunksGoBack) {
   EXPECT_NE(end(kCommit, 9, third.lease, 10).code, 0);
 
   const proto::CheckpointLeaseGrant huge = lease(10, std::numeric_limits<std::uint64_t>::max(), "huge");
-  EXPECT_EQ(huge.code, static_cast<std::uint16_t>(StatusCode::kResourceExhausted));
-  EXPECT_NE(huge.message.find("checkpoint.capacity"), std::string::npos) << huge.message;
+  EXPECT_EQ(huge.code, static_cast<std::uint16_t>(StatusCode::kInvalidArgument));
+  EXPECT_NE(huge.message.find("huge"), std::string::npos) << huge.message;
   EXPECT_EQ(in_use(), holding_second);
+  // checkpoint.capacity is 1 MiB here: a 3 MiB lease is granted; 5 bytes of it are saved,
+  // 2 MiB of it are not.
+  const proto::CheckpointLeaseGrant big = lease(12, 3 << 20, "big");
+  ASSERT_EQ(big.code, 0) << big.message;
+  EXPECT_EQ(end(kCommit, 13, big.lease, 5).code, 0);
+  const proto::CheckpointLeaseGrant bigger = lease(14, 3 << 20, "big");
+  ASSERT_EQ(bigger.code, 0) << bigger.message;
+  const proto::CheckpointReply too_big = end(kCommit, 15, bigger.lease, 2 << 20);
+  EXPECT_EQ(too_big.code, static_cast<std::uint16_t>(StatusCode::kResourceExhausted));
+  EXPECT_NE(too_big.message.find("checkpoint.capacity"), std::string::npos) << too_big.message;
+
+  const std::uint64_t holding_both = in_use();  // "second" and "big", the refused one gone
+  EXPECT_GT(holding_both, holding_second);
 
   const proto::CheckpointLeaseGrant fifth = lease(11, 30000, "fifth");
   ASSERT_EQ(fifth.code, 0) << fifth.message;
-  EXPECT_GT(in_use(), holding_second);
+  EXPECT_GT(in_use(), holding_both);
   ::close(fd);  // dies holding it
-  for (int i = 0; i < 500 && in_use() != holding_second; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  EXPECT_EQ(in_use(), holding_second);
+  for (int i = 0; i < 500 && in_use() != holding_both; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(in_use(), holding_both);
   Client client = Client::connect(options(0));
-  EXPECT_EQ(client.list().size(), 1u);  // "second" alone
-  client.wait_durable("second");  // the drain done before TearDown removes checkpoint.dir
+  EXPECT_EQ(client.list().size(), 2u);  // "second" and "big"
+  client.wait_durable("second");  // the drains done before TearDown removes checkpoint.dir
+  client.wait_durable("big");
 }
 
 TEST_F(ServiceTest, CheckpointAndBatchFramesNeverCrossConnectionKinds) {
