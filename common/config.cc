@@ -680,8 +680,10 @@ std::variant<std::uint64_t, std::string> size_or_reason(std::string_view text) {
   }
   if (multiplier == 0) return fmt::format("unknown unit '{}'", unit);
   // Exact: (integer * scale + fraction) * multiplier / scale, rounded down to whole bytes.
+  // At most 2^63 - 1: a TOML integer is signed 64-bit, so a larger size could not be printed
+  // into a config that loads again (the config fuzzer found 10446744073709551614).
   using U128 = unsigned __int128;
-  constexpr U128 kMax = std::numeric_limits<std::uint64_t>::max();
+  constexpr U128 kMax = std::numeric_limits<std::int64_t>::max();
   if (static_cast<U128>(decimal->integer) * multiplier > kMax) return std::string("too large");
   const U128 scaled = (static_cast<U128>(decimal->integer) * decimal->fraction_scale + decimal->fraction) * multiplier;
   const U128 bytes = scaled / decimal->fraction_scale;
