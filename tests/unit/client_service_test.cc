@@ -8,6 +8,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cinttypes>
+#include <cstdio>
 #include <cstring>
 #include <poll.h>
 #include <fcntl.h>
@@ -401,12 +403,19 @@ TEST_F(ServiceTest, CheckpointsSavedBetweenBatchesLeaveTheEpochExact) {
   EXPECT_EQ(consume(client, 1), planner_->plan_node(1, 0)[0].order);
 }
 
-// Whether this process maps the page at `address` (mincore fails with ENOMEM where nothing is).
-bool mapped_here(const void* address) {
-  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
-  unsigned char resident = 0;
-  void* start = reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(address) / page * page);
-  return ::mincore(start, page, &resident) == 0;
+// Whether the page at `address` is a mapping of the daemon's checkpoint pool memfd
+// (/proc/self/maps). A lease unmapped must not be; the address itself may be reused by any
+// other mapping at once (the daemon runs in this process, and malloc maps large blocks), so
+// "nothing is mapped there" would be a race, not a check.
+bool pool_mapped_at(const void* address) {
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    std::uintptr_t begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR, &begin, &end) != 2) continue;
+    if (at >= begin && at < end) return line.find("shardmix-checkpoint-pool") != std::string::npos;
+  }
+  return false;
 }
 
 // A lease (decision 0069): the trainer writes into the daemon's memory and saves part of
@@ -421,6 +430,7 @@ TEST_F(ServiceTest, ALeasedCheckpointIsSavedFromWhereTheTrainerWroteIt) {
   CheckpointLease lease = client.lease_checkpoint("rank0", 400000);
   ASSERT_EQ(lease.bytes.size(), 400000u);
   EXPECT_TRUE(client.holds_lease(lease));
+  EXPECT_TRUE(pool_mapped_at(lease.bytes.data()));  // what the checks after the save look for
   std::memcpy(lease.bytes.data(), state.data(), state.size());
   EXPECT_EQ(client.save_lease(lease, state.size()), 1u);
   // No copy: the version saved is the leased buffer itself, the one pool buffer the save
@@ -428,8 +438,8 @@ TEST_F(ServiceTest, ALeasedCheckpointIsSavedFromWhereTheTrainerWroteIt) {
   EXPECT_EQ(checkpoints_->stats().pool.buffers, buffers_before + 1);
   EXPECT_EQ(checkpoints_->stats().pool.overflows, 0u);
   EXPECT_FALSE(client.holds_lease(lease));
-  EXPECT_FALSE(mapped_here(lease.bytes.data()));
-  EXPECT_FALSE(mapped_here(lease.bytes.data() + state.size() - 1));
+  EXPECT_FALSE(pool_mapped_at(lease.bytes.data()));
+  EXPECT_FALSE(pool_mapped_at(lease.bytes.data() + state.size() - 1));
   const LoadedCheckpoint loaded = client.load("rank0");
   EXPECT_EQ(loaded.version(), 1u);
   EXPECT_TRUE(std::equal(loaded.bytes().begin(), loaded.bytes().end(), state.begin(), state.end()));
@@ -470,6 +480,7 @@ TEST_F(ServiceTest, ALeaseEndsWithItsConnectionAndNeverMatchesALaterOne) {
   Client client = Client::connect(o);
   const CheckpointLease stale = client.lease_checkpoint("rank0", 10000);
   ASSERT_TRUE(client.holds_lease(stale));
+  EXPECT_TRUE(pool_mapped_at(stale.bytes.data()));
   std::promise<void> unblock;
   std::promise<void> blocked;
   boost::asio::post(io_, [&blocked, unblocked = unblock.get_future().share()] {
@@ -479,7 +490,7 @@ TEST_F(ServiceTest, ALeaseEndsWithItsConnectionAndNeverMatchesALaterOne) {
   blocked.get_future().wait();
   EXPECT_THROW((void)client.list(), Error);
   EXPECT_FALSE(client.holds_lease(stale));
-  EXPECT_FALSE(mapped_here(stale.bytes.data()));  // before any new lease could map there
+  EXPECT_FALSE(pool_mapped_at(stale.bytes.data()));  // before any new lease could map there
   unblock.set_value();
   const CheckpointLease fresh = client.lease_checkpoint("rank0", 10000);  // a new connection: its lease 1 again
   EXPECT_NE(fresh.id, stale.id);
