@@ -34,7 +34,8 @@ struct CheckpointPool::Shared {
   // through the same address, whose page-table entries (and, in a virtual machine, the
   // hypervisor's) were filled by the prefault or by an earlier version. Through a new
   // mapping the first touch of each page costs again: 1.4-1.5 s a GiB on the development
-  // machine (a guest with shadow paging) against 0.07 s through the same mapping.
+  // machine (a virtual machine; the cause in its paging was not pinned down) against 0.07 s
+  // through the same mapping.
   std::uint8_t* view = nullptr;
   std::atomic<bool> stop_prefault{false};
   mutable std::mutex mutex;
