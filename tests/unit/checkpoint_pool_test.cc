@@ -9,12 +9,16 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cinttypes>
+#include <cstdio>
 #include <chrono>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/checkpoint_memfd.h"
@@ -164,12 +168,18 @@ TEST(CheckpointPoolTest, ShrinkingABufferKeepsItsBytesAndGivesItsWholeChunksBack
   EXPECT_EQ(pool->stats().bytes_in_use, 0u);
 }
 
-// The number of mappings this process has (lines of /proc/self/maps).
-std::size_t mappings() {
+// The mapping of this process that holds `address` ([begin, end) of its /proc/self/maps
+// line), or {0, 0}. Buffers are judged by where they lie, not by how many mappings the
+// process has: a sanitizer's runtime maps memory of its own at any moment.
+std::pair<std::uintptr_t, std::uintptr_t> mapping_holding(const void* address) {
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
   std::ifstream maps("/proc/self/maps");
-  std::size_t lines = 0;
-  for (std::string line; std::getline(maps, line);) ++lines;
-  return lines;
+  for (std::string line; std::getline(maps, line);) {
+    std::uintptr_t begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR, &begin, &end) != 2) continue;
+    if (at >= begin && at < end) return {begin, end};
+  }
+  return {0, 0};
 }
 
 // A buffer of consecutive chunks is a window of the pool's one mapping, made at start: it
@@ -179,31 +189,40 @@ std::size_t mappings() {
 // buffer that has none in a row gets a mapping of its own.
 TEST(CheckpointPoolTest, ABufferOfConsecutiveChunksIsAWindowOfThePoolsOneMapping) {
   auto pool = make_pool(8 * kChunk);
-  const std::size_t before = mappings();
   auto first = pool->allocate(3 * kChunk, "rank0");
   ASSERT_TRUE(first.ok());
-  EXPECT_EQ(mappings(), before);
+  ASSERT_EQ((*first)->runs(), (std::vector<MemfdRun>{{0, 3 * kChunk}}));
+  const std::uint8_t* base = (*first)->bytes().data();  // chunk 0: where the pool's mapping starts
+  const auto pool_mapping = mapping_holding(base);
+  const auto begin = reinterpret_cast<std::uintptr_t>(base);
+  // One mapping holds all eight chunks, so every window below lies inside it.
+  ASSERT_LE(pool_mapping.first, begin);
+  ASSERT_GE(pool_mapping.second, begin + 8 * kChunk);
   fill((*first)->writable(), 9);
-  const std::uint8_t* at = (*first)->bytes().data();
   first->reset();
   auto again = pool->allocate(3 * kChunk - 5, "rank0");
   ASSERT_TRUE(again.ok());
-  EXPECT_EQ((*again)->bytes().data(), at);
+  EXPECT_EQ((*again)->bytes().data(), base);
   EXPECT_TRUE(holds((*again)->bytes(), 9));
   // Free now: 3 (one), 5-7 (three in a row). Two chunks come from 5 and 6, not 3 and 5.
   auto a = pool->allocate(kChunk, "a");   // chunk 3
   auto b = pool->allocate(kChunk, "b");   // chunk 4
+  EXPECT_EQ((*b)->bytes().data(), base + 4 * kChunk);
   a->reset();
   auto two = pool->allocate(2 * kChunk, "two");
   ASSERT_TRUE(two.ok());
   EXPECT_EQ((*two)->runs(), (std::vector<MemfdRun>{{5 * kChunk, 2 * kChunk}}));
-  EXPECT_EQ(mappings(), before);
+  EXPECT_EQ((*two)->bytes().data(), base + 5 * kChunk);
+  EXPECT_EQ(mapping_holding((*two)->bytes().data()), pool_mapping);
   auto scattered = pool->allocate(2 * kChunk, "scattered");  // chunks 3 and 7: mapped side by side
   ASSERT_TRUE(scattered.ok());
   EXPECT_EQ((*scattered)->runs(), (std::vector<MemfdRun>{{3 * kChunk, kChunk}, {7 * kChunk, kChunk}}));
-  EXPECT_GT(mappings(), before);
+  const auto at = reinterpret_cast<std::uintptr_t>((*scattered)->bytes().data());
+  EXPECT_TRUE(at + 2 * kChunk <= begin || at >= begin + 8 * kChunk) << "a scattered buffer is a mapping of its own";
   fill((*scattered)->writable(), 4);
   EXPECT_TRUE(holds((*scattered)->bytes(), 4));
+  // The same pages: chunk 3 seen through the pool's mapping holds what was written here.
+  EXPECT_TRUE(holds(std::span<const std::uint8_t>(base + 3 * kChunk, kChunk), 4));
 }
 
 // A size near 2^64 must not round up past the top to a few chunks (a buffer that says it
