@@ -688,6 +688,7 @@ class Daemon {
   std::unique_ptr<ShardFileCache> open_shards_;
 
   std::unique_ptr<PeerMonitor> monitor_;
+  OnDestroy forget_failure_detector_figures_;  // as forget_checkpoint_stats_ below, for monitor_
   std::unique_ptr<FabricFetcher> fetcher_;
   bool degrade_ = false;  // fault.peer_death = degrade
   std::unique_ptr<StorageReaderPool> storage_readers_;
@@ -1297,6 +1298,10 @@ Status Daemon::start_service() {
       [fabric = fabric_.get(), region = heartbeat_region_](std::uint32_t peer, std::function<void(const Status&)> done) {
         fabric->heartbeat_read(static_cast<int>(peer), 0, 1, region, peer, std::move(done));
       });
+  if (nodes_ > 1) {
+    telemetry_.set_failure_detector_figures([monitor = monitor_.get()] { return monitor->figures(); });
+    forget_failure_detector_figures_.run = [this] { telemetry_.set_failure_detector_figures({}); };
+  }
   fetcher_ = std::make_unique<FabricFetcher>(io_, *fabric_, staging_region_, slow_peer);
   // The storage tier: cold samples are read by the daemon whose trainer needs them (the
   // dataset is on a file system every node sees), with completions on the io thread.
@@ -1715,8 +1720,12 @@ int Daemon::serve() {
   // Owner-side metadata: a trainer's plan waits for its owners' answers, which this loop
   // moves (decision 0062); it wakes as soon as a local plan queues an ask, and polls the
   // other daemons' asks every tick.
-  const auto tick =
-      rotation_ || replicating || exchange_ ? std::chrono::milliseconds(10) : std::chrono::milliseconds(100);
+  // And at least two polls a heartbeat interval: a longer gap between polls is taken as
+  // this thread's own pause and not counted in full against the peers (PeerMonitor).
+  const std::chrono::milliseconds tick = std::min(
+      rotation_ || replicating || exchange_ ? std::chrono::milliseconds(10) : std::chrono::milliseconds(100),
+      std::max(std::chrono::milliseconds(1),
+               std::chrono::duration_cast<std::chrono::milliseconds>(monitor_->interval() / 2)));
   const auto wait = [&] {
     if (!exchange_) return stop_.wait_for(tick);
     exchange_->wait_for_asks(tick);
@@ -1841,6 +1850,14 @@ void Daemon::drain_checkpoints_before_exit() {
 }
 
 void Daemon::log_shutdown_figures() {
+  if (nodes_ > 1) {
+    const PeerMonitor::Figures f = monitor_->figures();
+    log_->info("failure detector: slowest heartbeat answer {:.3f} s (daemon rank {}; dead at {:.1f} s), longest gap "
+               "between its runs {:.3f} s, {} gaps longer than a heartbeat interval",
+               std::chrono::duration<double>(f.slowest_answer).count(), f.slowest_rank,
+               std::chrono::duration<double>(monitor_->timeout()).count(),
+               std::chrono::duration<double>(f.longest_pause).count(), f.pauses);
+  }
   // The node's metadata as the simulator counts it (common/metadata_footprint.h): catalog,
   // placement and the most scheduler state seen while serving.
   const NodeMetadataBytes metadata = node_metadata_bytes(*directory_, telemetry_.scheduler_metadata_bytes_max());

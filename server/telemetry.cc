@@ -382,6 +382,11 @@ void NodeTelemetry::set_checkpoint_stats(std::function<CheckpointNodeStats()> so
   checkpoint_stats_ = std::move(source);
 }
 
+void NodeTelemetry::set_failure_detector_figures(std::function<PeerMonitor::Figures()> source) {
+  std::lock_guard lock(mutex_);
+  failure_detector_figures_ = std::move(source);
+}
+
 NodeCheckpointFigures NodeTelemetry::checkpoint_figures() const {
   std::function<CheckpointNodeStats()> source;
   {
@@ -456,6 +461,20 @@ std::string NodeTelemetry::prometheus_text() const {
   w.metric("shardmix_dead_peer_storage_samples_total", "counter",
            "Samples read from storage instead of a dead or failing peer daemon (degraded mode).",
            static_cast<double>(rerouted_samples_.load(std::memory_order_relaxed)));
+  if (failure_detector_figures_) {
+    const PeerMonitor::Figures f = failure_detector_figures_();
+    w.metric("shardmix_peer_heartbeat_slowest_seconds", "gauge",
+             "The slowest answer to a failure detector heartbeat so far (a peer is declared dead at "
+             "fault.peer_timeout).",
+             std::chrono::duration<double>(f.slowest_answer).count());
+    w.metric("shardmix_failure_detector_longest_pause_seconds", "gauge",
+             "The longest this daemon's failure detector went without running (its main thread held up).",
+             std::chrono::duration<double>(f.longest_pause).count());
+    w.metric("shardmix_failure_detector_pauses_total", "counter",
+             "Gaps longer than a heartbeat interval between the failure detector's runs (charged one interval "
+             "each, not in full, against the peers).",
+             static_cast<double>(f.pauses));
+  }
   if (checkpoint_stats_) {
     const CheckpointNodeStats c = checkpoint_stats_();
     w.metric("shardmix_checkpoint_ram_bytes", "gauge", "Model checkpoint bytes held in this daemon's RAM.",

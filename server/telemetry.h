@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/checkpoint_node.h"
+#include "common/peer_monitor.h"
 #include "proto/wire.h"
 
 namespace shardmix {
@@ -192,6 +193,8 @@ class NodeTelemetry {
   // Model checkpoints (checkpoint.dir): where prometheus_text() reads their figures; called
   // once before serving, from the daemon's thread. Unset: no checkpoint metrics.
   void set_checkpoint_stats(std::function<CheckpointNodeStats()> source);
+  // The failure detector's figures (PeerMonitor::figures), the same way; unset: none shown.
+  void set_failure_detector_figures(std::function<PeerMonitor::Figures()> source);
   NodeCheckpointFigures checkpoint_figures() const;
 
   // Prometheus text exposition format 0.0.4 (# HELP/# TYPE, one sample per line).
@@ -216,6 +219,7 @@ class NodeTelemetry {
   std::optional<JobEpochStats> job_;
   std::vector<TrainerEpochRecord> queue_;
   std::function<CheckpointNodeStats()> checkpoint_stats_;
+  std::function<PeerMonitor::Figures()> failure_detector_figures_;
 };
 
 // Seconds since 1970 on the system clock (comparable across NTP-synchronised nodes).

@@ -147,5 +147,52 @@ TEST_F(PeerMonitorTest, TheHeartbeatsDueWhenAPeerTimesOutAreStillSent) {
   }
 }
 
+TEST_F(PeerMonitorTest, TheWatchersOwnPauseIsNotCountedAgainstThePeers) {
+  // The daemon's main thread stops for 30 s (a saturated machine): rank 1's answer may have
+  // sat unread in our queues meanwhile. The pause counts one interval, not 30 s.
+  PeerMonitor monitor(0, 2, 2s, hb.hook());
+  ASSERT_EQ(monitor.interval(), 200ms);
+  EXPECT_FALSE(monitor.poll(t0).has_value());
+  EXPECT_FALSE(monitor.poll(t0 + 30s).has_value());
+  hb.answer(1);
+  for (auto t = t0 + 30s + 100ms; t < t0 + 60s; t += 100ms) {
+    ASSERT_FALSE(monitor.poll(t).has_value()) << "at " << (t - t0).count();
+    hb.answer(1);
+  }
+  const PeerMonitor::Figures f = monitor.figures();
+  EXPECT_EQ(f.pauses, 1u);
+  EXPECT_EQ(f.longest_pause, 30s);
+  EXPECT_EQ(f.slowest_answer, 100ms);  // the answer seen after the pause is not measured
+}
+
+TEST_F(PeerMonitorTest, ASilentPeerIsFoundEvenWhenTheWatcherOnlyRunsNowAndThen) {
+  // Every poll comes late (3 s apart, past the 200 ms interval): each gap counts one
+  // interval, so a silent peer is declared dead at the tenth poll after its heartbeat.
+  PeerMonitor monitor(0, 2, 2s, hb.hook());
+  std::optional<PeerMonitor::Failure> dead;
+  int polls = 0;
+  for (auto t = t0; !dead && t < t0 + 10min; t += 3s, ++polls) dead = monitor.poll(t);
+  ASSERT_TRUE(dead.has_value());
+  EXPECT_EQ(dead->rank, 1u);
+  EXPECT_EQ(polls, 11);  // posted at the first, declared at the eleventh
+  EXPECT_NE(dead->reason.find("no answer to a heartbeat read for 30.0 s"), std::string::npos) << dead->reason;
+}
+
+TEST_F(PeerMonitorTest, TheSlowestAnswerIsKeptWithItsPeer) {
+  PeerMonitor monitor(0, 3, 10s, hb.hook());
+  ASSERT_EQ(monitor.interval(), 1s);
+  EXPECT_FALSE(monitor.poll(t0).has_value());
+  hb.answer(1);
+  EXPECT_FALSE(monitor.poll(t0 + 100ms).has_value());  // rank 1: 100 ms
+  for (auto t = t0 + 200ms; t <= t0 + 700ms; t += 100ms) EXPECT_FALSE(monitor.poll(t).has_value());
+  hb.answer(2);
+  EXPECT_FALSE(monitor.poll(t0 + 800ms).has_value());  // rank 2: 800 ms
+  const PeerMonitor::Figures f = monitor.figures();
+  EXPECT_EQ(f.slowest_answer, 800ms);
+  EXPECT_EQ(f.slowest_rank, 2u);
+  EXPECT_EQ(f.pauses, 0u);
+  EXPECT_EQ(f.longest_pause, 100ms);
+}
+
 }  // namespace peer_monitor_test
 }  // namespace shardmix

@@ -267,6 +267,26 @@ TEST(NodeTelemetryTest, CheckpointFiguresReachThePrometheusTextAndTheRecords) {
   EXPECT_EQ(t.prometheus_text().find("shardmix_checkpoint_"), std::string::npos);
 }
 
+TEST(NodeTelemetryTest, FailureDetectorFiguresReachThePrometheusText) {
+  NodeTelemetry t;
+  t.set_info(NodeInfo{0, 4, 1, "tcp", "h", 10, 0});
+  EXPECT_EQ(t.prometheus_text().find("shardmix_peer_heartbeat"), std::string::npos);  // one daemon: none
+  t.set_failure_detector_figures([] {
+    PeerMonitor::Figures f;
+    f.slowest_answer = std::chrono::milliseconds(6100);
+    f.slowest_rank = 2;
+    f.longest_pause = std::chrono::milliseconds(3500);
+    f.pauses = 7;
+    return f;
+  });
+  std::map<std::string, double> values = prometheus_values(t.prometheus_text());
+  EXPECT_EQ(values["shardmix_peer_heartbeat_slowest_seconds{node=\"0\"}"], 6.1);
+  EXPECT_EQ(values["shardmix_failure_detector_longest_pause_seconds{node=\"0\"}"], 3.5);
+  EXPECT_EQ(values["shardmix_failure_detector_pauses_total{node=\"0\"}"], 7);
+  t.set_failure_detector_figures({});
+  EXPECT_EQ(t.prometheus_text().find("shardmix_failure_detector"), std::string::npos);
+}
+
 TEST(LogComponentsTest, ParsesPairsAndNamesTheBadOne) {
   auto ok = log::parse_component_levels(" fabric=debug, service = warn ,");
   ASSERT_TRUE(ok.ok()) << ok.status().to_string();
