@@ -19,10 +19,14 @@
 #
 #   bash bench/checkpoint.sh [--quick] [--state-mib 1024] [--every 300] [--compute-ms 100]
 #                            [--epochs 5] [--repeat 1] [--bandwidth-mbps 200] [--out FILE]
-#                            [--provider tcp] [--modes "none shardmix torch"]
+#                            [--provider tcp] [--modes "none shardmix torch"] [--shmem-huge-pages advise]
 # --provider: the daemons' fabric (tcp or shm), which carries the batches' peer reads and
 # each save's copy to its replica holder.
 # --modes: a subset for a look at one mode (its raw rows only, no report).
+# --shmem-huge-pages never|advise|...: sets the kernel's huge page setting for shared memory
+# for the run (the machine's own is put back at exit; recorded in the conditions either
+# way): under "advise" the checkpoint pool and the trainers' leases use 2 MiB pages
+# (docs/operations.md, "Huge pages"). Default: leave it as it is.
 # --quick: 256 MiB states every 80 batches, 8,192 samples, 4 epochs (about four minutes).
 # Needs root (FUSE mount), shardmix-slowfs (libfuse3-dev), torch for /usr/bin/python3, the
 # Python module (build/python). Memory: each trainer holds its state and, while saving, a
@@ -37,8 +41,9 @@ command_line="bash bench/checkpoint.sh${*:+ $*}"
 samples=32768 median_kib=32 state_mib=1024 every=300 compute_ms=100 epochs=5 repeat=1 bandwidth_mbps=200
 out=$repo/bench/results/checkpoint-latest.json
 quick_sizes() { samples=8192 state_mib=256 every=80 epochs=4 out=$repo/bench/results/checkpoint-quick.json; }
-modes="none shardmix torch" provider=tcp
-bench_parse_args quick:quick_sizes state-mib every compute-ms epochs repeat bandwidth-mbps provider modes out -- "$@"
+modes="none shardmix torch" provider=tcp shmem_huge_pages=
+bench_parse_args quick:quick_sizes state-mib every compute-ms epochs repeat bandwidth-mbps provider modes \
+  shmem-huge-pages out -- "$@"
 [[ $provider == tcp || $provider == shm ]] || sm_die "--provider: tcp or shm, not '$provider'" 2
 bench_check_positive_ints state_mib every epochs repeat
 bench_check_numbers compute_ms bandwidth_mbps
@@ -50,7 +55,8 @@ bench_require_slowfs
 
 data=$(bench_sample_dataset "$samples" "$median_kib")
 bench_workdir checkpoint
-sm_before_tmp_cleanup() { bench_unmount_slowfs; }
+sm_before_tmp_cleanup() { bench_unmount_slowfs; bench_shmem_huge_pages_restore; }
+bench_shmem_huge_pages "$shmem_huge_pages"
 raw=$work/raw.jsonl
 : >"$raw"
 mkdir -p "$work/backing" "$work/slow"
@@ -81,8 +87,8 @@ for ((r = 0; r < repeat; r++)); do
   for mode in $modes; do run_mode "$mode" "$r"; done
 done
 bench_unmount_slowfs
-printf '{"kind": "conditions", "command": "%s", "provider": "%s", "state_mib": %d, "every": %d, "compute_ms": %s, "epochs": %d, "samples": %d, "median_kib": %d, "bandwidth_mbps": %s, "slowfs": %s, "loadavg_start": "%s", "loadavg_end": "%s"}\n' \
-  "$command_line" "$provider" "$state_mib" "$every" "$compute_ms" "$epochs" "$samples" "$median_kib" "$bandwidth_mbps" \
+printf '{"kind": "conditions", "command": "%s", "provider": "%s", "shmem_huge_pages": "%s", "state_mib": %d, "every": %d, "compute_ms": %s, "epochs": %d, "samples": %d, "median_kib": %d, "bandwidth_mbps": %s, "slowfs": %s, "loadavg_start": "%s", "loadavg_end": "%s"}\n' \
+  "$command_line" "$provider" "$bench_shmem_huge_pages_in_use" "$state_mib" "$every" "$compute_ms" "$epochs" "$samples" "$median_kib" "$bandwidth_mbps" \
   "$(tr -d '\n' <"$work/slowfs-stats.json" 2>/dev/null || echo null)" "$loadavg_start" "$(bench_loadavg)" >>"$raw"
 if [[ $modes != "none shardmix torch" ]]; then
   cp "$raw" "$data_root/checkpoint-partial.jsonl"

@@ -10,6 +10,8 @@
 # training sees them.
 #
 #   bash bench/checkpoint_phases.sh [--provider tcp|shm] [--rounds 4] [--state-mib 256]
+#                                   [--shmem-huge-pages never|advise]
+# --shmem-huge-pages: as in bench/checkpoint.sh (set for the run, put back at exit).
 # Needs torch for /usr/bin/python3 and the Python module (build/python). Memory: each
 # trainer holds its state; each daemon a pool of 2.5 x the state.
 set -euo pipefail
@@ -17,8 +19,8 @@ SM_PROG=checkpoint_phases
 # shellcheck source=bench/lib.sh
 source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
-provider=tcp rounds=4 state_mib=256
-bench_parse_args provider rounds state-mib -- "$@"
+provider=tcp rounds=4 state_mib=256 shmem_huge_pages=
+bench_parse_args provider rounds state-mib shmem-huge-pages -- "$@"
 [[ $provider == tcp || $provider == shm ]] || sm_die "--provider: tcp or shm, not '$provider'" 2
 bench_check_positive_ints rounds state_mib
 ((rounds >= 2)) || sm_die "--rounds must be at least 2 (round 0 is not in the mean)" 2
@@ -28,6 +30,9 @@ bench_require_torch
 
 data=$(bench_sample_dataset 8192 32)
 bench_workdir checkpoint-phases
+sm_before_tmp_cleanup() { bench_shmem_huge_pages_restore; }
+bench_shmem_huge_pages "$shmem_huge_pages"
+echo "shmem_enabled: ${bench_shmem_huge_pages_in_use:-unknown}"
 mkdir -p "$work/ckpt"
 sm_write_config "$work/c.toml" dataset.path="$data" batch.size=32 shuffle.exchange_fraction=1 fabric.provider="$provider" \
   log.level=warn checkpoint.dir="$work/ckpt" checkpoint.capacity="$((state_mib * 5 / 2))MiB" checkpoint.retain=1

@@ -117,7 +117,8 @@ def main():
         f.write("\n")
     mib = conditions.get("state_mib", "?")
     print(f"\nCheckpoints of {mib} MiB per rank, 4 ranks ({conditions.get('command', '')}); "
-          f"load {conditions.get('loadavg_start', '?')} -> {conditions.get('loadavg_end', '?')}\n")
+          f"load {conditions.get('loadavg_start', '?')} -> {conditions.get('loadavg_end', '?')}; "
+          f"shmem_enabled {conditions.get('shmem_huge_pages') or 'unknown'}\n")
     print("| figure | ShardMix | torch.save to the file system | no checkpoint | ratio | target | met |")
     print("|---|---|---|---|---|---|---|")
     sec = lambda v: f"{v:.3f} s"  # noqa: E731

@@ -147,6 +147,35 @@ bench_require_root() {
   (($(id -u) == 0)) || sm_die "needs root: $1" 2
 }
 
+# bench_shmem_huge_pages SETTING: the kernel's transparent huge page setting for shared
+# memory, which decides whether the checkpoint pool's MADV_HUGEPAGE takes effect
+# (docs/operations.md, "Huge pages"). An empty SETTING leaves it alone; else it must be one
+# the kernel lists, is set now (root) and the machine's own is put back when the script
+# exits (call it before bench_workdir's cleanup is armed, or from sm_before_tmp_cleanup).
+# Sets bench_shmem_huge_pages_in_use to what is in effect ("" when the kernel has none).
+bench_shmem_huge_pages_knob=/sys/kernel/mm/transparent_hugepage/shmem_enabled
+bench_shmem_huge_pages_original=
+bench_shmem_huge_pages_in_use=
+bench_shmem_huge_pages() {
+  local want=$1 knob=$bench_shmem_huge_pages_knob
+  if [[ -z $want ]]; then
+    [[ -r $knob ]] && bench_shmem_huge_pages_in_use=$(sed -n 's/.*\[\(.*\)\].*/\1/p' "$knob")
+    return 0
+  fi
+  bench_require_root "setting $knob"
+  [[ -w $knob ]] || sm_die "$knob is not there or not writable: this kernel has no huge pages for shared memory" 2
+  grep -qw -- "$want" "$knob" || sm_die "--shmem-huge-pages: '$want' is not one of: $(tr -d '[]' <"$knob")" 2
+  bench_shmem_huge_pages_original=$(sed -n 's/.*\[\(.*\)\].*/\1/p' "$knob")
+  echo "$want" >"$knob"
+  bench_shmem_huge_pages_in_use=$want
+}
+# Puts the machine's own setting back (for sm_before_tmp_cleanup); a no-op if unchanged.
+bench_shmem_huge_pages_restore() {
+  [[ -n $bench_shmem_huge_pages_original ]] || return 0
+  echo "$bench_shmem_huge_pages_original" >"$bench_shmem_huge_pages_knob"
+  bench_shmem_huge_pages_original=
+}
+
 bench_require_torch() {
   "$torch_python" -c 'import torch' >/dev/null 2>&1 ||
     sm_die "$torch_python cannot import torch: install python3-torch (deploy/install-deps.sh) or set SHARDMIX_TORCH_PYTHON" 2

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <set>
 #include <string>
@@ -24,6 +25,36 @@
 #endif
 
 namespace shardmix {
+namespace {
+
+// A PROT_NONE reservation of `bytes` starting on a huge-page boundary (what a PMD entry
+// needs), for mappings placed in it with MAP_FIXED; nullptr and errno set on failure.
+std::uint8_t* reserve_aligned(std::uint64_t bytes) {
+  const std::uint64_t padded = bytes + kHugePageBytes;
+  void* reserved = mmap(nullptr, padded, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (reserved == MAP_FAILED) return nullptr;
+  const auto start = reinterpret_cast<std::uintptr_t>(reserved);
+  const std::uintptr_t aligned = (start + kHugePageBytes - 1) & ~static_cast<std::uintptr_t>(kHugePageBytes - 1);
+  if (aligned > start) munmap(reserved, aligned - start);
+  const std::uintptr_t tail = start + padded - (aligned + bytes);
+  if (tail > 0) munmap(reinterpret_cast<void*>(aligned + bytes), tail);
+  return reinterpret_cast<std::uint8_t*>(aligned);
+}
+
+// Asks for transparent huge pages; the answer does not matter (a kernel without them says
+// EINVAL, one whose shmem_enabled is "never" ignores it), so it is not checked.
+void advise_huge_pages(void* at, std::uint64_t bytes) { (void)madvise(at, bytes, MADV_HUGEPAGE); }
+
+}  // namespace
+
+std::string shmem_huge_page_setting() {
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+  std::string line;
+  if (!std::getline(in, line)) return "";
+  const auto open = line.find('['), close = line.find(']');
+  return open == std::string::npos || close == std::string::npos || close < open ? line
+                                                                                 : line.substr(open + 1, close - open - 1);
+}
 
 struct CheckpointPool::Shared {
   int fd = -1;
@@ -92,23 +123,28 @@ Result<SideBySideMapping> SideBySideMapping::map(int fd, std::span<const MemfdRu
   SideBySideMapping out;
   for (const MemfdRun& run : runs) out.bytes_ += run.length;
   if (out.bytes_ == 0) return out;
-  void* reserved = mmap(nullptr, out.bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (reserved == MAP_FAILED) {
+  std::uint8_t* reserved = reserve_aligned(out.bytes_);
+  if (reserved == nullptr) {
     const int err = errno;
     const std::uint64_t wanted = std::exchange(out.bytes_, 0);
     return make_error(StatusCode::kResourceExhausted, "reserving a view of {} bytes: {}", wanted, std::strerror(err));
   }
-  out.data_ = static_cast<std::uint8_t*>(reserved);
+  out.data_ = reserved;
   std::uint64_t at = 0;
   for (const MemfdRun& run : runs) {
     void* want = out.data_ + at;
-    if (mmap(want, run.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd,
-             static_cast<off_t>(run.offset)) != want) {
+    if (mmap(want, run.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, static_cast<off_t>(run.offset)) !=
+        want) {
       return make_error(StatusCode::kResourceExhausted, "mapping {} bytes at offset {} of the memfd: {}", run.length,
                         run.offset, std::strerror(errno));  // `out` unmaps the whole view
     }
     at += run.length;
   }
+  // Huge pages before the page tables are filled, so that they are filled with 2 MiB
+  // entries where the memfd's pages are huge. Without MADV_POPULATE_WRITE (Linux < 5.14)
+  // the pages fault in at first touch instead.
+  advise_huge_pages(out.data_, out.bytes_);
+  (void)madvise(out.data_, out.bytes_, MADV_POPULATE_WRITE);
   return out;
 }
 
@@ -227,8 +263,11 @@ Result<std::unique_ptr<CheckpointPool>> CheckpointPool::create(std::uint64_t cap
                       std::strerror(errno));
   }
   if (total > 0) {
-    void* view = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, shared->fd, 0);
+    std::uint8_t* reserved = reserve_aligned(total);
+    void* view = reserved == nullptr ? MAP_FAILED
+                                     : mmap(reserved, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, shared->fd, 0);
     if (view == MAP_FAILED) {
+      if (reserved != nullptr) munmap(reserved, total);
       return make_error(StatusCode::kResourceExhausted, "checkpoint.capacity: mapping the checkpoint pool's {} bytes: {}",
                         total, std::strerror(errno));
     }
@@ -236,6 +275,8 @@ Result<std::unique_ptr<CheckpointPool>> CheckpointPool::create(std::uint64_t cap
     // Not in the daemon's core dumps: the checkpoints are on disk or with their replicas,
     // and a dump of a node's whole pool would be as large as checkpoint.capacity.
     (void)madvise(view, total, MADV_DONTDUMP);
+    // Before the prefault allocates the pages: then they are allocated huge where allowed.
+    advise_huge_pages(view, total);
   }
   for (std::uint64_t c = 0; c < shared->chunks; ++c) shared->free.insert(shared->free.end(), c);
   shared->stats.capacity_bytes = total;

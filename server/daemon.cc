@@ -1394,6 +1394,12 @@ Status Daemon::start_service() {
     options.retain = config_.checkpoint.retain;
     options.when_full = config_.checkpoint.when_full == "write_through" ? WhenFull::kWriteThrough : WhenFull::kWait;
     options.prefault_pool = config_.checkpoint.prefault;
+    if (const std::string huge = shmem_huge_page_setting(); huge == "never" || huge == "deny") {
+      log_->info("checkpoints: the kernel gives shared memory no huge pages (/sys/kernel/mm/transparent_hugepage/"
+                 "shmem_enabled = {}); \"advise\" makes the pool's and the trainers' mappings use 2 MiB pages, much "
+                 "faster to map on some virtual machines (docs/operations.md, \"Huge pages\")",
+                 huge);
+    }
     replicator_ = std::make_unique<FabricCheckpointReplicator>(*fabric_, mpi_);
     auto node = CheckpointNode::start(std::move(options), replicator_.get());
     SHARDMIX_RETURN_IF_ERROR(agree(mpi_, node.ok() ? Status::ok_status() : node.status(),

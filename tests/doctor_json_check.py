@@ -39,8 +39,8 @@ def main():
         report = json.loads(run.stdout)
     except json.JSONDecodeError as e:
         sys.exit(f"shardmix-doctor --json printed no JSON object: {e}")
-    check_fields(report, {"providers": list, "rdma_devices": list, "choice": dict, "self_tests": list,
-                          "passed": bool}, "report")
+    check_fields(report, {"providers": list, "rdma_devices": list, "shmem_huge_pages": str, "choice": dict,
+                          "self_tests": list, "passed": bool}, "report")
     if not report["providers"]:
         sys.exit("report: no provider with FI_EP_RDM and RMA reads listed")
     for i, provider in enumerate(report["providers"]):

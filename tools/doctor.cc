@@ -18,6 +18,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "common/checkpoint_pool.h"
 #include "common/command_line.h"
 #include "common/config.h"
 #include "fabric/fabric.h"
@@ -169,10 +170,12 @@ int main(int argc, char** argv) {
     all_passed = all_passed && tests.back().result.ok();
   }
 
+  const std::string huge_pages = shardmix::shmem_huge_page_setting();
   if (json) {
     std::string out = "{\"providers\":[";
     for (std::size_t i = 0; i < providers.size(); ++i) out += (i > 0 ? "," : "") + provider_json(providers[i]);
     out += "],\"rdma_devices\":" + json_strings(devices);
+    out += ",\"shmem_huge_pages\":" + json_string(huge_pages);
     if (choice.ok()) {
       out += fmt::format(",\"choice\":{{\"fabric.provider\":{},\"provider\":{},\"reason\":{},\"warning\":{},"
                          "\"available\":{}}}",
@@ -205,6 +208,11 @@ int main(int argc, char** argv) {
   } else {
     fmt::print("Provider choice failed: {}\n", choice.status().to_string());
   }
+  fmt::print("Huge pages for shared memory (checkpoint pool and leases): shmem_enabled = {}{}\n",
+             huge_pages.empty() ? "unknown (no /sys/kernel/mm/transparent_hugepage/shmem_enabled)" : huge_pages,
+             huge_pages == "never" || huge_pages == "deny"
+                 ? "; \"advise\" lets checkpoints use 2 MiB pages (docs/operations.md, \"Huge pages\")"
+                 : "");
   fmt::print("Loopback self-test{}:\n", probe_mib > 0 ? fmt::format(" and {} MiB bandwidth probe", probe_mib) : "");
   if (tests.empty()) fmt::print("  no provider to test: FAILED\n");
   for (const SelfTest& test : tests) print_self_test(test);

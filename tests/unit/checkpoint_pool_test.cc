@@ -225,6 +225,53 @@ TEST(CheckpointPoolTest, ABufferOfConsecutiveChunksIsAWindowOfThePoolsOneMapping
   EXPECT_TRUE(holds(std::span<const std::uint8_t>(base + 3 * kChunk, kChunk), 4));
 }
 
+// The VmFlags of the mapping holding `address` (/proc/self/smaps: "hg" = MADV_HUGEPAGE).
+std::string vm_flags_at(const void* address) {
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  std::ifstream smaps("/proc/self/smaps");
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    std::uintptr_t begin = 0, end = 0;
+    char dash = 0;
+    if (std::sscanf(line.c_str(), "%" SCNxPTR "%c%" SCNxPTR, &begin, &dash, &end) == 3 && dash == '-') {
+      inside = at >= begin && at < end;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line + " ";
+    }
+  }
+  return "";
+}
+
+// Every mapping of the pool's memfd starts on a 2 MiB boundary and asks for huge pages, so
+// that where the kernel allows them for shared memory a page-table entry maps 2 MiB (the
+// pool's comment: 0.06 s instead of 3.2-3.9 s to write a GiB through a new mapping on the
+// development VM). Whether the kernel grants them is its setting, not checked here.
+TEST(CheckpointPoolTest, ItsMappingsStartOnAHugePageAndAskForHugePages) {
+  auto pool = make_pool(8 * kChunk);
+  auto window = pool->allocate(2 * kChunk, "window");  // chunks 0-1: a window of the pool's mapping
+  ASSERT_TRUE(window.ok());
+  ASSERT_EQ((*window)->runs(), (std::vector<MemfdRun>{{0, 2 * kChunk}}));
+  const std::uint8_t* base = (*window)->bytes().data();
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(base) % kHugePageBytes, 0u);
+  EXPECT_NE(vm_flags_at(base).find(" hg "), std::string::npos) << vm_flags_at(base);
+
+  // Scattered chunks, mapped side by side: that mapping starts on a huge page too.
+  auto pool2 = make_pool(4 * kChunk);
+  auto p0 = pool2->allocate(kChunk, "0");
+  auto p1 = pool2->allocate(kChunk, "1");
+  auto p2 = pool2->allocate(kChunk, "2");
+  auto p3 = pool2->allocate(kChunk, "3");
+  p0->reset();
+  p2->reset();
+  auto side = pool2->allocate(2 * kChunk, "side");  // chunks 0 and 2
+  ASSERT_TRUE(side.ok());
+  ASSERT_EQ((*side)->runs(), (std::vector<MemfdRun>{{0, kChunk}, {2 * kChunk, kChunk}}));
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>((*side)->bytes().data()) % kHugePageBytes, 0u);
+  EXPECT_NE(vm_flags_at((*side)->bytes().data()).find(" hg "), std::string::npos) << vm_flags_at((*side)->bytes().data());
+  fill((*side)->writable(), 6);
+  EXPECT_TRUE(holds((*side)->bytes(), 6));
+}
+
 // A size near 2^64 must not round up past the top to a few chunks (a buffer that says it
 // holds 2^64 bytes over none): it overflows, and no memfd holds that much.
 TEST(CheckpointPoolTest, ASizeNearTheTopOfItsRangeTakesNoChunk) {
