@@ -60,6 +60,9 @@ struct Options {
   // Like the daemon: exposed chunks and read targets in memfd shared memory (shmem pages)
   // rather than private anonymous memory.
   bool shared_memory = false;
+  // Ask for transparent huge pages (MADV_HUGEPAGE) on the exposed and target memory, as
+  // the daemon does for its arena and staging: the baseline on the same pages.
+  bool huge_pages = false;
   // > 0: reads land anywhere in a target area this large (each slot moves on by qd chunks
   // per read), as the daemon's staging spreads them, instead of one hot chunk per slot.
   double staging_mib = 0;
@@ -313,7 +316,8 @@ T value_or_die(shardmix::Result<T> result, int rank) {
 // process_vm_readv pins and walks differently from anonymous ones.
 class BenchMemory {
  public:
-  BenchMemory(std::size_t bytes, bool shared, const char* what, int rank) : bytes_(std::max<std::size_t>(bytes, 1)) {
+  BenchMemory(std::size_t bytes, bool shared, bool huge, const char* what, int rank)
+      : bytes_(std::max<std::size_t>(bytes, 1)) {
     int fd = -1;
     if (shared) {
       fd = memfd_create(what, MFD_CLOEXEC);
@@ -331,6 +335,7 @@ class BenchMemory {
           rank);
     }
     data_ = static_cast<std::uint8_t*>(data);
+    if (huge) (void)madvise(data_, bytes_, MADV_HUGEPAGE);  // before the pages are first written
   }
   ~BenchMemory() { munmap(data_, bytes_); }
   BenchMemory(const BenchMemory&) = delete;
@@ -365,6 +370,9 @@ int main(int argc, char** argv) {
   app.add_flag("--include-self", options.include_self, "also read this rank's own region");
   app.add_flag("--shared-memory", options.shared_memory,
                "expose and read into memfd shared memory, as the daemon does (default: private memory)");
+  app.add_flag("--huge-pages", options.huge_pages,
+               "ask for transparent huge pages on exposed and target memory, as the daemon does (the kernel "
+               "decides: transparent_hugepage/enabled for private memory, shmem_enabled for --shared-memory)");
   app.add_option("--staging-mib", options.staging_mib,
                  "spread reads over a target area this large (default: one chunk per slot)")
       ->check(CLI::NonNegativeNumber);
@@ -403,8 +411,8 @@ int main(int argc, char** argv) {
 
   // Every byte of rank r's region is r+1, so a read can be checked by its first and last
   // byte; writing it also faults the pages in before anyone reads them.
-  BenchMemory exposed(exposed_bytes, options.shared_memory, "exposed", rank);
-  BenchMemory staging(staging_bytes, options.shared_memory, "staging", rank);
+  BenchMemory exposed(exposed_bytes, options.shared_memory, options.huge_pages, "exposed", rank);
+  BenchMemory staging(staging_bytes, options.shared_memory, options.huge_pages, "staging", rank);
   std::memset(exposed.data(), rank + 1, exposed.size());
   std::memset(staging.data(), 0, staging.size());
   if (Status s = fabric->expose(exposed.data(), exposed.size()); !s.ok()) die(s, rank);

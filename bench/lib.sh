@@ -156,6 +156,7 @@ bench_require_root() {
 bench_shmem_huge_pages_knob=/sys/kernel/mm/transparent_hugepage/shmem_enabled
 bench_shmem_huge_pages_original=
 bench_shmem_huge_pages_in_use=
+# shellcheck disable=SC2034  # bench_shmem_huge_pages_in_use is read by the scripts that source this
 bench_shmem_huge_pages() {
   local want=$1 knob=$bench_shmem_huge_pages_knob
   if [[ -z $want ]]; then

@@ -18,6 +18,7 @@
 #include "bench/bench_util.h"
 #include "common/checkpoint_pool.h"
 #include "common/command_line.h"
+#include "common/huge_pages.h"
 
 namespace {
 

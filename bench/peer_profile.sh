@@ -11,7 +11,11 @@
 # bench/results/peer-delivery-bound.md explains why these, not wall-clock rates alone, were used.
 #
 #   flock /tmp/shardmix-bench.lock bash bench/peer_profile.sh [--provider shm|tcp] [--epochs 4]
-#         [--out DIR] [--set SECTION.KEY=VALUE ...]
+#         [--out DIR] [--set SECTION.KEY=VALUE ...] [--huge-pages never|advise]
+# --huge-pages: sets the kernel's shmem_enabled for the run (root; put back at exit), and
+# with "advise" the raw run asks for huge pages on its memory too (--huge-pages), so both
+# sides read the same kind of pages: the daemon always asks for them on its arena and
+# staging (decision 0070), which only "advise" grants. Default: leave the setting alone.
 # Env: SHARDMIX_BUILD_DIR (default build/), SHARDMIX_BENCH_DIR (default /tmp/shardmix-bench).
 # Uses the delivery benchmark's dataset (16,384 samples, median 112 KiB), generating it if missing.
 set -euo pipefail
@@ -19,8 +23,8 @@ set -euo pipefail
 source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
 py=/usr/bin/python3
-provider=shm epochs=4 out="" sets=()
-bench_parse_args provider epochs out "set[]=sets" -- "$@"
+provider=shm epochs=4 out="" sets=() huge_pages=
+bench_parse_args provider epochs out "set[]=sets" huge-pages -- "$@"
 bench_check_positive_ints epochs
 ((epochs >= 2)) || sm_die "--epochs must be at least 2 (epoch 0 is not measured)" 2
 bench_require_built server/shardmixd tools/shardmix-consume tools/shardmix-gen bench/shardmix-bench-fabric-read
@@ -28,19 +32,22 @@ data=$(bench_sample_dataset 16384 112)
 work=${out:-$(mktemp -d /tmp/shardmix-peer-profile.XXXXXX)}
 mkdir -p "$work"
 # A failed run must not leave a sampler polling for its stop file.
-trap 'touch "$work/raw.stop" "$work/smx.stop"' EXIT
+trap 'touch "$work/raw.stop" "$work/smx.stop"; bench_shmem_huge_pages_restore' EXIT
+bench_shmem_huge_pages "$huge_pages"
+raw_memory=()
+[[ $huge_pages == never || -z $huge_pages ]] || raw_memory=(--huge-pages)
 uptime_now() { cut -d' ' -f1 /proc/uptime; }
 # Only processes started from this build or this work dir are sampled.
 mark=$build
 
-echo "loadavg before: $(cat /proc/loadavg)" | tee "$work/summary.txt"
+echo "loadavg before: $(cat /proc/loadavg); shmem_enabled ${bench_shmem_huge_pages_in_use:-unknown}; raw ${raw_memory[*]:-default pages}" | tee "$work/summary.txt"
 
 # Raw fi_read: 6 s timed; the window is 2.5..5 s after mpirun starts (after launch and
 # warm-up, before the end), so it holds only the timed phase unless launch took > 2.5 s.
 $py "$bench_dir/thread_cpu.py" sample "$work/raw" '^shardmix-bench-' "$mark" & sampler=$!
 t0=$(uptime_now)
 bench_fabric_read 4 "$provider" --median-kib 112 --lognormal-sigma 0.5 --count 2048 --seconds 6 --seed 0 \
-  >"$work/raw.txt" 2>&1
+  "${raw_memory[@]}" >"$work/raw.txt" 2>&1
 touch "$work/raw.stop"; wait "$sampler"
 $py "$bench_dir/thread_cpu.py" window "$work/raw" "$(echo "$t0 + 2.5" | bc)" "$(echo "$t0 + 5" | bc)" >"$work/raw.threads"
 

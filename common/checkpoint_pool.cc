@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <set>
 #include <string>
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "common/checkpoint_memfd.h"
+#include "common/huge_pages.h"
 #include "common/log.h"
 
 // Linux 5.14's madvise flag; glibc headers older than the kernel may not name it. A kernel
@@ -25,37 +25,6 @@
 #endif
 
 namespace shardmix {
-namespace {
-
-// A PROT_NONE reservation of `bytes` starting on a huge-page boundary (what a PMD entry
-// needs), for mappings placed in it with MAP_FIXED; nullptr and errno set on failure.
-std::uint8_t* reserve_aligned(std::uint64_t bytes) {
-  const std::uint64_t padded = bytes + kHugePageBytes;
-  void* reserved = mmap(nullptr, padded, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (reserved == MAP_FAILED) return nullptr;
-  const auto start = reinterpret_cast<std::uintptr_t>(reserved);
-  const std::uintptr_t aligned = (start + kHugePageBytes - 1) & ~static_cast<std::uintptr_t>(kHugePageBytes - 1);
-  if (aligned > start) munmap(reserved, aligned - start);
-  const std::uintptr_t tail = start + padded - (aligned + bytes);
-  if (tail > 0) munmap(reinterpret_cast<void*>(aligned + bytes), tail);
-  return reinterpret_cast<std::uint8_t*>(aligned);
-}
-
-// Asks for transparent huge pages; the answer does not matter (a kernel without them says
-// EINVAL, one whose shmem_enabled is "never" ignores it), so it is not checked.
-void advise_huge_pages(void* at, std::uint64_t bytes) { (void)madvise(at, bytes, MADV_HUGEPAGE); }
-
-}  // namespace
-
-std::string shmem_huge_page_setting() {
-  std::ifstream in("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
-  std::string line;
-  if (!std::getline(in, line)) return "";
-  const auto open = line.find('['), close = line.find(']');
-  return open == std::string::npos || close == std::string::npos || close < open ? line
-                                                                                 : line.substr(open + 1, close - open - 1);
-}
-
 struct CheckpointPool::Shared {
   int fd = -1;
   std::uint64_t chunk_bytes = 0;
@@ -123,7 +92,7 @@ Result<SideBySideMapping> SideBySideMapping::map(int fd, std::span<const MemfdRu
   SideBySideMapping out;
   for (const MemfdRun& run : runs) out.bytes_ += run.length;
   if (out.bytes_ == 0) return out;
-  std::uint8_t* reserved = reserve_aligned(out.bytes_);
+  std::uint8_t* reserved = reserve_huge_aligned(out.bytes_);
   if (reserved == nullptr) {
     const int err = errno;
     const std::uint64_t wanted = std::exchange(out.bytes_, 0);
@@ -263,20 +232,17 @@ Result<std::unique_ptr<CheckpointPool>> CheckpointPool::create(std::uint64_t cap
                       std::strerror(errno));
   }
   if (total > 0) {
-    std::uint8_t* reserved = reserve_aligned(total);
-    void* view = reserved == nullptr ? MAP_FAILED
-                                     : mmap(reserved, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, shared->fd, 0);
-    if (view == MAP_FAILED) {
-      if (reserved != nullptr) munmap(reserved, total);
+    // Huge pages asked for before the prefault allocates the pages: then they are
+    // allocated huge where the kernel allows (decision 0070).
+    std::uint8_t* view = map_shared_huge_aligned(shared->fd, total, PROT_READ | PROT_WRITE);
+    if (view == nullptr) {
       return make_error(StatusCode::kResourceExhausted, "checkpoint.capacity: mapping the checkpoint pool's {} bytes: {}",
                         total, std::strerror(errno));
     }
-    shared->view = static_cast<std::uint8_t*>(view);
+    shared->view = view;
     // Not in the daemon's core dumps: the checkpoints are on disk or with their replicas,
     // and a dump of a node's whole pool would be as large as checkpoint.capacity.
     (void)madvise(view, total, MADV_DONTDUMP);
-    // Before the prefault allocates the pages: then they are allocated huge where allowed.
-    advise_huge_pages(view, total);
   }
   for (std::uint64_t c = 0; c < shared->chunks; ++c) shared->free.insert(shared->free.end(), c);
   shared->stats.capacity_bytes = total;

@@ -19,14 +19,12 @@
 // all, and the pool counts it as an overflow: the pool is a speed-up, never a reason to
 // refuse a checkpoint. The budget itself is CheckpointStore's (checkpoint.capacity).
 //
-// Huge pages: every mapping of a pool memfd (the pool's view, buffers side by side, a
-// trainer's lease) starts on a 2 MiB boundary and asks for transparent huge pages
-// (MADV_HUGEPAGE). Where the kernel allows them for shared memory
-// (/sys/kernel/mm/transparent_hugepage/shmem_enabled = advise, within_size or always) one
-// page-table entry then maps 2 MiB: on the development VM, mapping a GiB of the pool anew
-// and writing it took 0.037-0.044 s instead of 1.54-1.58 s (bench/huge_pages.sh), at the
-// price of a slower prefault, once (1.4-1.9 s a GiB instead of 0.31). Elsewhere ("never",
-// most distributions' default) the advice is a no-op and everything works as before.
+// Huge pages (common/huge_pages.h, decision 0070): every mapping of a pool memfd (the
+// pool's view, buffers side by side, a trainer's lease) starts on a 2 MiB boundary and
+// asks for them; chunks are 2 MiB, so runs and leases are whole huge pages. Where the
+// kernel grants them, mapping a GiB of the pool anew and writing it took 0.037-0.044 s
+// instead of 1.54-1.58 s on the development VM (bench/huge_pages.sh), at the price of a
+// slower prefault, once (1.4-1.9 s a GiB instead of 0.31).
 //
 // Thread-safety: every method may be called from any thread; a buffer's writable view
 // belongs to whoever fills it, before it is shared as CheckpointBytes.
@@ -42,18 +40,10 @@
 #include <vector>
 
 #include "common/checkpoint_store.h"
+#include "common/huge_pages.h"
 #include "common/status.h"
 
 namespace shardmix {
-
-// The huge page the checkpoint pool's mappings are aligned to, and its chunk size's
-// default (so that chunks, runs and leases are whole huge pages).
-inline constexpr std::uint64_t kHugePageBytes = 2ull << 20;
-
-// The kernel's transparent huge page setting for shared memory (the bracketed word of
-// /sys/kernel/mm/transparent_hugepage/shmem_enabled: "never", "advise", "within_size",
-// "always", ...), or "" if it cannot be read (no THP in this kernel). For logs and doctor.
-std::string shmem_huge_page_setting();
 
 // A stretch of a memfd: `length` bytes (a whole number of pages) from `offset`.
 struct MemfdRun {

@@ -37,6 +37,7 @@
 #include "common/job_token.h"
 #include "common/log.h"
 #include "common/metadata_footprint.h"
+#include "common/huge_pages.h"
 #include "common/peer_monitor.h"
 #include "common/placement.h"
 #include "common/rotation.h"
@@ -1088,6 +1089,12 @@ Status Daemon::place() {
 
 Status Daemon::create_regions() {
   // The arena every local trainer maps, and per-trainer staging.
+  if (const std::string huge = shmem_huge_page_setting(); huge == "never" || huge == "deny") {
+    log_->info("shared memory: the kernel gives it no huge pages (/sys/kernel/mm/transparent_hugepage/shmem_enabled "
+               "= {}); \"advise\" lets the cache arena, the staging area and checkpoints use 2 MiB pages: faster peer "
+               "reads and saves (docs/operations.md, \"Huge pages\")",
+               huge);
+  }
   auto arena = SharedRegion::create("shardmix-arena", arena_bytes_);
   auto staging = arena.ok() ? SharedRegion::create("shardmix-staging", std::uint64_t{config_.service.trainers_per_node} *
                                                                            config_.service.staging_bytes_per_trainer)
@@ -1394,12 +1401,6 @@ Status Daemon::start_service() {
     options.retain = config_.checkpoint.retain;
     options.when_full = config_.checkpoint.when_full == "write_through" ? WhenFull::kWriteThrough : WhenFull::kWait;
     options.prefault_pool = config_.checkpoint.prefault;
-    if (const std::string huge = shmem_huge_page_setting(); huge == "never" || huge == "deny") {
-      log_->info("checkpoints: the kernel gives shared memory no huge pages (/sys/kernel/mm/transparent_hugepage/"
-                 "shmem_enabled = {}); \"advise\" makes the pool's and the trainers' mappings use 2 MiB pages, much "
-                 "faster to map on some virtual machines (docs/operations.md, \"Huge pages\")",
-                 huge);
-    }
     replicator_ = std::make_unique<FabricCheckpointReplicator>(*fabric_, mpi_);
     auto node = CheckpointNode::start(std::move(options), replicator_.get());
     SHARDMIX_RETURN_IF_ERROR(agree(mpi_, node.ok() ? Status::ok_status() : node.status(),

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <string>
 
+#include "common/huge_pages.h"
+
 namespace shardmix {
 
 Result<std::unique_ptr<SharedRegion>> SharedRegion::create(const std::string& name, std::uint64_t length) {
@@ -25,8 +27,11 @@ Result<std::unique_ptr<SharedRegion>> SharedRegion::create(const std::string& na
   if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return fail(StatusCode::kIoError, "sealing the size of");
   }
-  void* data = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (data == MAP_FAILED) return fail(StatusCode::kResourceExhausted, "mapping");
+  // On a huge-page boundary with huge pages asked for, before the loader or a peer read
+  // touches a page (decision 0070): with shmem_enabled = advise, peer reads on the shm
+  // provider took half the fabric CPU per GB (bench/README.md, peer_profile.sh).
+  std::uint8_t* data = map_shared_huge_aligned(fd, length, PROT_READ | PROT_WRITE);
+  if (data == nullptr) return fail(StatusCode::kResourceExhausted, "mapping");
   // A new open file description with read-only access: a trainer's mmap(PROT_WRITE,
   // MAP_SHARED) of it fails with EACCES.
   const std::string self_path = "/proc/self/fd/" + std::to_string(fd);
@@ -35,7 +40,7 @@ Result<std::unique_ptr<SharedRegion>> SharedRegion::create(const std::string& na
     munmap(data, length);
     return fail(StatusCode::kIoError, "opening a read-only descriptor of");
   }
-  return std::unique_ptr<SharedRegion>(new SharedRegion(fd, readonly_fd, static_cast<std::uint8_t*>(data), length));
+  return std::unique_ptr<SharedRegion>(new SharedRegion(fd, readonly_fd, data, length));
 }
 
 SharedRegion::~SharedRegion() {

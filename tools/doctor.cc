@@ -18,7 +18,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "common/checkpoint_pool.h"
+#include "common/huge_pages.h"
 #include "common/command_line.h"
 #include "common/config.h"
 #include "fabric/fabric.h"

@@ -23,6 +23,7 @@
 
 #include "common/checkpoint_memfd.h"
 #include "common/checkpoint_pool.h"
+#include "tests/unit/mapping_support.h"
 
 namespace shardmix {
 namespace checkpoint_pool_test {
@@ -168,20 +169,6 @@ TEST(CheckpointPoolTest, ShrinkingABufferKeepsItsBytesAndGivesItsWholeChunksBack
   EXPECT_EQ(pool->stats().bytes_in_use, 0u);
 }
 
-// The mapping of this process that holds `address` ([begin, end) of its /proc/self/maps
-// line), or {0, 0}. Buffers are judged by where they lie, not by how many mappings the
-// process has: a sanitizer's runtime maps memory of its own at any moment.
-std::pair<std::uintptr_t, std::uintptr_t> mapping_holding(const void* address) {
-  const auto at = reinterpret_cast<std::uintptr_t>(address);
-  std::ifstream maps("/proc/self/maps");
-  for (std::string line; std::getline(maps, line);) {
-    std::uintptr_t begin = 0, end = 0;
-    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR, &begin, &end) != 2) continue;
-    if (at >= begin && at < end) return {begin, end};
-  }
-  return {0, 0};
-}
-
 // A buffer of consecutive chunks is a window of the pool's one mapping, made at start: it
 // maps nothing, and the same chunks are at the same address for every buffer that gets
 // them (a page reached through a new mapping costs its first touch again: the pool's
@@ -193,11 +180,11 @@ TEST(CheckpointPoolTest, ABufferOfConsecutiveChunksIsAWindowOfThePoolsOneMapping
   ASSERT_TRUE(first.ok());
   ASSERT_EQ((*first)->runs(), (std::vector<MemfdRun>{{0, 3 * kChunk}}));
   const std::uint8_t* base = (*first)->bytes().data();  // chunk 0: where the pool's mapping starts
-  const auto pool_mapping = mapping_holding(base);
+  const test::MappingEntry pool_mapping = test::mapping_holding(base);
   const auto begin = reinterpret_cast<std::uintptr_t>(base);
   // One mapping holds all eight chunks, so every window below lies inside it.
-  ASSERT_LE(pool_mapping.first, begin);
-  ASSERT_GE(pool_mapping.second, begin + 8 * kChunk);
+  ASSERT_LE(pool_mapping.begin, begin);
+  ASSERT_GE(pool_mapping.end, begin + 8 * kChunk);
   fill((*first)->writable(), 9);
   first->reset();
   auto again = pool->allocate(3 * kChunk - 5, "rank0");
@@ -213,7 +200,7 @@ TEST(CheckpointPoolTest, ABufferOfConsecutiveChunksIsAWindowOfThePoolsOneMapping
   ASSERT_TRUE(two.ok());
   EXPECT_EQ((*two)->runs(), (std::vector<MemfdRun>{{5 * kChunk, 2 * kChunk}}));
   EXPECT_EQ((*two)->bytes().data(), base + 5 * kChunk);
-  EXPECT_EQ(mapping_holding((*two)->bytes().data()), pool_mapping);
+  EXPECT_EQ(test::mapping_holding((*two)->bytes().data()).begin, pool_mapping.begin);
   auto scattered = pool->allocate(2 * kChunk, "scattered");  // chunks 3 and 7: mapped side by side
   ASSERT_TRUE(scattered.ok());
   EXPECT_EQ((*scattered)->runs(), (std::vector<MemfdRun>{{3 * kChunk, kChunk}, {7 * kChunk, kChunk}}));
@@ -223,23 +210,6 @@ TEST(CheckpointPoolTest, ABufferOfConsecutiveChunksIsAWindowOfThePoolsOneMapping
   EXPECT_TRUE(holds((*scattered)->bytes(), 4));
   // The same pages: chunk 3 seen through the pool's mapping holds what was written here.
   EXPECT_TRUE(holds(std::span<const std::uint8_t>(base + 3 * kChunk, kChunk), 4));
-}
-
-// The VmFlags of the mapping holding `address` (/proc/self/smaps: "hg" = MADV_HUGEPAGE).
-std::string vm_flags_at(const void* address) {
-  const auto at = reinterpret_cast<std::uintptr_t>(address);
-  std::ifstream smaps("/proc/self/smaps");
-  bool inside = false;
-  for (std::string line; std::getline(smaps, line);) {
-    std::uintptr_t begin = 0, end = 0;
-    char dash = 0;
-    if (std::sscanf(line.c_str(), "%" SCNxPTR "%c%" SCNxPTR, &begin, &dash, &end) == 3 && dash == '-') {
-      inside = at >= begin && at < end;
-    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
-      return line + " ";
-    }
-  }
-  return "";
 }
 
 // Every mapping of the pool's memfd starts on a 2 MiB boundary and asks for huge pages, so
@@ -253,7 +223,7 @@ TEST(CheckpointPoolTest, ItsMappingsStartOnAHugePageAndAskForHugePages) {
   ASSERT_EQ((*window)->runs(), (std::vector<MemfdRun>{{0, 2 * kChunk}}));
   const std::uint8_t* base = (*window)->bytes().data();
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(base) % kHugePageBytes, 0u);
-  EXPECT_NE(vm_flags_at(base).find(" hg "), std::string::npos) << vm_flags_at(base);
+  EXPECT_TRUE(test::mapping_holding(base).advised_huge()) << test::mapping_holding(base).vm_flags;
 
   // Scattered chunks, mapped side by side: that mapping starts on a huge page too.
   auto pool2 = make_pool(4 * kChunk);
@@ -267,7 +237,7 @@ TEST(CheckpointPoolTest, ItsMappingsStartOnAHugePageAndAskForHugePages) {
   ASSERT_TRUE(side.ok());
   ASSERT_EQ((*side)->runs(), (std::vector<MemfdRun>{{0, kChunk}, {2 * kChunk, kChunk}}));
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>((*side)->bytes().data()) % kHugePageBytes, 0u);
-  EXPECT_NE(vm_flags_at((*side)->bytes().data()).find(" hg "), std::string::npos) << vm_flags_at((*side)->bytes().data());
+  EXPECT_TRUE(test::mapping_holding((*side)->bytes().data()).advised_huge());
   fill((*side)->writable(), 6);
   EXPECT_TRUE(holds((*side)->bytes(), 6));
 }

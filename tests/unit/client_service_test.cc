@@ -37,6 +37,7 @@
 #include "proto/checkpoint.h"
 #include "server/client_service.h"
 #include "server/shared_region.h"
+#include "tests/unit/mapping_support.h"
 
 namespace shardmix {
 namespace client_service_test {
@@ -408,14 +409,7 @@ TEST_F(ServiceTest, CheckpointsSavedBetweenBatchesLeaveTheEpochExact) {
 // other mapping at once (the daemon runs in this process, and malloc maps large blocks), so
 // "nothing is mapped there" would be a race, not a check.
 bool pool_mapped_at(const void* address) {
-  const auto at = reinterpret_cast<std::uintptr_t>(address);
-  std::ifstream maps("/proc/self/maps");
-  for (std::string line; std::getline(maps, line);) {
-    std::uintptr_t begin = 0, end = 0;
-    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR, &begin, &end) != 2) continue;
-    if (at >= begin && at < end) return line.find("shardmix-checkpoint-pool") != std::string::npos;
-  }
-  return false;
+  return test::mapping_holding(address).header.find("shardmix-checkpoint-pool") != std::string::npos;
 }
 
 // A lease (decision 0069): the trainer writes into the daemon's memory and saves part of
