@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "common/log.h"
@@ -22,6 +23,7 @@ struct PeerMonitor::State {
   std::vector<Peer> peers;
   std::optional<Failure> failure;
   std::optional<Clock::time_point> last_poll;
+  bool on_purpose = false;  // the next gap is the caller's choice (pausing_on_purpose)
   Figures figures;
 
   void fail(std::uint32_t rank, std::string reason) {
@@ -58,8 +60,9 @@ std::optional<PeerMonitor::Failure> PeerMonitor::poll(Clock::time_point now) {
     }
     state_->last_poll = now;
     const bool paused = gap > interval_;
-    figures.longest_pause = std::max(figures.longest_pause, gap);
-    if (paused) {
+    const bool on_purpose = std::exchange(state_->on_purpose, false);
+    if (!on_purpose) figures.longest_pause = std::max(figures.longest_pause, gap);
+    if (paused && !on_purpose) {
       ++figures.pauses;
       if (gap >= timeout_ / 4) {
         log::get("peers")->warn("the failure detector did not run for {:.1f} s (this daemon's main thread was held "
@@ -89,8 +92,6 @@ std::optional<PeerMonitor::Failure> PeerMonitor::poll(Clock::time_point now) {
       if (p.outstanding) {
         p.watched += std::min(gap, interval_);
         p.paused_meanwhile = p.paused_meanwhile || paused;
-      }
-      if (p.outstanding) {
         if (p.watched >= timeout_) {
           const double seconds = std::chrono::duration<double>(now - p.posted).count();
           state_->fail(r, fmt::format("no answer to a heartbeat read for {:.1f} s (fault.peer_timeout = {:.1f} s)",
@@ -147,6 +148,11 @@ void PeerMonitor::forget(std::uint32_t peer) {
   state_->peers[peer].monitored = false;
   state_->peers[peer].outstanding = false;
   if (state_->failure && state_->failure->rank == peer) state_->failure.reset();
+}
+
+void PeerMonitor::pausing_on_purpose() {
+  std::lock_guard lock(state_->mutex);
+  state_->on_purpose = true;
 }
 
 PeerMonitor::Figures PeerMonitor::figures() const {

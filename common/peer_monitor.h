@@ -56,6 +56,10 @@ class PeerMonitor {
   // Call it often, well under interval() apart: a longer gap is the watcher's own pause.
   std::optional<Failure> poll(Clock::time_point now = Clock::now());
   Figures figures() const;
+  // The caller is about to stop calling poll() on purpose for a while (the daemon's
+  // shutdown work on its main thread): the next gap is charged like a pause but is not
+  // counted or logged as one.
+  void pausing_on_purpose();
   // A read of a sample from `peer` failed: a transport error (kUnavailable) marks it dead;
   // cancellations (our own shutdown) and rejected requests do not.
   void report(std::uint32_t peer, const Status& status);

@@ -1748,6 +1748,9 @@ int Daemon::serve() {
   // A stop signal may follow a peer's death (mpirun stops the job when a rank dies): then
   // the trainers are told which rank died, not only that we were stopped.
   while (auto dead = monitor_->poll()) on_dead_peer(*dead);
+  // The shutdown work below (the checkpoints' drain may take minutes) holds this thread on
+  // purpose: not a pause to warn about when the barrier's watch resumes.
+  monitor_->pausing_on_purpose();
 
   // Drain: stop serving, then wait for every peer while still progressing the fabric, so
   // no peer's read of our arena is left hanging.

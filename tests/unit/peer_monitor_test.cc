@@ -165,6 +165,20 @@ TEST_F(PeerMonitorTest, TheWatchersOwnPauseIsNotCountedAgainstThePeers) {
   EXPECT_EQ(f.slowest_answer, 100ms);  // the answer seen after the pause is not measured
 }
 
+TEST_F(PeerMonitorTest, AGapTheCallerChoseIsChargedLikeAPauseButNotCountedAsOne) {
+  PeerMonitor monitor(0, 2, 2s, hb.hook());
+  EXPECT_FALSE(monitor.poll(t0).has_value());
+  monitor.pausing_on_purpose();  // e.g. the daemon drains its checkpoints before the barrier
+  EXPECT_FALSE(monitor.poll(t0 + 60s).has_value());
+  hb.answer(1);
+  EXPECT_FALSE(monitor.poll(t0 + 60s + 100ms).has_value());
+  EXPECT_EQ(monitor.figures().pauses, 0u);
+  EXPECT_EQ(monitor.figures().longest_pause, 100ms);
+  // Only the next gap: a later one is a pause again.
+  EXPECT_FALSE(monitor.poll(t0 + 70s).has_value());
+  EXPECT_EQ(monitor.figures().pauses, 1u);
+}
+
 TEST_F(PeerMonitorTest, ASilentPeerIsFoundEvenWhenTheWatcherOnlyRunsNowAndThen) {
   // Every poll comes late (3 s apart, past the 200 ms interval): each gap counts one
   // interval, so a silent peer is declared dead at the tenth poll after its heartbeat.
