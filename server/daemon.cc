@@ -1090,7 +1090,8 @@ Status Daemon::place() {
 Status Daemon::create_regions() {
   // The arena every local trainer maps, and per-trainer staging.
   if (const std::string huge = shmem_huge_page_setting(); huge == "never" || huge == "deny") {
-    log_->info("shared memory: the kernel gives it no huge pages (/sys/kernel/mm/transparent_hugepage/shmem_enabled "
+    // Not "memory:" or any other report tag (server/startup_report.h): scripts parse those.
+    log_->info("huge pages: the kernel gives shared memory none (/sys/kernel/mm/transparent_hugepage/shmem_enabled "
                "= {}); \"advise\" lets the cache arena, the staging area and checkpoints use 2 MiB pages: faster peer "
                "reads and saves (docs/operations.md, \"Huge pages\")",
                huge);
