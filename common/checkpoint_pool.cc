@@ -25,6 +25,7 @@
 #endif
 
 namespace shardmix {
+
 struct CheckpointPool::Shared {
   int fd = -1;
   std::uint64_t chunk_bytes = 0;

@@ -29,7 +29,7 @@ Result<std::unique_ptr<SharedRegion>> SharedRegion::create(const std::string& na
   }
   // On a huge-page boundary with huge pages asked for, before the loader or a peer read
   // touches a page (decision 0070): with shmem_enabled = advise, peer reads on the shm
-  // provider took half the fabric CPU per GB (bench/README.md, peer_profile.sh).
+  // provider took about 40% less fabric CPU per GB (bench/README.md, peer_profile.sh).
   std::uint8_t* data = map_shared_huge_aligned(fd, length, PROT_READ | PROT_WRITE);
   if (data == nullptr) return fail(StatusCode::kResourceExhausted, "mapping");
   // A new open file description with read-only access: a trainer's mmap(PROT_WRITE,
