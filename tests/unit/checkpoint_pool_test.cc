@@ -9,11 +9,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cinttypes>
-#include <cstdio>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <span>
 #include <string>
