@@ -7,6 +7,9 @@ plus one "conditions" row): prints a Markdown table and writes OUT (JSON).
 Per mode and run, over the measured epochs (1.. when there are at least 2: epoch 0 holds the
 connections' set-up and the first touch of every page):
   save_s_per_save   a rank's time in one save (mean over ranks and saves);
+  save_s_first, save_s_later, save_s_max
+                    each rank's first measured save (mean over ranks), the saves after it
+                    (mean), the slowest one: where a mean hides a slow start;
   stall_fraction    time waiting for batches over the time not spent saving, per rank,
                     averaged over ranks: the data stall a checkpoint's drain could raise;
   rate              the after-phase's bytes over the span from the first rank's start to
@@ -36,8 +39,10 @@ def epoch_figures(rows):
     epochs = sorted({r["epoch"] for r in rows})
     measured = [e for e in epochs if e >= 1] or epochs
     per_rank = {}
-    for r in rows:
+    each = {}  # rank -> its saves' times in order (rows without save_each_s: none)
+    for r in sorted(rows, key=lambda r: r["epoch"]):
         if r["epoch"] in measured:
+            each.setdefault(r["rank"], []).extend(r.get("save_each_s", []))
             acc = per_rank.setdefault(r["rank"], {"wait": 0.0, "save": 0.0, "span": 0.0, "saves": 0, "samples": 0})
             acc["wait"] += r["wait_s"]
             acc["save"] += r["save_s"]
@@ -48,7 +53,12 @@ def epoch_figures(rows):
     saves = sum(a["saves"] for a in per_rank.values())
     save_s = sum(a["save"] for a in per_rank.values()) / saves if saves else None
     span = max(a["span"] for a in per_rank.values())
+    firsts = [times[0] for times in each.values() if times]
+    laters = [t for times in each.values() for t in times[1:]]
     return {"stall_fraction": stall, "save_s_per_save": save_s, "saves": saves, "measured_epochs": measured,
+            "save_s_first": statistics.mean(firsts) if firsts else None,
+            "save_s_later": statistics.mean(laters) if laters else None,
+            "save_s_max": max(firsts + laters) if firsts else None,
             "samples_per_s": sum(a["samples"] for a in per_rank.values()) / span if span > 0 else None}
 
 
@@ -135,6 +145,11 @@ def main():
           f"{span_text([f['after_phase_bytes_per_s'] for f in modes['shardmix']], rate)} | "
           f"{span_text([f['after_phase_bytes_per_s'] for f in modes['torch']], rate)} (raw write + fsync) | - | "
           f"{drain_ratio:.2f} | >= 0.8 | {'yes' if drain_ratio >= 0.8 else 'NO'} |")
+    sm = m["shardmix"]
+    if sm.get("save_s_first") is not None:
+        later = f"{sm['save_s_later']:.2f} s" if sm.get("save_s_later") is not None else "-"
+        print(f"\nShardMix's saves: each rank's first {sm['save_s_first']:.2f} s (mean), the later ones {later} "
+              f"(mean), the slowest {sm['save_s_max']:.2f} s")
     print(f"\nwritten {out_path}")
     return 0
 

@@ -20,7 +20,8 @@ After the last epoch:
               once (a barrier first): the file system's own rate for the same load.
 Every rank prints one JSON line per epoch and one for the after-phase:
     JSON {"bench": "checkpoint", "mode": M, "rank": R, "epoch": E, "batches": B, "samples": S,
-          "t_start": T0, "t_end": T1, "wait_s": W, "save_s": X, "saves": N}
+          "t_start": T0, "t_end": T1, "wait_s": W, "save_s": X, "saves": N,
+          "save_each_s": [X1, ...]}   (each save's time, in order)
     JSON {"bench": "checkpoint", "mode": M, "rank": R, "phase": "drain"|"fs_write",
           "bytes": B, "t_start": T0, "t_end": T1}
 (time.monotonic(): CLOCK_MONOTONIC, one clock for every process of the machine.)
@@ -89,6 +90,7 @@ def main():
         t_start = time.monotonic()
         wait_s = save_s = 0.0
         batches = samples = saves = 0
+        save_each_s = []
         it = iter(client.epoch(epoch))
         while True:
             t0 = time.monotonic()
@@ -109,11 +111,12 @@ def main():
             if args.mode != "none" and step % args.every == 0:
                 t0 = time.monotonic()
                 save()
-                save_s += time.monotonic() - t0
+                save_each_s.append(time.monotonic() - t0)
+                save_s += save_each_s[-1]
                 saves += 1
         emit({"bench": "checkpoint", "mode": args.mode, "rank": rank, "epoch": epoch, "batches": batches,
               "samples": samples, "t_start": t_start, "t_end": time.monotonic(), "wait_s": wait_s,
-              "save_s": save_s, "saves": saves, "state_bytes": state_bytes})
+              "save_s": save_s, "saves": saves, "save_each_s": save_each_s, "state_bytes": state_bytes})
 
     if args.mode == "shardmix":
         if step >= args.every:

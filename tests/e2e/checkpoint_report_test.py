@@ -67,6 +67,28 @@ class CheckpointReportTest(unittest.TestCase):
         self.assertAlmostEqual(got["drain"]["ratio"], 0.8)
         self.assertIn("| time in one save | 0.500 s | 10.000 s | - | 20.0x shorter", printed)
 
+    def test_first_saves_are_told_apart_from_later_ones(self):
+        # Each rank's saves in epoch order: its first one is the slow one, whatever epoch
+        # row comes first in the file. Epoch 0's saves are not measured.
+        timed = [r for r in rows() if r["mode"] != "shardmix" or "phase" in r]
+        for rank, (first, later) in enumerate(((3.0, [1.0, 1.0]), (5.0, [2.0]))):
+            timed.append(dict(epoch("shardmix", rank, 0, 10, 9, save=9.0, saves=1), save_each_s=[9.0]))
+            timed.append(dict(epoch("shardmix", rank, 2, 10, 0.1, save=sum(later), saves=len(later)),
+                              save_each_s=later))
+            timed.append(dict(epoch("shardmix", rank, 1, 10, 0.1, save=first, saves=1), save_each_s=[first]))
+        got, printed = self.report(timed)
+        fig = got["runs"]["shardmix"][0]
+        self.assertAlmostEqual(fig["save_s_first"], 4.0)
+        self.assertAlmostEqual(fig["save_s_later"], 4.0 / 3)
+        self.assertAlmostEqual(fig["save_s_max"], 5.0)
+        self.assertAlmostEqual(fig["save_s_per_save"], 12.0 / 5)
+        self.assertIn("each rank's first 4.00 s (mean), the later ones 1.33 s (mean), the slowest 5.00 s", printed)
+
+    def test_rows_without_each_saves_time_have_no_split(self):
+        got, printed = self.report(rows())
+        self.assertIsNone(got["runs"]["shardmix"][0]["save_s_first"])
+        self.assertNotIn("each rank's first", printed)
+
     def test_missed_targets_say_no(self):
         slow = [dict(r, save_s=r["save_s"] * 5) if r.get("mode") == "shardmix" and "phase" not in r else r
                 for r in rows()]
