@@ -13,10 +13,17 @@
 namespace shardmix {
 namespace {
 
-// One fi_read of a replica pull at most: far below every provider's max_msg_size, and a
-// version of gigabytes becomes a few hundred reads that share the fabric's queue with
-// sample reads instead of one that holds a read slot for seconds.
-constexpr std::size_t kPullChunkBytes = 8u << 20;
+// A replica pull reads its version in chunks, with at most kPullReadsInFlight of them in
+// the fabric at a time: the next is posted as one lands. Everything else bound for the
+// same peer (sample reads, the failure detector's heartbeats) then queues behind at most
+// that many chunks, in the fabric's per-peer queue and on the provider's connection,
+// instead of behind the whole version. With all of a 1 GiB version queued at once (8 MiB
+// reads), heartbeats answered after 0.5-3 s while four such pulls ran on this machine's tcp
+// provider; that much of fault.peer_timeout spent on one save. Raw tcp reads between 4
+// ranks of 2-8 MiB moved ~5 GB/s in all with 2 in flight as with 7
+// (shardmix-bench-fabric-read --qd), so the bound costs the pull nothing there.
+constexpr std::size_t kPullChunkBytes = 4u << 20;
+constexpr std::size_t kPullReadsInFlight = 2;
 // Longest error text a Refused carries (the rest is cut).
 constexpr std::size_t kMaxNoticeText = 1024;
 
@@ -54,8 +61,12 @@ struct FabricCheckpointReplicator::Pull {
   // decision 0068), registered for the reads while they run.
   std::shared_ptr<CheckpointBuffer> landing;
   fabric::LocalRegion region;
-  std::size_t reads_left = 0;  // under the replicator's mutex
-  Status first_error;          // under the replicator's mutex
+  fabric::RemoteRegion remote;
+  // Under the replicator's mutex: the next byte to read, the reads posted and not landed,
+  // the first failure (after which nothing more is posted).
+  std::uint64_t next_offset = 0;
+  std::size_t in_flight = 0;
+  Status first_error;
 };
 
 FabricCheckpointReplicator::FabricCheckpointReplicator(fabric::Fabric& fabric, const MpiSession& mpi)
@@ -192,18 +203,41 @@ void FabricCheckpointReplicator::start_pull(std::int32_t owner, const Notice& of
     return;
   }
   pull->region = *region;
-  pull->reads_left = (offer.length + kPullChunkBytes - 1) / kPullChunkBytes;
+  pull->remote = fabric::RemoteRegion{offer.address, offer.key, offer.length};
   pulling_.emplace(key, pull);
-  const fabric::RemoteRegion remote{offer.address, offer.key, offer.length};
-  for (std::uint64_t offset = 0; offset < offer.length; offset += kPullChunkBytes) {
-    const auto length = static_cast<std::size_t>(std::min<std::uint64_t>(kPullChunkBytes, offer.length - offset));
-    fabric_.read_region(owner, remote, offset, length, pull->region, static_cast<std::size_t>(offset),
-                        [this, pull](const Status& status) {
-                          std::lock_guard lock(mutex_);
-                          if (!status.ok() && pull->first_error.ok()) pull->first_error = status;
-                          if (--pull->reads_left == 0) landed_.push_back(pull);
-                        });
+  for (std::size_t i = 0; i < kPullReadsInFlight; ++i) post_next_read(pull);
+}
+
+void FabricCheckpointReplicator::post_next_read(const std::shared_ptr<Pull>& pull) {
+  std::uint64_t offset = 0;
+  std::size_t length = 0;
+  {
+    std::lock_guard lock(mutex_);
+    if (!pull->first_error.ok() || pull->next_offset >= pull->remote.length) return;
+    offset = pull->next_offset;
+    length = static_cast<std::size_t>(std::min<std::uint64_t>(kPullChunkBytes, pull->remote.length - offset));
+    pull->next_offset += length;
+    ++pull->in_flight;
   }
+  // The callback runs on the fabric's progress thread, never on this stack.
+  fabric_.read_region(pull->owner, pull->remote, offset, length, pull->region, static_cast<std::size_t>(offset),
+                      [this, pull](const Status& status) { on_read_landed(pull, status); });
+}
+
+void FabricCheckpointReplicator::on_read_landed(const std::shared_ptr<Pull>& pull, const Status& status) {
+  {
+    std::lock_guard lock(mutex_);
+    --pull->in_flight;
+    if (!status.ok() && pull->first_error.ok()) pull->first_error = status;
+    const bool more = pull->first_error.ok() && pull->next_offset < pull->remote.length;
+    if (!more) {
+      // Done, or failed: finished once the reads already posted have landed too (the
+      // landing buffer is theirs until then).
+      if (pull->in_flight == 0) landed_.push_back(pull);
+      return;
+    }
+  }
+  post_next_read(pull);
 }
 
 void FabricCheckpointReplicator::finish_pull(const std::shared_ptr<Pull>& pull) {

@@ -87,6 +87,10 @@ class FabricCheckpointReplicator final : public CheckpointReplicator {
   void offer(Outgoing outgoing, std::vector<std::function<void()>>& after);
   void handle(std::int32_t source, const Notice& notice, std::vector<std::function<void()>>& after);
   void start_pull(std::int32_t owner, const Notice& offer);
+  // Posts the pull's next chunk, if any is left and none has failed (any thread).
+  void post_next_read(const std::shared_ptr<Pull>& pull);
+  // A chunk's completion (the fabric's progress thread): the next one, or the pull landed.
+  void on_read_landed(const std::shared_ptr<Pull>& pull, const Status& status);
   void finish_pull(const std::shared_ptr<Pull>& pull);
   bool is_dead(std::int32_t rank) const;
 

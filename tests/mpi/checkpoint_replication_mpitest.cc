@@ -39,7 +39,7 @@ namespace fs = std::filesystem;
 constexpr auto kPatience = std::chrono::seconds(60);
 constexpr std::uint64_t kLargeCapacity = 64u << 20;
 constexpr std::uint64_t kSmallCapacity = 20u << 20;
-constexpr std::size_t kFirstBytes = (17u << 20) + 5;   // three 8 MiB pull chunks, the last short
+constexpr std::size_t kFirstBytes = (17u << 20) + 5;   // five 4 MiB pull chunks, the last short: more than are in flight at once
 constexpr std::size_t kSecondBytes = (24u << 20) + 3;  // above rank 2's capacity
 
 std::vector<std::uint8_t> pattern(std::size_t size, std::uint8_t seed) {
