@@ -92,6 +92,8 @@ void FabricCheckpointReplicator::release(std::int32_t holder, const CheckpointId
   to_release_.emplace_back(holder, id);
 }
 
+std::size_t FabricCheckpointReplicator::pull_reads_in_flight_limit() { return kPullReadsInFlight; }
+
 CheckpointReplicatorStats FabricCheckpointReplicator::stats() const {
   std::lock_guard lock(mutex_);
   return stats_;
@@ -218,6 +220,7 @@ void FabricCheckpointReplicator::post_next_read(const std::shared_ptr<Pull>& pul
     length = static_cast<std::size_t>(std::min<std::uint64_t>(kPullChunkBytes, pull->remote.length - offset));
     pull->next_offset += length;
     ++pull->in_flight;
+    stats_.most_pull_reads_in_flight = std::max<std::uint64_t>(stats_.most_pull_reads_in_flight, pull->in_flight);
   }
   // The callback runs on the fabric's progress thread, never on this stack.
   fabric_.read_region(pull->owner, pull->remote, offset, length, pull->region, static_cast<std::size_t>(offset),

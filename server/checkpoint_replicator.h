@@ -41,6 +41,9 @@ struct CheckpointReplicatorStats {
   std::uint64_t replicas_pulled = 0;   // copies landed here and accepted
   std::uint64_t bytes_pulled = 0;
   std::uint64_t refusals = 0;          // copies this daemon refused (room, read failure)
+  // The most reads of one pull in the fabric at once (posted, not landed): the pacing that
+  // keeps heartbeats and sample reads from queueing behind a whole version.
+  std::uint64_t most_pull_reads_in_flight = 0;
   std::uint64_t malformed_notices = 0; // notices that did not decode (logged)
 };
 
@@ -65,6 +68,8 @@ class FabricCheckpointReplicator final : public CheckpointReplicator {
   void peer_died(std::int32_t rank);
 
   CheckpointReplicatorStats stats() const;
+  // At most this many reads of one pull are in the fabric at a time.
+  static std::size_t pull_reads_in_flight_limit();
 
  private:
   struct Outgoing {  // a copy() not yet offered
