@@ -18,8 +18,8 @@ namespace {
 // same peer (sample reads, the failure detector's heartbeats) then queues behind at most
 // that many chunks, in the fabric's per-peer queue and on the provider's connection,
 // instead of behind the whole version. With all of a 1 GiB version queued at once (8 MiB
-// reads), heartbeats answered after 0.5-3 s while four such pulls ran on this machine's tcp
-// provider; that much of fault.peer_timeout spent on one save. Raw tcp reads between 4
+// reads), the slowest heartbeat answers were 0.66-2.98 s while four such pulls ran on this
+// machine's tcp provider (decision 0059, update). Raw tcp reads between 4
 // ranks of 2-8 MiB moved ~5 GB/s in all with 2 in flight as with 7
 // (shardmix-bench-fabric-read --qd), so the bound costs the pull nothing there.
 constexpr std::size_t kPullChunkBytes = 4u << 20;
