@@ -13,8 +13,8 @@
 namespace shardmix {
 namespace {
 
-// A replica pull reads its version in chunks, with at most kPullReadsInFlight of them in
-// the fabric at a time: the next is posted as one lands. Everything else bound for the
+// A replica pull reads its version in chunks, with at most kPullReadsInFlight of them
+// (checkpoint_replicator.h) in the fabric at a time: the next is posted as one lands. Everything else bound for the
 // same peer (sample reads, the failure detector's heartbeats) then queues behind at most
 // that many chunks, in the fabric's per-peer queue and on the provider's connection,
 // instead of behind the whole version. With all of a 1 GiB version queued at once (8 MiB
@@ -23,7 +23,6 @@ namespace {
 // ranks of 2-8 MiB moved ~5 GB/s in all with 2 in flight as with 7
 // (shardmix-bench-fabric-read --qd), so the bound costs the pull nothing there.
 constexpr std::size_t kPullChunkBytes = 4u << 20;
-constexpr std::size_t kPullReadsInFlight = 2;
 // Longest error text a Refused carries (the rest is cut).
 constexpr std::size_t kMaxNoticeText = 1024;
 
@@ -91,8 +90,6 @@ void FabricCheckpointReplicator::release(std::int32_t holder, const CheckpointId
   std::lock_guard lock(mutex_);
   to_release_.emplace_back(holder, id);
 }
-
-std::size_t FabricCheckpointReplicator::pull_reads_in_flight_limit() { return kPullReadsInFlight; }
 
 CheckpointReplicatorStats FabricCheckpointReplicator::stats() const {
   std::lock_guard lock(mutex_);

@@ -68,8 +68,10 @@ class FabricCheckpointReplicator final : public CheckpointReplicator {
   void peer_died(std::int32_t rank);
 
   CheckpointReplicatorStats stats() const;
-  // At most this many reads of one pull are in the fabric at a time.
-  static std::size_t pull_reads_in_flight_limit();
+
+  // A replica pull reads its version in chunks, at most this many in the fabric at a time
+  // (checkpoint_replicator.cc says why).
+  static constexpr std::size_t kPullReadsInFlight = 2;
 
  private:
   struct Outgoing {  // a copy() not yet offered

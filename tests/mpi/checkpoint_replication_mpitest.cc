@@ -131,9 +131,9 @@ void run(Rank& r) {
     r.check(r.replicator->stats().bytes_pulled == kFirstBytes, "rank 2 pulled another byte count");
     // Paced: the five chunks were never all in the fabric at once.
     const std::uint64_t most = r.replicator->stats().most_pull_reads_in_flight;
-    r.check(most >= 1 && most <= FabricCheckpointReplicator::pull_reads_in_flight_limit(),
+    r.check(most >= 1 && most <= FabricCheckpointReplicator::kPullReadsInFlight,
             fmt::format("rank 2 had {} reads of one pull in flight at once (limit {})", most,
-                        FabricCheckpointReplicator::pull_reads_in_flight_limit()));
+                        FabricCheckpointReplicator::kPullReadsInFlight));
   }
   if (rank == 1) r.check(r.node->list().empty(), "rank 1 (the owner's host) holds a copy it should not");
   r.check(r.mpi.barrier([&] { r.replicator->pump(); }).ok(), "barrier after the checks of the first save");
